@@ -1,0 +1,13 @@
+"""memfit: will this training run fit in GPU and CPU memory, phase by phase, and why not.
+
+The package is split in two:
+
+- ``memfit.core`` (pure Python): model shapes, PEFT accounting, DeepSpeed config semantics, the
+  memory ledger, verdicts and findings. It never imports torch, deepspeed, transformers or peft at
+  module level, so ``memfit plan`` starts fast.
+- ``memfit.exact``, ``memfit.trace``, ``memfit.replay`` (heavy): meta-device builds with
+  transformers/peft, fake-tensor traces and real DeepSpeed replays. They import the core, never the
+  other way round.
+"""
+
+__version__ = "0.1.0"
