@@ -1,0 +1,37 @@
+"""Runs the recipes in the order of the real code and returns the phase ledgers."""
+
+from __future__ import annotations
+
+from memfit.core.ledger.context import RecipeContext
+from memfit.core.ledger.load import (HOST_ADAPTERS, record_cast, record_load, record_load_zero_init,
+                                     record_move)
+from memfit.core.ledger.step import record_step
+from memfit.core.ledger.timeline import Timeline
+from memfit.core.ledger.zero012 import record_zero012
+from memfit.core.ledger.zero3 import record_optimizer, record_partition
+from memfit.core.ledger_types import PhaseLedger
+from memfit.core.scenario import Scenario
+
+
+def build_ledger(sc: Scenario) -> tuple[PhaseLedger, ...]:
+    ctx = RecipeContext.from_scenario(sc)
+    t = Timeline(ranks_per_node=sc.hardware.gpus_per_node, accelerator=sc.accelerator)
+    stage3 = sc.deepspeed.zero.stage == 3
+    if ctx.zero_init:
+        part_key = record_load_zero_init(t, ctx)
+        where = {p.name: (HOST_ADAPTERS, "fp32") for p in ctx.params if p.adapter}
+        t.phase("initialize.cast", "skipped: the model was built under zero.Init")
+        t.phase("initialize.move", "skipped: the model was built under zero.Init")
+    else:
+        where = record_load(t, ctx)
+        record_cast(t, ctx, where)
+        record_move(t, ctx, where)
+        part_key = {}
+    if stage3:
+        part_key.update(record_partition(t, ctx, where))
+        groups = record_optimizer(t, ctx, part_key)
+        opt_numel = sum(groups)
+    else:
+        opt_numel = record_zero012(t, ctx, where)
+    record_step(t, ctx, opt_numel=opt_numel)
+    return t.phases()

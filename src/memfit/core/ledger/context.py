@@ -1,0 +1,84 @@
+"""What every recipe reads: the scenario reduced to the numbers the allocation code uses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memfit.core.scenario import Scenario
+
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True, slots=True)
+class ParamView:
+    """One parameter as the allocation code sees it."""
+
+    name: str
+    numel: int
+    trainable: bool
+    """requires_grad and handed to the optimizer (see ``RecipeContext.optimized``)."""
+    adapter: bool
+    """Created by the PEFT method in fp32 (peft's default), not loaded by from_pretrained."""
+
+
+ADAPTER_MARKERS = ("lora_", "prompt_encoder", "prefix_encoder", "modules_to_save")
+
+
+def is_adapter_param(name: str) -> bool:
+    """PEFT-created parameters (LoRA A/B, prompt/prefix encoders, modules_to_save copies)."""
+    return any(m in name for m in ADAPTER_MARKERS)
+
+
+@dataclass(frozen=True, slots=True)
+class RecipeContext:
+    """The scenario in the units of the code: element counts, element sizes, world size."""
+
+    scenario: Scenario
+    params: tuple[ParamView, ...]
+    world: int
+    model_bytes: int
+    """Element size of the training dtype (fp16/bf16: 2, fp32: 4)."""
+    load_bytes: int
+    """Element size of from_pretrained's torch_dtype."""
+    grad_accum_bytes: int
+    comm_bytes: int
+
+    @classmethod
+    def from_scenario(cls, sc: Scenario) -> "RecipeContext":
+        ds = sc.deepspeed
+        model_bytes = DTYPE_BYTES[ds.precision]
+        accum = DTYPE_BYTES[ds.grad_accum_dtype] if ds.grad_accum_dtype else model_bytes
+        params = tuple(ParamView(p.name, p.numel, p.trainable, is_adapter_param(p.name)) for p in sc.model.params)
+        return cls(scenario=sc, params=params, world=sc.world_size, model_bytes=model_bytes,
+                   load_bytes=DTYPE_BYTES[sc.load.dtype], grad_accum_bytes=accum, comm_bytes=model_bytes)
+
+    @property
+    def zero_init(self) -> bool:
+        """Built under zero.Init: only meaningful (and only enabled by DeepSpeed) for ZeRO-3."""
+        return self.scenario.load.zero_init and self.scenario.deepspeed.zero.stage == 3
+
+    @property
+    def trainable(self) -> tuple[ParamView, ...]:
+        return tuple(p for p in self.params if p.trainable)
+
+    @property
+    def n_total(self) -> int:
+        return sum(p.numel for p in self.params)
+
+    @property
+    def n_trainable(self) -> int:
+        return sum(p.numel for p in self.params if p.trainable)
+
+    def partition_numel(self, p: ParamView) -> int:
+        """ZeRO-3 partition of one param: ``ceil(p / W)`` (partition_parameters.py `_partition_param`:
+        ``tensor_size = ds_numel + _padding_size``; ``partition_size = tensor_size // world``)."""
+        return ceil_div(p.numel, self.world)
+
+    def initial_bytes(self, p: ParamView) -> int:
+        """Element size of a param right after the user's load: adapters in fp32, the rest as loaded
+        (``full``/``freeze`` train the loaded weights themselves)."""
+        return 4 if p.adapter else self.load_bytes

@@ -1,0 +1,96 @@
+"""A training scenario: every input a plan needs, typed, validated once.
+
+Built from CLI flags, a scenario YAML file (flags override the file), or the Python API. The model,
+PEFT method and DeepSpeed config are kept both as the user gave them (for replays, which rebuild
+the real thing) and resolved (for the ledger).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from memfit.core.ds_settings import DeepSpeedSettings
+from memfit.core.hardware import Hardware
+from memfit.core.model import ModelShape
+from memfit.core.peft_spec import PeftSpec
+from memfit.errors import MemfitError
+
+DS_VERSIONS = ("0.19", "0.6", "0.5")
+"""Allocation behaviours memfit models: the current release line (0.19.x, also 0.13-0.18 where
+nothing changed), 0.6.x (Feb 2022) and 0.5.x (Jan 2022, the seed case's era)."""
+
+DTYPES = ("fp32", "fp16", "bf16")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadSettings:
+    """How the user's script builds the model before ``deepspeed.initialize``."""
+
+    dtype: str = "fp32"
+    """``torch_dtype`` of ``from_pretrained`` (fp32 is its default)."""
+    zero_init: bool = False
+    """Built under ``deepspeed.zero.Init`` (or with transformers' ``HfDeepSpeedConfig`` alive
+    before ``from_pretrained``): params are partitioned as they are created."""
+    low_cpu_mem_usage: bool = True
+    """from_pretrained loads weights straight into the model (current transformers always does);
+    False: older transformers built a random model and held the state dict too (2x host memory)."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise MemfitError(f"load dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainSettings:
+    """The step being run."""
+
+    seq_len: int = 2048
+    micro_batch: int = 1
+    """Sequences per GPU per micro-step (DeepSpeed's train_micro_batch_size_per_gpu)."""
+    gradient_checkpointing: bool = False
+    model_parameters: str = "trainable"
+    """What the script passes as ``deepspeed.initialize(model_parameters=...)``: ``trainable``
+    (only requires_grad params, e.g. ``model.prefix_encoder.parameters()``) or ``all``."""
+    attention: str = "sdpa"
+    """Attention implementation: ``eager`` materializes the score matrix; ``sdpa`` does not."""
+
+    def __post_init__(self) -> None:
+        if self.seq_len < 1 or self.micro_batch < 1:
+            raise MemfitError(f"seq_len and micro_batch must be >= 1, got {self.seq_len} and {self.micro_batch}")
+        if self.model_parameters not in ("trainable", "all"):
+            raise MemfitError(f"model_parameters must be 'trainable' or 'all', got {self.model_parameters!r}")
+        if self.attention not in ("eager", "sdpa"):
+            raise MemfitError(f"attention must be 'eager' or 'sdpa', got {self.attention!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Scenario:
+    """Everything a plan needs."""
+
+    name: str
+    model_ref: str
+    """Model as the user named it (catalog name, hub id or path)."""
+    model: ModelShape
+    """The trained model: base params plus PEFT params, with trainable flags applied."""
+    peft: PeftSpec
+    deepspeed: DeepSpeedSettings
+    deepspeed_json: dict = field(default_factory=dict, hash=False, compare=False)
+    """The user's DeepSpeed config with "auto" resolved, as handed to ``deepspeed.initialize``
+    by replays (the core reads ``deepspeed`` only)."""
+    hardware: Hardware
+    load: LoadSettings = LoadSettings()
+    train: TrainSettings = TrainSettings()
+    ds_version: str = "0.19"
+    accelerator: str = "cuda"
+    """``cuda``: GPU plus host memory; ``cpu``: DeepSpeed's CPU accelerator, where the "device" is
+    host memory, moves to it are no-ops and nothing is pinned (what CPU replays run)."""
+
+    def __post_init__(self) -> None:
+        if self.ds_version not in DS_VERSIONS:
+            raise MemfitError(f"--deepspeed-version must be one of {', '.join(DS_VERSIONS)}, got {self.ds_version!r}")
+        if self.accelerator not in ("cuda", "cpu"):
+            raise MemfitError(f"accelerator must be 'cuda' or 'cpu', got {self.accelerator!r}")
+
+    @property
+    def world_size(self) -> int:
+        return self.hardware.world_size
