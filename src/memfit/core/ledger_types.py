@@ -72,7 +72,9 @@ class PhaseLedger:
     nvme_bytes: int
     """Per rank, on NVMe."""
     ranks_per_node: int
-    node_cpu_peak_bytes: int
+    resident: tuple[LedgerItem, ...] = ()
+    """Items still live when the phase ends (what the next phase starts from)."""
+    node_cpu_peak_bytes: int = 0
     """All ranks on one node together: each rank is its own process with its own copy, except
     items held by rank 0 alone."""
 

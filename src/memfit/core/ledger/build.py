@@ -5,6 +5,7 @@ from __future__ import annotations
 from memfit.core.ledger.context import RecipeContext
 from memfit.core.ledger.load import (HOST_ADAPTERS, record_cast, record_load, record_load_zero_init,
                                      record_move)
+from memfit.core.ledger.runtime import record_cuda_context, record_process_baseline
 from memfit.core.ledger.step import record_step
 from memfit.core.ledger.timeline import Timeline
 from memfit.core.ledger.zero012 import record_zero012
@@ -18,12 +19,19 @@ def build_ledger(sc: Scenario) -> tuple[PhaseLedger, ...]:
     t = Timeline(ranks_per_node=sc.hardware.gpus_per_node, accelerator=sc.accelerator)
     stage3 = sc.deepspeed.zero.stage == 3
     if ctx.zero_init:
+        t.phase("load", "from_pretrained under zero.Init: params partitioned as each module is built")
+        record_process_baseline(t)
         part_key = record_load_zero_init(t, ctx)
         where = {p.name: (HOST_ADAPTERS, "fp32") for p in ctx.params if p.adapter}
         t.phase("initialize.cast", "skipped: the model was built under zero.Init")
+        record_cuda_context(t)
         t.phase("initialize.move", "skipped: the model was built under zero.Init")
     else:
+        t.phase("load", "from_pretrained and the PEFT wrap, in each rank's process")
+        record_process_baseline(t)
         where = record_load(t, ctx)
+        t.phase("initialize.cast", "DeepSpeed casts every parameter to the training dtype where it sits")
+        record_cuda_context(t)
         record_cast(t, ctx, where)
         record_move(t, ctx, where)
         part_key = {}

@@ -27,7 +27,6 @@ Where = dict[str, tuple[str, str]]
 def record_load(t: Timeline, ctx: RecipeContext) -> Where:
     """``from_pretrained`` then the PEFT wrap. Returns where each param's storage is."""
     sc = ctx.scenario
-    t.phase("load", "from_pretrained and the PEFT wrap, in each rank's process")
     where: Where = {}
     base = [p for p in ctx.params if not p.adapter]
     adapters = [p for p in ctx.params if p.adapter]
@@ -65,7 +64,6 @@ def record_load(t: Timeline, ctx: RecipeContext) -> Where:
 def record_cast(t: Timeline, ctx: RecipeContext, where: Where) -> None:
     """Per-parameter cast to the training dtype, on the host where the model sits."""
     sc = ctx.scenario
-    t.phase("initialize.cast", "DeepSpeed casts every parameter to the training dtype where it sits")
     if ctx.zero_init or sc.deepspeed.precision == "fp32":
         return
     nb = ctx.model_bytes
@@ -114,7 +112,6 @@ def record_load_zero_init(t: Timeline, ctx: RecipeContext) -> dict[str, tuple[st
 
     sc = ctx.scenario
     z = sc.deepspeed.zero
-    t.phase("load", "from_pretrained under zero.Init: params partitioned as each module is built")
     declare_staging(t)
     dtype = sc.deepspeed.precision
     nb = DTYPE_BYTES[dtype]

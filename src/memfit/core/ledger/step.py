@@ -139,7 +139,8 @@ def record_step(t: Timeline, ctx: RecipeContext, *, opt_numel: int) -> None:
                   formula=f"{opt_numel:,} x 4 B", source="stage3.py:_prepare_fp32_grad_for_sub_group / stage_1_and_2.py:step")
         t.alloc(STEP_TMP, opt_numel * 4)
         t.free(STEP_TMP)
-    t.free(GRADS)
+    t.end_phase()  # the model states after a step, gradients included
+    t.free(GRADS)  # stages 0/1: full grads are dropped by zero_grad after the step
     # ---- save
     t.phase("save", "saving a 16-bit model" + (" (ZeRO-3 gathers it to rank 0's host memory)" if stage3 else ""))
     if stage3 and z.gather_16bit_weights_on_model_save:

@@ -26,6 +26,7 @@ class _PhaseState:
     host_items: dict[str, int] = field(default_factory=dict)
     nvme_peak: int = -1
     nvme_items: dict[str, int] = field(default_factory=dict)
+    end_items: dict[str, int] | None = None
 
 
 class Timeline:
@@ -57,8 +58,16 @@ class Timeline:
 
     # -- recording -------------------------------------------------------------------------
     def phase(self, name: str, description: str) -> None:
+        self._close_phase()
         self._phases.append(_PhaseState(name, description))
         self._observe()
+
+    def end_phase(self) -> None:
+        """Record what the current phase leaves live (done by ``phase()`` unless called earlier)."""
+        if self._phases and self._phases[-1].end_items is None:
+            self._phases[-1].end_items = {k: v for k, v in self._live.items() if v}
+
+    _close_phase = end_phase
 
     def declare(self, key: str, *, name: str, device: Device, formula: str, source: str,
                 category: str = "other", exact: bool = True, rank0_only: bool = False) -> None:
@@ -114,6 +123,7 @@ class Timeline:
 
     # -- results ---------------------------------------------------------------------------
     def phases(self) -> tuple[PhaseLedger, ...]:
+        self._close_phase()
         out = []
         for ph in self._phases:
             live = {**ph.gpu_items, **ph.host_items, **ph.nvme_items}
@@ -121,8 +131,9 @@ class Timeline:
             pinned = sum(v for k, v in ph.host_items.items() if self._meta[k].device is Device.CPU_PINNED)
             host_peak = max(ph.host_peak, 0)
             rank0 = sum(v for k, v in ph.host_items.items() if self._meta[k].rank0_only)
+            resident = tuple(replace(self._meta[k], bytes=v) for k, v in (ph.end_items or {}).items())
             out.append(PhaseLedger(
-                name=ph.name, description=ph.description, items=items,
+                name=ph.name, description=ph.description, items=items, resident=resident,
                 gpu_peak_bytes=max(ph.gpu_peak, 0), cpu_pinned_bytes=pinned,
                 cpu_pageable_bytes=host_peak - pinned, nvme_bytes=max(ph.nvme_peak, 0),
                 ranks_per_node=self.ranks_per_node,

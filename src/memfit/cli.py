@@ -1,0 +1,158 @@
+"""The ``memfit`` command line. One function per command; heavy imports stay inside them."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from memfit.errors import MemfitError
+
+app = typer.Typer(
+    name="memfit",
+    help=("Will this training run fit in GPU and CPU memory? memfit replays DeepSpeed's allocations on paper, "
+          "phase by phase (load, initialize, forward, backward, optimizer step, save), says which phase fails "
+          "first and why, and checks its numbers against real DeepSpeed runs. Sizes: GiB = 2^30 bytes, GB = 10^9."),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False)
+
+
+@app.command()
+def plan(
+    scenario: Optional[Path] = typer.Argument(None, help="Scenario YAML file (see examples/). Flags override it."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Catalog name (see `memfit models`), Hugging Face id, directory or config.json."),
+    peft: Optional[str] = typer.Option(None, "--peft", help="full | prefix | prompt | lora | freeze | path to a PEFT adapter_config.json."),
+    num_virtual_tokens: Optional[int] = typer.Option(None, help="prefix/prompt: virtual tokens."),
+    prefix_projection: Optional[bool] = typer.Option(None, "--prefix-projection/--no-prefix-projection", help="prefix: reparameterize through an MLP encoder."),
+    encoder_hidden_size: Optional[int] = typer.Option(None, help="prefix with projection: encoder MLP width."),
+    lora_r: Optional[int] = typer.Option(None, help="lora: rank r."),
+    target_modules: Optional[str] = typer.Option(None, help="lora: comma-separated module names, or all-linear (default: peft's for the model)."),
+    lora_bias: Optional[str] = typer.Option(None, help="lora: none | all | lora_only."),
+    freeze: Optional[str] = typer.Option(None, help="freeze: comma-separated glob patterns of parameter names to freeze."),
+    deepspeed: Optional[Path] = typer.Option(None, "--deepspeed", "-d", help="Your DeepSpeed config JSON (\"auto\" values are resolved as the HF Trainer does)."),
+    deepspeed_version: Optional[str] = typer.Option(None, help="Allocation behaviour to model: 0.19 (current, default), 0.6 or 0.5 (early 2022)."),
+    gpus: Optional[str] = typer.Option(None, "--gpus", "-g", help="GPUs per node, e.g. 2xrtx3090, 8xa100-80gb, 2x24GiB."),
+    nodes: Optional[int] = typer.Option(None, help="Number of nodes."),
+    cpu_ram: Optional[str] = typer.Option(None, help="Host RAM per node, e.g. 64GB or 256GiB."),
+    nvme: Optional[str] = typer.Option(None, help="Free NVMe space per node for offload, e.g. 2TB."),
+    load_dtype: Optional[str] = typer.Option(None, help="from_pretrained torch_dtype: fp32 (its default), fp16 or bf16."),
+    zero_init: Optional[bool] = typer.Option(None, "--zero-init/--no-zero-init", help="Model built under deepspeed.zero.Init (or HfDeepSpeedConfig created before from_pretrained)."),
+    low_cpu_mem_usage: Optional[bool] = typer.Option(None, "--low-cpu-mem-usage/--no-low-cpu-mem-usage", help="from_pretrained without a second host copy (default on)."),
+    seq_len: Optional[int] = typer.Option(None, help="Sequence length (default 2048)."),
+    micro_batch: Optional[int] = typer.Option(None, help="Micro-batch per GPU (default: the DeepSpeed config's train_micro_batch_size_per_gpu)."),
+    gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing/--no-gradient-checkpointing", help="Activation checkpointing of each layer."),
+    model_parameters: Optional[str] = typer.Option(None, help="What the script passes to deepspeed.initialize(model_parameters=...): trainable (default) or all."),
+    accelerator: Optional[str] = typer.Option(None, help="cuda (default) or cpu (DeepSpeed's CPU accelerator, as CPU replays run)."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow configs whose model needs remote code (never on by default)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON (schema: docs/json-schema.md)."),
+    all_items: bool = typer.Option(False, "--all-items", help="Show every phase's ledger items, not only the peaks'."),
+) -> None:
+    """Phase-by-phase memory ledger, verdict and findings for one scenario.
+
+    Activations are analytic here; `memfit trace` measures them from the model's code.
+    """
+    from memfit.core.plan import make_plan
+    from memfit.core.scenario_io import ScenarioInputs, build_scenario, merge_inputs, read_scenario_file
+
+    options = {k: v for k, v in dict(num_virtual_tokens=num_virtual_tokens, prefix_projection=prefix_projection,
+                                    encoder_hidden_size=encoder_hidden_size, lora_r=lora_r,
+                                    target_modules=target_modules, lora_bias=lora_bias,
+                                    freeze_patterns=freeze).items() if v is not None}
+    flags = ScenarioInputs(
+        model=model, peft_method=peft, peft_options=options,
+        deepspeed=str(deepspeed) if deepspeed else None, ds_version=deepspeed_version, gpus=gpus, nodes=nodes,
+        cpu_ram=cpu_ram, nvme=nvme, load_dtype=load_dtype, zero_init=zero_init, low_cpu_mem_usage=low_cpu_mem_usage,
+        seq_len=seq_len, micro_batch=micro_batch, gradient_checkpointing=gradient_checkpointing,
+        model_parameters=model_parameters, accelerator=accelerator, trust_remote_code=trust_remote_code or None,
+    )
+    inputs = merge_inputs(read_scenario_file(scenario), flags) if scenario else flags
+    sc = build_scenario(inputs)
+    result = make_plan(sc)
+    if json_out:
+        import json
+
+        from memfit.render.json_out import plan_to_dict
+        from memfit.core.scenario_io import describe_scenario
+
+        typer.echo(json.dumps(plan_to_dict(result, scenario=describe_scenario(sc)), indent=2))
+        return
+    from memfit.render.terminal import render_plan
+
+    render_plan(result, sc, _console(), all_items=all_items)
+
+
+@app.command()
+def models() -> None:
+    """List the shipped model configs (exact parameter counts, no download needed)."""
+    from rich.table import Table
+
+    from memfit.core.catalog import list_catalog
+
+    t = Table(title="Shipped model configs")
+    t.add_column("name")
+    t.add_column("type")
+    t.add_column("architecture")
+    t.add_column("aliases")
+    for e in list_catalog():
+        t.add_row(e.name, e.model_type, e.architecture, ", ".join(e.aliases))
+    _console().print(t)
+
+
+@app.command("zero-paper")
+def zero_paper(json_out: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
+    """Reproduce the ZeRO paper's model-states figures (7.5B params, Adam, 64 GPUs) from memfit's ledger."""
+    from memfit.core.zero_paper import PAPER_GPUS, PAPER_PARAMS, zero_paper_table
+
+    rows = zero_paper_table()
+    if json_out:
+        import json
+
+        typer.echo(json.dumps([{"stage": r.stage, "bytes_per_gpu": r.bytes_per_gpu, "paper_gb": r.paper_gb} for r in rows], indent=2))
+        return
+    from rich.table import Table
+
+    t = Table(title=f"Model states per GPU: {PAPER_PARAMS:,} params, mixed-precision Adam, {PAPER_GPUS} GPUs (GB = 10^9 B)")
+    t.add_column("ZeRO stage")
+    t.add_column("memfit ledger (bytes)", justify="right")
+    t.add_column("memfit (GB)", justify="right")
+    t.add_column("paper (GB)", justify="right")
+    for r in rows:
+        t.add_row(str(r.stage), f"{r.bytes_per_gpu:,}", f"{r.bytes_per_gpu / 1e9:.2f}", f"{r.paper_gb:g}")
+    _console().print(t)
+
+
+def main() -> None:
+    """Entry point: bad input becomes one line on stderr and exit status 2, never a traceback."""
+    try:
+        app(standalone_mode=False)
+    except MemfitError as e:
+        print(f"memfit: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("memfit: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except SystemExit:
+        raise
+    except Exception as e:  # click usage errors come through here in non-standalone mode
+        import click
+
+        if isinstance(e, click.exceptions.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        if isinstance(e, click.exceptions.Abort):
+            sys.exit(1)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""Plain-words findings: why a run fails or nearly fails, and what the numbers mean.
+
+Every finding is computed from the ledger (never recomputed from formulas of its own), so the
+numbers it quotes are the numbers the tables show.
+"""
+
+from __future__ import annotations
+
+from memfit.core.ledger_types import Device, Finding, PhaseLedger, Verdict
+from memfit.core.scenario import Scenario
+from memfit.core.units import fmt_both, fmt_bytes
+
+
+def _phase(phases: tuple[PhaseLedger, ...], name: str) -> PhaseLedger | None:
+    return next((p for p in phases if p.name == name), None)
+
+
+def _item(ph: PhaseLedger | None, key: str) -> int:
+    if ph is None:
+        return 0
+    return sum(i.bytes for i in ph.items if i.key == key)
+
+
+def derive_findings(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: Verdict) -> tuple[Finding, ...]:
+    out: list[Finding] = []
+    ds = sc.deepspeed
+    z = ds.zero
+    hw = sc.hardware
+    W = sc.world_size
+    model = sc.model
+    first = verdict.failures[0] if verdict.failures else None
+
+    if first is not None:
+        ph = _phase(phases, first.phase)
+        where = {"gpu": f"GPU ({hw.gpu.name}, per rank)", "cpu": "host RAM (per node)", "nvme": "NVMe"}[first.device]
+        top = sorted((i for i in ph.items if _on(i.device, first.device)), key=lambda i: -i.bytes)[:3]
+        parts = "; ".join(f"{i.name} {fmt_bytes(i.bytes)}" for i in top)
+        out.append(Finding(id="first-failure", severity="error", message=(
+            f"The run first runs out of {where} in phase {first.phase}: it needs {fmt_both(first.needed_bytes)} "
+            f"of {fmt_both(first.available_bytes)}, {fmt_bytes(first.needed_bytes - first.available_bytes)} too much. "
+            f"Largest items: {parts}.")))
+
+    move = _phase(phases, "initialize.move")
+    moved = _item(move, "move.params")
+    if z.stage == 3 and moved:
+        gpu_fail = first is not None and first.device == "gpu" and first.phase == "initialize.move"
+        out.append(Finding(id="whole-model-moved-to-gpu", severity="error" if gpu_fail else "warning", message=(
+            f"deepspeed.initialize moves the whole model to every GPU before ZeRO-3 partitions it: "
+            f"{model.total_params:,} params x {_elem(ds.precision)} B = {fmt_both(moved)} on each rank's GPU "
+            f"(engine.py _configure_distributed_model: self.module.to(self.device)), because the model was not "
+            f"built under deepspeed.zero.Init. ZeRO-3 then frees it param by param, but the CUDA caching allocator "
+            f"keeps it reserved. Build the model under zero.Init (with transformers: create "
+            f"HfDeepSpeedConfig(ds_config) before from_pretrained) and no GPU ever holds more than about one module.")))
+
+    if model.frozen_params and ds.optimizer.states_per_param == 2:
+        out.append(_sixteen_bytes(sc, phases))
+
+    out.extend(_host_findings(sc, phases, verdict))
+
+    if sc.ds_version != "0.19" and sc.train.model_parameters == "all" and model.frozen_params:
+        out.append(Finding(id="frozen-params-get-optimizer-state", severity="warning", message=(
+            f"DeepSpeed before 0.8 gives every param passed to initialize an fp16 partition, an fp32 master, a "
+            f"gradient buffer and optimizer state, frozen ones too: passing model.parameters() costs "
+            f"{model.frozen_params:,} frozen params x 16 B / {W} per rank. Pass only the trained params.")))
+    if sc.load.zero_init and z.stage != 3:
+        out.append(Finding(id="zero-init-needs-stage-3", severity="info", message=(
+            "deepspeed.zero.Init only partitions parameters under ZeRO stage 3; with this stage the model is "
+            "built and moved whole.")))
+    if sc.load.dtype == "fp32" and ds.precision != "fp32" and not (sc.load.zero_init and z.stage == 3):
+        out.append(Finding(id="fp32-load", severity="info", message=(
+            f"from_pretrained loads in fp32 unless told otherwise: {fmt_both(_item(_phase(phases, 'load'), 'load.weights'))} "
+            f"per process before DeepSpeed casts it to {ds.precision}. Pass torch_dtype=torch.{_torch(ds.precision)} "
+            f"to halve that.")))
+    out.append(Finding(id="estimates", severity="info", message=(
+        "Exact (byte for byte from DeepSpeed's code): parameters, partitions, optimizer buffers and states. "
+        "Estimated: activations (analytic; `memfit trace` gives the exact figure), params gathered at a given "
+        "instant, the CUDA context (512 MiB) and the process itself (2 GiB per rank).")))
+    return tuple(out)
+
+
+def _on(item_device: Device, failed: str) -> bool:
+    if failed == "gpu":
+        return item_device is Device.GPU
+    if failed == "cpu":
+        return item_device in (Device.CPU_PINNED, Device.CPU_PAGEABLE)
+    return item_device is Device.NVME
+
+
+def _elem(precision: str) -> int:
+    return 4 if precision == "fp32" else 2
+
+
+def _torch(precision: str) -> str:
+    return {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}[precision]
+
+
+def _sixteen_bytes(sc: Scenario, phases: tuple[PhaseLedger, ...]) -> Finding:
+    """The usual '16 bytes per trainable param' accounting, placed where it really lives."""
+    W = sc.world_size
+    n_tr = sc.model.trainable_params
+    step = _phase(phases, "optimizer_step")
+    by_dev = {"GPU": 0, "CPU pinned": 0, "CPU pageable": 0}
+    for i in step.items if step else ():
+        if i.category in ("optimizer", "grads") or i.key == "zero3.flat_16bit_partitions":
+            label = {Device.GPU: "GPU", Device.CPU_PINNED: "CPU pinned", Device.CPU_PAGEABLE: "CPU pageable"}.get(i.device)
+            if label:
+                by_dev[label] += i.bytes
+    where = ", ".join(f"{fmt_bytes(v)} {k}" for k, v in by_dev.items() if v)
+    frozen = sc.model.frozen_params
+    return Finding(id="sixteen-bytes-per-trainable-param", severity="info", message=(
+        f"16 bytes per trained parameter (16-bit weight 2 + 16-bit gradient 2 + fp32 master 4 + two fp32 Adam "
+        f"states 8) is the right count: {n_tr:,} x 16 B = {fmt_both(n_tr * 16)} in all, 1/{W} of it per rank "
+        f"under ZeRO. Per rank it lives here: {where}. The {frozen:,} frozen params add "
+        f"{_elem(sc.deepspeed.precision)} B each ({fmt_both(frozen * _elem(sc.deepspeed.precision))}), and under "
+        f"ZeRO-3 they are partitioned too (1/{W} per rank) but get no gradient or optimizer state."))
+
+
+def _host_findings(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: Verdict) -> list[Finding]:
+    hw = sc.hardware
+    R = hw.gpus_per_node
+    out = []
+    peak = max(phases, key=lambda p: p.node_cpu_peak_bytes)
+    pinned_peak = max(phases, key=lambda p: p.cpu_pinned_bytes)
+    head = hw.cpu_ram_bytes - peak.node_cpu_peak_bytes
+    if R > 1 or head < hw.cpu_ram_bytes * 0.2:
+        out.append(Finding(id="host-ram-per-node", severity="warning" if head < hw.cpu_ram_bytes * 0.1 else "info", message=(
+            f"{R} rank(s) on one node each run their own process with their own copy: host memory peaks in phase "
+            f"{peak.name} at {fmt_bytes(peak.node_cpu_peak_bytes, 'GB')} per node of {fmt_bytes(hw.cpu_ram_bytes, 'GB')} "
+            f"({fmt_bytes(peak.cpu_pageable_bytes, 'GB')} pageable + {fmt_bytes(peak.cpu_pinned_bytes, 'GB')} pinned per rank), "
+            f"leaving {fmt_bytes(head, 'GB')} for the OS, page cache and everything else.")))
+    if pinned_peak.cpu_pinned_bytes:
+        out.append(Finding(id="pinned-oom-is-reported-as-cuda-oom", severity="info", message=(
+            f"Pinned (page-locked) host memory reaches {fmt_bytes(pinned_peak.cpu_pinned_bytes, 'GB')} per rank, "
+            f"{fmt_bytes(pinned_peak.cpu_pinned_bytes * R, 'GB')} per node (phase {pinned_peak.name}). A pinned "
+            f"allocation that fails is reported as 'RuntimeError: CUDA error: out of memory' without 'Tried to allocate': "
+            f"it is host memory running out, not GPU memory. Setting pin_memory false trades speed for that.")))
+    return out

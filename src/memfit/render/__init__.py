@@ -1,0 +1,1 @@
+"""Renderers: typed results in, text out. They never recompute a number."""
