@@ -40,6 +40,9 @@ def derive_findings(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: Verd
             f"of {fmt_both(first.available_bytes)}, {fmt_bytes(first.needed_bytes - first.available_bytes)} too much. "
             f"Largest items: {parts}.")))
 
+    if first is None:
+        out.append(_tightest(sc, phases))
+
     move = _phase(phases, "initialize.move")
     moved = _item(move, "move.params")
     if z.stage == 3 and moved:
@@ -94,25 +97,47 @@ def _torch(precision: str) -> str:
     return {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}[precision]
 
 
+_TRAINED_STATE_KEYS = {
+    "zero3.flat_16bit_partitions": "16-bit weights",
+    "zero12.flat_16bit_params": "16-bit weights",
+    "zero12.offload_16bit_partition": "16-bit host copy",
+    "zero3.grad_partitions_flat": "16-bit gradients",
+    "zero12.grads_in_partition": "16-bit gradients",
+    "step.gradients": "16-bit gradients",
+    "optimizer.fp32_grads": "fp32 gradients",
+    "optimizer.fp32_master": "fp32 master",
+    "optimizer.states": "optimizer states",
+}
+
+
 def _sixteen_bytes(sc: Scenario, phases: tuple[PhaseLedger, ...]) -> Finding:
-    """The usual '16 bytes per trainable param' accounting, placed where it really lives."""
+    """The usual '16 bytes per trained param' accounting, against what the ledger holds."""
     W = sc.world_size
     n_tr = sc.model.trainable_params
     step = _phase(phases, "optimizer_step")
-    by_dev = {"GPU": 0, "CPU pinned": 0, "CPU pageable": 0}
-    for i in step.items if step else ():
-        if i.category in ("optimizer", "grads") or i.key == "zero3.flat_16bit_partitions":
-            label = {Device.GPU: "GPU", Device.CPU_PINNED: "CPU pinned", Device.CPU_PAGEABLE: "CPU pageable"}.get(i.device)
-            if label:
-                by_dev[label] += i.bytes
-    where = ", ".join(f"{fmt_bytes(v)} {k}" for k, v in by_dev.items() if v)
+    parts: dict[str, int] = {}
+    where: dict[str, int] = {}
+    for i in step.resident if step else ():
+        label = _TRAINED_STATE_KEYS.get(i.key)
+        if label:
+            parts[label] = parts.get(label, 0) + i.bytes
+            dev = {Device.GPU: "GPU", Device.CPU_PINNED: "CPU pinned", Device.CPU_PAGEABLE: "CPU pageable",
+                   Device.NVME: "NVMe"}[i.device]
+            where[dev] = where.get(dev, 0) + i.bytes
+    total = sum(parts.values())
+    per_elem = total / (n_tr / W) if n_tr else 0
+    breakdown = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in parts.items())
+    placed = ", ".join(f"{fmt_bytes(v)} on {k}" for k, v in where.items())
     frozen = sc.model.frozen_params
+    eb = _elem(sc.deepspeed.precision)
     return Finding(id="sixteen-bytes-per-trainable-param", severity="info", message=(
-        f"16 bytes per trained parameter (16-bit weight 2 + 16-bit gradient 2 + fp32 master 4 + two fp32 Adam "
-        f"states 8) is the right count: {n_tr:,} x 16 B = {fmt_both(n_tr * 16)} in all, 1/{W} of it per rank "
-        f"under ZeRO. Per rank it lives here: {where}. The {frozen:,} frozen params add "
-        f"{_elem(sc.deepspeed.precision)} B each ({fmt_both(frozen * _elem(sc.deepspeed.precision))}), and under "
-        f"ZeRO-3 they are partitioned too (1/{W} per rank) but get no gradient or optimizer state."))
+        f"The textbook 16 bytes per trained parameter (16-bit weight 2 + 16-bit gradient 2 + fp32 master 4 + "
+        f"Adam's two fp32 states 8) gives {n_tr:,} x 16 B = {fmt_both(n_tr * 16)}, 1/{W} per rank under ZeRO. "
+        f"DeepSpeed's buffers for them come to {per_elem:.1f} B per trained element here, {fmt_both(total)} per rank "
+        f"({breakdown}), placed {placed}. The {frozen:,} frozen params add {eb} B each "
+        f"({fmt_both(frozen * eb)}) and get no gradient or optimizer state"
+        + (f"; under ZeRO-3 they are partitioned too, 1/{W} per rank." if sc.deepspeed.zero.stage == 3
+           else "; below ZeRO-3 every GPU holds all of them.")))
 
 
 def _host_findings(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: Verdict) -> list[Finding]:
@@ -135,3 +160,21 @@ def _host_findings(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: Verdi
             f"allocation that fails is reported as 'RuntimeError: CUDA error: out of memory' without 'Tried to allocate': "
             f"it is host memory running out, not GPU memory. Setting pin_memory false trades speed for that.")))
     return out
+
+
+def _tightest(sc: Scenario, phases: tuple[PhaseLedger, ...]) -> Finding:
+    hw = sc.hardware
+    gpu = max(phases, key=lambda p: p.gpu_peak_bytes)
+    cpu = max(phases, key=lambda p: p.node_cpu_peak_bytes)
+    g_frac = gpu.gpu_peak_bytes / hw.gpu.total_bytes
+    c_frac = cpu.node_cpu_peak_bytes / hw.cpu_ram_bytes
+    if g_frac >= c_frac:
+        where = (f"the GPU in phase {gpu.name}: {fmt_bytes(gpu.gpu_peak_bytes)} of {fmt_bytes(hw.gpu.total_bytes)} "
+                 f"({g_frac:.0%}) per rank")
+    else:
+        where = (f"host RAM in phase {cpu.name}: {fmt_bytes(cpu.node_cpu_peak_bytes)} of {fmt_bytes(hw.cpu_ram_bytes)} "
+                 f"({c_frac:.0%}) per node")
+    sev = "warning" if max(g_frac, c_frac) > 0.9 else "info"
+    return Finding(id="tightest-margin", severity=sev, message=(
+        f"It fits; the smallest margin is {where}. Allocator fragmentation, other processes and the OS need "
+        f"room too, so under about 10% of headroom a real run can still fail there."))

@@ -34,3 +34,19 @@ class PeftSpec:
     """freeze: glob patterns over parameter names to freeze; everything else trains."""
     train_patterns: tuple[str, ...] = ()
     """freeze: glob patterns over parameter names that train; everything else is frozen."""
+    target_modules_pattern: str | None = None
+    """lora: peft's string form of ``target_modules``: a regular expression a module name must match
+    in full (``re.fullmatch``), or ``all-linear`` (every Linear/Conv1D layer but the output head).
+    Used instead of ``target_modules`` when set."""
+    use_dora: bool = False
+    """lora: DoRA, which adds one trainable magnitude vector (the layer's output width) per layer."""
+    task_type: str | None = None
+    """peft ``TaskType`` (``CAUSAL_LM``, ``SEQ_2_SEQ_LM``, ``SEQ_CLS``, ``TOKEN_CLS``,
+    ``QUESTION_ANS``, ``FEATURE_EXTRACTION``); ``None``: derived from the model's architecture."""
+    token_dim: int | None = None
+    """prefix/prompt: peft's ``token_dim`` as saved in an adapter_config.json (``None``: from the
+    model, as peft's ``_prepare_prompt_learning_config`` derives it)."""
+    num_layers: int | None = None
+    """prefix: peft's ``num_layers`` as saved in an adapter_config.json (``None``: from the model)."""
+    num_transformer_submodules: int | None = None
+    """prompt: peft's ``num_transformer_submodules`` (``None``: 2 for SEQ_2_SEQ_LM, else 1)."""

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from memfit.core.scenario import Scenario
 from memfit.errors import MemfitError
 
 _TOP = {"name", "model", "peft", "deepspeed", "deepspeed_version", "hardware", "load", "train",
@@ -179,3 +180,125 @@ def _read_ds_json(path: str) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise MemfitError(f"{p}: a DeepSpeed config must be a JSON object")
     return raw
+
+
+# transformers TrainingArguments defaults, used only for "auto" keys that do not change memory.
+_TRAINER_DEFAULTS = {
+    "learning_rate": (5e-5, ("optimizer.params.lr", "scheduler.params.warmup_max_lr")),
+    "adam_betas": ((0.9, 0.999), ("optimizer.params.betas",)),
+    "adam_epsilon": (1e-8, ("optimizer.params.eps",)),
+    "weight_decay": (0.0, ("optimizer.params.weight_decay",)),
+    "warmup_steps": (0, ("scheduler.params.warmup_num_steps",)),
+    "total_steps": (1, ("scheduler.params.total_num_steps",)),
+    "max_grad_norm": (1.0, ("gradient_clipping",)),
+}
+
+
+def _get(raw: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(raw, dict):
+            return None
+        raw = raw.get(part)
+    return raw
+
+
+def _auto_fills(raw: dict[str, Any], *, precision: str) -> dict[str, Any]:
+    """Context values for the "auto" keys that memory does not depend on: the Trainer's defaults,
+    supplied only where the config says "auto" (so explicit values are never contradicted)."""
+    fills = {name: value for name, (value, keys) in _TRAINER_DEFAULTS.items()
+             if any(_get(raw, k) == "auto" for k in keys)}
+    if _get(raw, "fp16.enabled") == "auto" or _get(raw, "bf16.enabled") == "auto":
+        fills["precision"] = precision
+    return fills
+
+
+def build_scenario(inputs: ScenarioInputs) -> Scenario:
+    """Resolve model, PEFT method, DeepSpeed config and hardware into a ``Scenario``."""
+    from memfit.core.catalog import resolve_model_config
+    from memfit.core.dsconfig import AutoContext, load_deepspeed_config, parse_deepspeed_config
+    from memfit.core.hardware import Hardware, parse_gpus, parse_size
+    from memfit.core.peft import apply_peft
+    from memfit.core.peft_parse import load_adapter_config, parse_peft_options
+    from memfit.core.scenario import LoadSettings, Scenario, TrainSettings
+    from memfit.core.shapes import build_model_shape
+
+    if not inputs.model:
+        raise MemfitError("no model given: pass --model (e.g. --model kakaobrain/kogpt) or a scenario file")
+    source = resolve_model_config(inputs.model, trust_remote_code=bool(inputs.trust_remote_code))
+    base = build_model_shape(source)
+    method = inputs.peft_method or "full"
+    if method.endswith(".json") or Path(method).is_file():
+        if inputs.peft_options:
+            raise MemfitError("PEFT options cannot be combined with an adapter_config.json")
+        spec = load_adapter_config(method)
+    else:
+        spec = parse_peft_options(method, **inputs.peft_options)
+    model = apply_peft(base, spec)
+
+    count, gpu = parse_gpus(inputs.gpus or "1xa100-80gb")
+    nodes = _positive_int(inputs.nodes if inputs.nodes is not None else 1, "nodes")
+    hw = Hardware(gpu=gpu, gpus_per_node=count, nodes=nodes,
+                  cpu_ram_bytes=parse_size(inputs.cpu_ram or "256GB", what="cpu_ram"),
+                  nvme_bytes=parse_size(inputs.nvme, what="nvme") if inputs.nvme else None)
+    micro = None if inputs.micro_batch is None else _positive_int(inputs.micro_batch, "micro_batch")
+    precision = "bf16" if gpu.bf16 else "fp16"
+    if inputs.deepspeed:
+        raw = _read_ds_json(inputs.deepspeed)
+    elif inputs.deepspeed_inline is not None:
+        raw = inputs.deepspeed_inline
+    else:
+        raw = {"train_micro_batch_size_per_gpu": micro or 1, "zero_optimization": {"stage": 0},
+               precision: {"enabled": True}}
+    ctx = AutoContext(micro_batch_size=micro or 1, world_size=hw.world_size, hidden_size=base.arch.hidden_size,
+                      **_auto_fills(raw, precision=precision))
+    if inputs.deepspeed:
+        ds, ds_json = load_deepspeed_config(inputs.deepspeed, context=ctx)
+    else:
+        from memfit.core.dsconfig import resolve_auto
+
+        ds, ds_json = parse_deepspeed_config(raw, context=ctx), resolve_auto(raw, ctx)
+    if micro is None:
+        micro = ds.train_micro_batch_size_per_gpu
+    elif micro != ds.train_micro_batch_size_per_gpu:
+        raise MemfitError(f"micro_batch {micro} contradicts the DeepSpeed config's train_micro_batch_size_per_gpu "
+                          f"{ds.train_micro_batch_size_per_gpu}")
+    load = LoadSettings(dtype=inputs.load_dtype or "fp32", zero_init=bool(inputs.zero_init),
+                        low_cpu_mem_usage=True if inputs.low_cpu_mem_usage is None else _bool(inputs.low_cpu_mem_usage, "low_cpu_mem_usage"))
+    train = TrainSettings(
+        seq_len=_positive_int(inputs.seq_len if inputs.seq_len is not None else 2048, "seq_len"),
+        micro_batch=micro,
+        gradient_checkpointing=bool(inputs.gradient_checkpointing),
+        model_parameters=inputs.model_parameters or "trainable",
+        attention=inputs.attention or "sdpa",
+    )
+    return Scenario(name=inputs.name or f"{source.name} ({spec.method})", model_ref=source.name, model=model,
+                    peft=spec, deepspeed=ds, deepspeed_json=ds_json, hardware=hw, load=load, train=train,
+                    ds_version=str(inputs.ds_version or "0.19"), accelerator=inputs.accelerator or "cuda")
+
+
+def describe_scenario(sc: Scenario) -> dict[str, Any]:
+    """The resolved scenario, for JSON output and fixtures."""
+    z = sc.deepspeed.zero
+    return {
+        "name": sc.name,
+        "model": sc.model_ref,
+        "architecture": sc.model.architecture,
+        "peft": sc.peft.method,
+        "deepspeed_version": sc.ds_version,
+        "zero_stage": z.stage,
+        "precision": sc.deepspeed.precision,
+        "offload_optimizer": z.offload_optimizer.device,
+        "offload_param": z.offload_param.device,
+        "world_size": sc.world_size,
+        "gpus_per_node": sc.hardware.gpus_per_node,
+        "nodes": sc.hardware.nodes,
+        "gpu": sc.hardware.gpu.name,
+        "gpu_total_bytes": sc.hardware.gpu.total_bytes,
+        "cpu_ram_bytes": sc.hardware.cpu_ram_bytes,
+        "load_dtype": sc.load.dtype,
+        "zero_init": sc.load.zero_init,
+        "seq_len": sc.train.seq_len,
+        "micro_batch": sc.train.micro_batch,
+        "gradient_checkpointing": sc.train.gradient_checkpointing,
+        "accelerator": sc.accelerator,
+    }

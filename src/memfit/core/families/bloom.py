@@ -1,0 +1,60 @@
+"""BLOOM (``model_type: bloom``) as ``BloomForCausalLM`` builds it.
+
+Mirrors transformers/models/bloom/modeling_bloom.py: ``word_embeddings`` followed by its own
+LayerNorm (``word_embeddings_layernorm``), ``h.N`` blocks and ``ln_f``; ALiBi positions carry no
+parameters. Each block: ``input_layernorm``, fused ``self_attention.query_key_value`` ``(3 d, d)``
+and ``dense``, ``post_attention_layernorm``, and an MLP of width 4 d (``n_inner`` is ignored), all
+with biases. ``lm_head`` (no bias) is tied to ``word_embeddings`` by default. The legacy key
+``n_embed`` overrides ``hidden_size`` as ``BloomConfig.__post_init__`` does.
+
+Per block: 12 d^2 + 13 d.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from memfit.core.families.blocks import embedding, layer_norm, linear, specs, stack
+from memfit.core.families.config_fields import divide_heads, read_bool, read_int
+from memfit.core.model import ArchSpec, ModelShape
+
+ARCHITECTURE = "BloomForCausalLM"
+
+
+def build_bloom(name: str, config: Mapping[str, Any]) -> ModelShape:
+    """Parameters of ``BloomForCausalLM(config)``, named as ``named_parameters()`` names them."""
+    vocab = read_int(config, "vocab_size", default=250880)
+    d = read_int(config, "n_embed", "hidden_size", default=64)
+    layers = read_int(config, "n_layer", "num_hidden_layers", default=2)
+    heads = read_int(config, "n_head", "num_attention_heads", default=8)
+    tied = read_bool(config, "tie_word_embeddings", default=True)
+
+    block = [
+        *layer_norm("input_layernorm", d),
+        *linear("self_attention.query_key_value", d, 3 * d),
+        *linear("self_attention.dense", d, d),
+        *layer_norm("post_attention_layernorm", d),
+        *linear("mlp.dense_h_to_4h", d, 4 * d),
+        *linear("mlp.dense_4h_to_h", 4 * d, d),
+    ]
+    params = (
+        *specs(embedding("transformer.word_embeddings", vocab, d)),
+        *specs(layer_norm("transformer.word_embeddings_layernorm", d)),
+        *stack("transformer.h", layers, block),
+        *specs(layer_norm("transformer.ln_f", d)),
+        *([] if tied else specs(linear("lm_head", d, vocab, bias=False))),
+    )
+    arch = ArchSpec(
+        model_type="bloom",
+        num_layers=layers,
+        hidden_size=d,
+        num_heads=heads,
+        num_kv_heads=heads,
+        head_dim=divide_heads(d, heads),
+        intermediate_size=4 * d,
+        vocab_size=vocab,
+        mlp_kind="gelu",
+        max_positions=0,  # ALiBi: no position table, no hard limit in the config
+    )
+    return ModelShape(name=name, architecture=ARCHITECTURE, arch=arch, params=params)

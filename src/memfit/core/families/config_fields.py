@@ -1,0 +1,76 @@
+"""Read the shape-relevant fields of a parsed config.json, with the transformers defaults.
+
+transformers fills a missing field from its config class default (``GPT2Config.n_embd = 768`` ...)
+and accepts aliases through ``attribute_map`` (``hidden_size`` for GPT-2's ``n_embd``). The family
+builders read fields through these helpers so a missing key or an alias gives the same number the
+real config class would, and a wrong type gives a one-line ``MemfitError`` instead of a traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from memfit.errors import MemfitError
+
+
+def _lookup(config: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str, Any] | None:
+    """First of ``keys`` present in ``config`` (canonical name first, then its aliases)."""
+    for key in keys:
+        if key in config:
+            return key, config[key]
+    return None
+
+
+def read_int(
+    config: Mapping[str, Any], *keys: str, default: int | None, minimum: int = 1
+) -> int:
+    """An integer field, ``default`` if absent or null; ``MemfitError`` unless an int >= minimum."""
+    found = _lookup(config, keys)
+    key, value = found if found is not None else (keys[0], None)
+    if value is None:
+        if default is None:
+            raise MemfitError(f"config.json has no {keys[0]!r}, which memfit needs")
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise MemfitError(f"config.json field {key!r} must be an integer, got {value!r}")
+    if value < minimum:
+        raise MemfitError(f"config.json field {key!r} must be at least {minimum}, got {value}")
+    return value
+
+
+def read_optional_int(config: Mapping[str, Any], *keys: str) -> int | None:
+    """An integer field that may be absent or null (e.g. ``n_inner``: null means 4 x hidden)."""
+    found = _lookup(config, keys)
+    if found is None or found[1] is None:
+        return None
+    return read_int(config, *keys, default=None)
+
+
+def read_bool(config: Mapping[str, Any], key: str, *, default: bool) -> bool:
+    """A boolean field; ``MemfitError`` if it is present and not a bool."""
+    value = config.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise MemfitError(f"config.json field {key!r} must be true or false, got {value!r}")
+    return value
+
+
+def read_str(config: Mapping[str, Any], key: str, *, default: str) -> str:
+    """A string field; ``MemfitError`` if it is present and not a string."""
+    value = config.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise MemfitError(f"config.json field {key!r} must be a string, got {value!r}")
+    return value
+
+
+def divide_heads(hidden_size: int, num_heads: int, *, what: str = "hidden size") -> int:
+    """``hidden_size // num_heads``, refusing sizes that transformers itself rejects."""
+    if hidden_size % num_heads:
+        raise MemfitError(
+            f"{what} {hidden_size} is not divisible by the number of attention heads {num_heads}"
+        )
+    return hidden_size // num_heads

@@ -1,0 +1,64 @@
+"""GPT-J (``model_type: gptj``) as ``GPTJForCausalLM`` builds it; KoGPT 6B is a GPT-J.
+
+Mirrors transformers/models/gptj/modeling_gptj.py: ``GPTJModel`` (``wte``, ``h.N`` blocks, ``ln_f``)
+and ``GPTJForCausalLM.lm_head = nn.Linear(n_embd, vocab_size)`` *with* a bias. Rotary embeddings
+carry no parameters, and there is no position table. Per block: ``ln_1``, q/k/v/out projections
+without bias (``GPTJAttention``), and ``fc_in``/``fc_out`` with bias (``GPTJMLP``). Defaults are
+``GPTJConfig``'s; ``tie_word_embeddings`` defaults to false, so ``lm_head.weight`` is its own param.
+
+Per block: 4 d^2 + 2 d i + i + 3 d, with d = n_embd and i = n_inner or 4 d.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from memfit.core.families.blocks import embedding, layer_norm, linear, specs, stack
+from memfit.core.families.config_fields import divide_heads, read_bool, read_int, read_optional_int
+from memfit.core.model import ArchSpec, ModelShape
+
+ARCHITECTURE = "GPTJForCausalLM"
+
+
+def build_gptj(name: str, config: Mapping[str, Any]) -> ModelShape:
+    """Parameters of ``GPTJForCausalLM(config)``, named as ``named_parameters()`` names them."""
+    vocab = read_int(config, "vocab_size", default=50400)
+    d = read_int(config, "n_embd", "hidden_size", default=4096)
+    layers = read_int(config, "n_layer", "num_hidden_layers", default=28)
+    heads = read_int(config, "n_head", "num_attention_heads", default=16)
+    positions = read_int(config, "n_positions", "max_position_embeddings", default=2048)
+    inner = read_optional_int(config, "n_inner") or 4 * d
+    tied = read_bool(config, "tie_word_embeddings", default=False)
+
+    block = [
+        *layer_norm("ln_1", d),
+        *linear("attn.k_proj", d, d, bias=False),
+        *linear("attn.v_proj", d, d, bias=False),
+        *linear("attn.q_proj", d, d, bias=False),
+        *linear("attn.out_proj", d, d, bias=False),
+        *linear("mlp.fc_in", d, inner),
+        *linear("mlp.fc_out", inner, d),
+    ]
+    head = linear("lm_head", d, vocab)
+    if tied:  # lm_head.weight is transformer.wte.weight; the bias stays its own parameter
+        head = head[1:]
+    params = (
+        *specs(embedding("transformer.wte", vocab, d)),
+        *stack("transformer.h", layers, block),
+        *specs(layer_norm("transformer.ln_f", d)),
+        *specs(head),
+    )
+    arch = ArchSpec(
+        model_type="gptj",
+        num_layers=layers,
+        hidden_size=d,
+        num_heads=heads,
+        num_kv_heads=heads,
+        head_dim=divide_heads(d, heads),
+        intermediate_size=inner,
+        vocab_size=vocab,
+        mlp_kind="gelu",
+        max_positions=positions,
+    )
+    return ModelShape(name=name, architecture=ARCHITECTURE, arch=arch, params=params)
