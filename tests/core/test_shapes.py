@@ -1,0 +1,123 @@
+"""Pure shapes: speed, no heavy imports, architecture numbers from the config, bad configs.
+
+The exactness proof (every catalog model against a meta-device transformers build) is in
+tests/exact/test_meta_build.py; this file needs no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from memfit.core.catalog import list_catalog, resolve_model_config
+from memfit.core.shapes import build_model_shape, modelled_architecture
+from memfit.errors import MemfitError
+
+
+def test_llama_3_70b_shape_builds_well_under_50_ms():
+    source = resolve_model_config("meta-llama/Meta-Llama-3-70B", allow_download=False)
+    build_model_shape(source)  # warm caches
+    runs = []
+    for _ in range(5):
+        start = time.perf_counter()
+        shape = build_model_shape(source)
+        runs.append(time.perf_counter() - start)
+    assert len(shape.params) == 80 * 9 + 3
+    assert min(runs) < 0.050, f"best of 5: {min(runs) * 1e3:.1f} ms"
+
+
+def test_plan_path_imports_no_torch_transformers_or_hub():
+    code = (
+        "import sys\n"
+        "from memfit.core.catalog import resolve_model_config, list_catalog\n"
+        "from memfit.core.shapes import build_model_shape\n"
+        "for e in list_catalog(): build_model_shape(resolve_model_config(e.name))\n"
+        "heavy = {'torch', 'transformers', 'huggingface_hub', 'deepspeed', 'peft'}\n"
+        "heavy &= set(sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("entry", list_catalog(), ids=lambda e: e.name)
+def test_catalog_shape_names_are_unique_and_arch_follows_the_config(entry):
+    source = resolve_model_config(entry.name, allow_download=False)
+    shape = build_model_shape(source)
+    config = source.config
+    names = [p.name for p in shape.params]
+    assert len(names) == len(set(names))
+    assert shape.name == entry.name
+    assert shape.architecture == entry.architecture == modelled_architecture(source)
+    assert all(p.trainable for p in shape.params)
+    arch = shape.arch
+    assert arch.model_type == config["model_type"]
+    assert arch.head_dim == config.get("d_kv", arch.hidden_size // arch.num_heads)
+    if arch.model_type in ("llama", "mistral", "mixtral", "qwen2"):
+        assert arch.mlp_kind == "gated"
+        assert arch.num_kv_heads == config["num_key_value_heads"]
+        assert arch.intermediate_size == config["intermediate_size"]
+    if arch.model_type == "mixtral":
+        assert (arch.num_experts, arch.experts_per_token) == (
+            config["num_local_experts"],
+            config["num_experts_per_tok"],
+        )
+    else:
+        assert arch.num_experts == 1
+    if arch.model_type == "t5":
+        assert (arch.num_encoder_layers, arch.num_layers) == (
+            config["num_layers"],
+            config["num_decoder_layers"],
+        )
+        gated = config["feed_forward_proj"].startswith("gated")
+        assert arch.mlp_kind == ("gated" if gated else "gelu")
+    else:
+        assert arch.num_encoder_layers == 0
+    assert arch.is_encoder_only == (arch.model_type == "bert")
+    assert arch.vocab_size == config["vocab_size"]
+
+
+def test_kogpt_arch_numbers():
+    arch = build_model_shape(resolve_model_config("kogpt")).arch
+    config = resolve_model_config("kogpt").config
+    assert (arch.num_layers, arch.hidden_size, arch.num_heads) == (
+        config["n_layer"],
+        config["n_embd"],
+        config["n_head"],
+    )
+    assert arch.intermediate_size == 4 * config["n_embd"]  # n_inner is null
+    assert arch.max_positions == config["n_positions"]
+
+
+def _shape_of(tmp_path: Path, config: dict):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return build_model_shape(resolve_model_config(str(tmp_path)))
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"model_type": "llama", "hidden_size": "4096"}, "'hidden_size' must be an integer"),
+        ({"model_type": "llama", "num_hidden_layers": 0}, "must be at least 1"),
+        ({"model_type": "gpt2", "n_embd": 100, "n_head": 12}, "not divisible"),
+        ({"model_type": "gpt2", "tie_word_embeddings": "yes"}, "must be true or false"),
+        ({"model_type": "t5", "feed_forward_proj": "fancy-gelu"}, "feed_forward_proj"),
+        ({"model_type": "bert", "add_cross_attention": True}, "without is_decoder"),
+    ],
+)
+def test_bad_config_values_are_one_line_errors(tmp_path, config, message):
+    with pytest.raises(MemfitError, match=message):
+        _shape_of(tmp_path, config)
+
+
+def test_missing_fields_take_the_config_class_defaults(tmp_path):
+    # GPT2Config defaults: 12 layers of width 768, vocabulary 50257, 1024 positions: gpt2 itself.
+    bare = _shape_of(tmp_path, {"model_type": "gpt2"})
+    gpt2 = build_model_shape(resolve_model_config("gpt2"))
+    assert sorted((p.name, p.shape) for p in bare.params) == sorted(
+        (p.name, p.shape) for p in gpt2.params
+    )

@@ -1,0 +1,186 @@
+"""Catalog counts are exact: pure shapes against the real transformers classes on the meta device.
+
+For every catalog model the multiset of ``(name, shape)`` from ``memfit.core.shapes`` must equal
+the one ``named_parameters()`` yields for the transformers class built from the same config.json
+(installed transformers version). Tiny configs cover the options the catalog does not use.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from memfit.core.catalog import list_catalog, resolve_model_config  # noqa: E402
+from memfit.core.shapes import build_model_shape  # noqa: E402
+from memfit.errors import MemfitError  # noqa: E402
+from memfit.exact.meta_build import build_meta_model, named_param_shapes  # noqa: E402
+
+KOGPT_PARAMS = 6_166_502_400
+"""n_parameters of KoGPT6B-ryan1.5b as its model card publishes it."""
+
+
+def multiset(params) -> Counter:
+    return Counter((p.name, tuple(p.shape)) for p in params)
+
+
+def assert_same_params(pure, reference) -> None:
+    ours, theirs = multiset(pure), multiset(reference)
+    assert ours == theirs, (
+        f"only in memfit: {sorted(ours - theirs)[:5]}; "
+        f"only in transformers: {sorted(theirs - ours)[:5]}"
+    )
+
+
+@pytest.mark.parametrize("entry", list_catalog(), ids=lambda e: e.name)
+def test_catalog_shape_equals_meta_build(entry):
+    source = resolve_model_config(entry.name, allow_download=False)
+    shape = build_model_shape(source)
+    model = build_meta_model(source)
+    reference = named_param_shapes(model)
+    assert type(model).__name__ == shape.architecture
+    assert_same_params(shape.params, reference)
+    assert shape.total_params == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("entry", list_catalog(), ids=lambda e: e.name)
+def test_arch_numbers_match_the_transformers_config(entry):
+    source = resolve_model_config(entry.name, allow_download=False)
+    arch = build_model_shape(source).arch
+    config = transformers.CONFIG_MAPPING[entry.model_type].from_dict(source.config_dict())
+    assert arch.hidden_size == config.hidden_size
+    assert arch.num_heads == config.num_attention_heads
+    assert arch.vocab_size == config.vocab_size
+    layers = config.num_decoder_layers if entry.model_type == "t5" else config.num_hidden_layers
+    assert arch.num_layers == layers
+    assert arch.num_kv_heads == getattr(config, "num_key_value_heads", config.num_attention_heads)
+    if entry.model_type == "mixtral":
+        assert arch.num_experts == config.num_local_experts
+        assert arch.experts_per_token == config.num_experts_per_tok
+
+
+def test_kogpt_total_is_the_published_count_in_memfit_and_in_transformers():
+    source = resolve_model_config("kogpt", allow_download=False)
+    model = build_meta_model(source)
+    assert sum(p.numel() for p in model.parameters()) == KOGPT_PARAMS
+    assert build_model_shape(source).total_params == KOGPT_PARAMS
+
+
+TINY = {
+    "gptj": {"n_embd": 32, "n_head": 4, "n_layer": 2, "vocab_size": 97, "rotary_dim": 4},
+    "gpt2": {"n_embd": 32, "n_head": 4, "n_layer": 2, "vocab_size": 97, "n_positions": 64},
+    "llama": {
+        "hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 4,
+        "num_hidden_layers": 2, "vocab_size": 97,
+    },
+    "opt": {
+        "hidden_size": 32, "ffn_dim": 48, "num_attention_heads": 4, "num_hidden_layers": 2,
+        "vocab_size": 97, "max_position_embeddings": 64,
+    },
+    "bloom": {"n_layer": 2, "n_head": 4, "vocab_size": 97},
+    "t5": {"vocab_size": 97, "d_model": 32, "d_kv": 8, "d_ff": 48, "num_layers": 2, "num_heads": 4},
+    "bert": {
+        "hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 4,
+        "num_hidden_layers": 2, "vocab_size": 97, "max_position_embeddings": 64,
+    },
+}
+TINY["mistral"] = TINY["mixtral"] = TINY["qwen2"] = {**TINY["llama"], "num_key_value_heads": 2}
+
+VARIANTS = {
+    "gptj-tied-n_inner-aliases": ("gptj", {
+        "hidden_size": 32, "n_embd": None, "n_inner": 40, "tie_word_embeddings": True,
+    }),
+    "gpt2-untied-cross-attention": ("gpt2", {
+        "tie_word_embeddings": False, "n_inner": 40, "add_cross_attention": True,
+    }),
+    "llama-biases-head_dim-tied": ("llama", {
+        "attention_bias": True, "mlp_bias": True, "head_dim": 16, "tie_word_embeddings": True,
+    }),
+    "llama-gqa": ("llama", {"num_key_value_heads": 1}),
+    "mistral-head_dim-tied": ("mistral", {"head_dim": 12, "tie_word_embeddings": True}),
+    "mixtral-4-experts-top-1": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 1}),
+    "mixtral-num_experts-alias-tied": ("mixtral", {"num_experts": 3, "tie_word_embeddings": True}),
+    "qwen2-tied": ("qwen2", {"tie_word_embeddings": True}),
+    "opt-350m-style-projection": ("opt", {
+        "word_embed_proj_dim": 16, "do_layer_norm_before": False, "tie_word_embeddings": False,
+    }),
+    "opt-no-bias-no-affine-no-final": ("opt", {
+        "enable_bias": False, "layer_norm_elementwise_affine": False,
+        "_remove_final_layer_norm": True,
+    }),
+    "bloom-n_embed-untied": ("bloom", {"n_embed": 48, "tie_word_embeddings": False}),
+    "bloom-hidden-size": ("bloom", {"hidden_size": 40}),
+    "t5-relu-tied": ("t5", {"feed_forward_proj": "relu"}),
+    "t5-gated-untied-deeper-decoder": ("t5", {
+        "feed_forward_proj": "gated-silu", "tie_word_embeddings": False, "num_decoder_layers": 3,
+    }),
+    "bert-untied-one-token-type": ("bert", {"tie_word_embeddings": False, "type_vocab_size": 1}),
+    "bert-decoder-cross-attention": ("bert", {"is_decoder": True, "add_cross_attention": True}),
+}
+
+
+def tiny_source(tmp_path: Path, model_type: str, changes: dict):
+    config = {"model_type": model_type, **TINY[model_type], **changes}
+    config = {key: value for key, value in config.items() if value is not None}
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return resolve_model_config(str(tmp_path))
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_config_options_match_meta_build(tmp_path, variant):
+    model_type, changes = VARIANTS[variant]
+    source = tiny_source(tmp_path, model_type, changes)
+    reference = named_param_shapes(build_meta_model(source))
+    assert_same_params(build_model_shape(source).params, reference)
+
+
+def test_t5_untied_head_matches_from_pretrained_of_a_real_checkpoint(tmp_path):
+    """A T5 v1.1-style checkpoint keeps its own lm_head through from_pretrained (tie_weights)."""
+    changes = {"feed_forward_proj": "gated-gelu", "tie_word_embeddings": False}
+    source = tiny_source(tmp_path / "src", "t5", changes)
+    config = transformers.T5Config.from_dict(source.config_dict())
+    model = transformers.T5ForConditionalGeneration(config)
+    model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.shared.weight))
+    model.all_tied_weights_keys.pop("lm_head.weight", None)
+    model.save_pretrained(tmp_path / "ckpt")
+    loaded = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / "ckpt")
+    assert loaded.lm_head.weight is not loaded.shared.weight
+    assert_same_params(build_model_shape(source).params, named_param_shapes(loaded))
+
+
+def test_bert_cross_attention_without_decoder_is_refused_like_transformers(tmp_path):
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "bert", **TINY["bert"], "add_cross_attention": True})
+    )
+    source = resolve_model_config(str(tmp_path))
+    with pytest.raises(ValueError, match="decoder"):
+        transformers.BertForMaskedLM(transformers.BertConfig.from_dict(source.config_dict()))
+    with pytest.raises(MemfitError, match="without is_decoder"):
+        build_model_shape(source)
+
+
+def test_dtype_and_bad_dtype():
+    source = resolve_model_config("gpt2", allow_download=False)
+    model = build_meta_model(source, dtype="bf16")
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    with pytest.raises(MemfitError, match="dtype 'int3'"):
+        build_meta_model(source, dtype="int3")
+
+
+def test_model_type_outside_the_families_builds_through_auto_class(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "phi", "hidden_size": 32, "intermediate_size": 48,
+        "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 97,
+    }))
+    source = resolve_model_config(str(tmp_path), trust_remote_code=True)
+    model = build_meta_model(source)
+    assert type(model).__name__ == "PhiForCausalLM"
+    with pytest.raises(MemfitError, match="no pure-Python shape builder"):
+        build_model_shape(source)
