@@ -174,7 +174,8 @@ class OptimizerSettings:
     ``rmsprop``, ...)."""
     states_per_param: int = 2
     """State tensors per trainable element (Adam/AdamW/Lamb: exp_avg and exp_avg_sq = 2, 3 with
-    torch AMSGrad; SGD with momentum 1, without 0; Adagrad and Lion 1)."""
+    torch AMSGrad; SGD with momentum 1, without 0; Adagrad 1; Lion 1 on GPU, 2 offloaded, as
+    DeepSpeedCPULion also allocates exp_avg_sq). See ``dsconfig.optimizer_states_per_param``."""
     params: tuple[tuple[str, object], ...] = ()
     """The optimizer's ``params`` as given (lr, betas, ...), "auto" resolved, for reports."""
     in_config: bool = False

@@ -2,8 +2,8 @@
 
 Three steps, each mirroring the code that does it for real:
 
-1. ``"auto"`` values are filled as transformers' Trainer fills them
-   (``transformers/integrations/deepspeed.py``: ``HfTrainerDeepSpeedConfig.trainer_config_process``
+1. ``"auto"`` values are filled as transformers' Trainer fills them (transformers 5.24,
+   ``transformers/integrations/deepspeed.py``: ``HfTrainerDeepSpeedConfig.trainer_config_process``
    and ``trainer_config_finalize``), from an ``AutoContext``; a value the Trainer would have to
    invent (or refuse) is a ``MemfitError`` naming the key and the memfit flag that supplies it.
    Where the Trainer finds a written value that disagrees with its own arguments it refuses to start
@@ -252,8 +252,9 @@ def resolve_auto(raw: Mapping, context: AutoContext | None = None) -> dict:
     f.fill("scheduler.params.warmup_min_lr", 0, "", must_match=False)
     f.fill("scheduler.params.warmup_max_lr", ctx.learning_rate, flag["learning_rate"])
     precision = ctx.precision
-    f.fill("fp16.enabled", None if precision is None else precision == "fp16", flag["precision"])
-    f.fill("bf16.enabled", None if precision is None else precision == "bf16", flag["precision"])
+    said = f"{flag['precision']} {precision}, i.e."
+    f.fill("fp16.enabled", None if precision is None else precision == "fp16", said if precision else flag["precision"])
+    f.fill("bf16.enabled", None if precision is None else precision == "bf16", said if precision else flag["precision"])
 
     # trainer_config_finalize
     hidden_keys = ("zero_optimization.reduce_bucket_size", "zero_optimization.stage3_prefetch_bucket_size",
@@ -328,8 +329,8 @@ def _warmup_flag(ctx: AutoContext) -> str:
 def _reject_leftover_auto(cfg: dict) -> None:
     for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                 "gradient_clipping", "communication_data_type"):
-        if cfg.get(key) == AUTO:  # pragma: no cover - the fills above catch these first
-            raise MemfitError(f'DeepSpeed config {key} is "auto" and nothing fills it; write a value')
+        if cfg.get(key) == AUTO:  # the batch keys and clipping are filled above; this catches the rest
+            raise MemfitError(f'DeepSpeed config {key} is "auto", which nothing fills; write a value')
     for section in ("optimizer", "scheduler"):
         params = cfg.get(section, {}).get("params") if isinstance(cfg.get(section), dict) else None
         if isinstance(params, dict):

@@ -191,6 +191,7 @@ _TRAINER_DEFAULTS = {
     "warmup_steps": (0, ("scheduler.params.warmup_num_steps",)),
     "total_steps": (1, ("scheduler.params.total_num_steps",)),
     "max_grad_norm": (1.0, ("gradient_clipping",)),
+    "gradient_accumulation_steps": (1, ("gradient_accumulation_steps",)),
 }
 
 
@@ -249,7 +250,7 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
     else:
         raw = {"train_micro_batch_size_per_gpu": micro or 1, "zero_optimization": {"stage": 0},
                precision: {"enabled": True}}
-    ctx = AutoContext(micro_batch_size=micro or 1, world_size=hw.world_size, hidden_size=base.arch.hidden_size,
+    ctx = AutoContext(micro_batch_size=micro, world_size=hw.world_size, hidden_size=base.arch.hidden_size,
                       **_auto_fills(raw, precision=precision))
     if inputs.deepspeed:
         ds, ds_json = load_deepspeed_config(inputs.deepspeed, context=ctx)
