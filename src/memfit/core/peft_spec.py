@@ -21,7 +21,7 @@ class PeftSpec:
     prefix_projection: bool = False
     """prefix: reparameterize through an MLP encoder (P-tuning v2 / the seed's prefix encoder)."""
     encoder_hidden_size: int | None = None
-    """prefix with projection: width of the encoder MLP (defaults to the model's hidden size)."""
+    """prefix with projection: width of the encoder MLP (peft default: token_dim, i.e. head_dim x kv heads)."""
     lora_r: int = 8
     lora_alpha: int = 8
     target_modules: tuple[str, ...] = ()

@@ -210,6 +210,8 @@ def _auto_fills(raw: dict[str, Any], *, precision: str) -> dict[str, Any]:
              if any(_get(raw, k) == "auto" for k in keys)}
     if _get(raw, "fp16.enabled") == "auto" or _get(raw, "bf16.enabled") == "auto":
         fills["precision"] = precision
+    if _get(raw, "train_micro_batch_size_per_gpu") == "auto":
+        fills["micro_batch_size"] = 1
     return fills
 
 
@@ -250,8 +252,10 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
     else:
         raw = {"train_micro_batch_size_per_gpu": micro or 1, "zero_optimization": {"stage": 0},
                precision: {"enabled": True}}
-    ctx = AutoContext(micro_batch_size=micro, world_size=hw.world_size, hidden_size=base.arch.hidden_size,
-                      **_auto_fills(raw, precision=precision))
+    fills = _auto_fills(raw, precision=precision)
+    if micro is not None:
+        fills["micro_batch_size"] = micro
+    ctx = AutoContext(world_size=hw.world_size, hidden_size=base.arch.hidden_size, **fills)
     if inputs.deepspeed:
         ds, ds_json = load_deepspeed_config(inputs.deepspeed, context=ctx)
     else:
