@@ -20,12 +20,13 @@ def _gib(n: int) -> str:
     return f"{n / GiB:,.2f}"
 
 
-def _bar(used: int, cap: int, width: int = 16) -> Text:
+def _bar(used: int, cap: int, width: int = 10) -> Text:
+    """A bar of ``width`` cells and the percentage (just the percentage when width is 0)."""
     frac = used / cap if cap else 0.0
     full = min(int(round(frac * width)), width)
     style = "red" if frac > 1 else ("yellow" if frac > 0.9 else "green")
     bar = Text("█" * full, style=style) + Text("·" * (width - full), style="dim")
-    return bar + Text(f" {frac * 100:4.0f}%", style=style)
+    return bar + Text(f"{' ' if width else ''}{frac * 100:3.0f}%", style=style)
 
 
 def scenario_summary(sc: Scenario) -> Text:
@@ -53,22 +54,24 @@ def scenario_summary(sc: Scenario) -> Text:
     return Text("\n".join(lines))
 
 
-def phase_table(plan: Plan, sc: Scenario) -> Table:
+def phase_table(plan: Plan, sc: Scenario, *, width: int = 120) -> Table:
     hw = sc.hardware
     failed = {(f.phase, f.device) for f in plan.verdict.failures}
-    t = Table(title="Peak memory per phase (GiB = 2^30 bytes)", title_justify="left")
-    t.add_column("phase")
-    t.add_column("GPU / rank", justify="right")
-    t.add_column(f"of {fmt_bytes(hw.gpu.total_bytes)}")
-    t.add_column("host pinned / rank", justify="right")
-    t.add_column("host pageable / rank", justify="right")
-    t.add_column("host / node", justify="right")
-    t.add_column(f"of {fmt_bytes(hw.cpu_ram_bytes)}")
+    t = Table(title="Peak memory per phase, GiB (2^30 bytes); GPU, pinned and pageable per rank",
+              title_justify="left")
+    t.add_column("phase", no_wrap=True)
+    t.add_column("GPU\n/rank", justify="right", no_wrap=True)
+    t.add_column(f"of\n{hw.gpu.total_bytes / GiB:.2f}", no_wrap=True)
+    t.add_column("pinned", justify="right", no_wrap=True)
+    t.add_column("page-\nable", justify="right", no_wrap=True)
+    t.add_column("host\n/node", justify="right", no_wrap=True)
+    t.add_column(f"of\n{hw.cpu_ram_bytes / GiB:.2f}", no_wrap=True)
+    bar = 10 if width >= 110 else 0
     for ph in plan.phases:
         gpu = Text(_gib(ph.gpu_peak_bytes), style="bold red" if (ph.name, "gpu") in failed else "")
         node = Text(_gib(ph.node_cpu_peak_bytes), style="bold red" if (ph.name, "cpu") in failed else "")
-        t.add_row(ph.name, gpu, _bar(ph.gpu_peak_bytes, hw.gpu.total_bytes), _gib(ph.cpu_pinned_bytes),
-                  _gib(ph.cpu_pageable_bytes), node, _bar(ph.node_cpu_peak_bytes, hw.cpu_ram_bytes))
+        t.add_row(ph.name, gpu, _bar(ph.gpu_peak_bytes, hw.gpu.total_bytes, bar), _gib(ph.cpu_pinned_bytes),
+                  _gib(ph.cpu_pageable_bytes), node, _bar(ph.node_cpu_peak_bytes, hw.cpu_ram_bytes, bar))
     return t
 
 
@@ -98,7 +101,7 @@ def verdict_text(plan: Plan) -> Text:
 
 def render_plan(plan: Plan, sc: Scenario, console: Console, *, all_items: bool = False) -> None:
     console.print(Panel(scenario_summary(sc), title=f"memfit plan: {plan.scenario_name}", title_align="left"))
-    console.print(phase_table(plan, sc))
+    console.print(phase_table(plan, sc, width=console.width))
     console.print(verdict_text(plan))
     console.print()
     show = set()

@@ -120,6 +120,8 @@ def record_partition(t: Timeline, ctx: RecipeContext, where: Where) -> PartKey:
               source=f"{P30}:Init._convert_to_zero_parameters (param.data = param.data.to(local_device))")
     part_key: PartKey = {}
     for p in ctx.params:
+        if p.name not in where:
+            continue  # already partitioned when it was built under zero.Init
         key, dtype = where[p.name]
         nb = DTYPE_BYTES[dtype]
         if key != GPU_FULL and new:
