@@ -1,0 +1,453 @@
+"""Trace one training step (forward, loss, backward) of the real model code on fake tensors.
+
+``trace_training_step`` builds the model from its config.json (meta device, then fake storage on
+the CPU device: fake "cuda" tensors fail on indexing ops in CPU builds of torch, and sizes are the
+same), applies the PEFT method with peft, and runs the step under ``FakeTensorMode`` with an
+``AllocationTracker`` on top. ``trace_model`` runs the same bookkeeping on a model you built,
+fake or real (the tests run it on real CPU tensors and compare).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+from time import perf_counter
+from typing import Any
+
+import torch
+
+from memfit.core.peft_spec import PeftSpec
+from memfit.errors import MemfitError
+from memfit.trace import tracker as tk
+from memfit.trace.cuda_kernels import cuda_like_kernels
+from memfit.trace.model_build import (
+    TORCH_DTYPES,
+    apply_peft,
+    build_meta_model,
+    materialize_fake,
+)
+from memfit.trace.results import (
+    CATEGORIES,
+    MemoryBreakdown,
+    ModuleBytes,
+    StepEvent,
+    TracedModule,
+    TracedParam,
+    TraceOptions,
+    TracePeak,
+    TraceResult,
+    TraceTimings,
+)
+from memfit.trace.zero3_linear import zero3_linear_patched
+
+ProgressCallback = Callable[[str, int, int], None]
+"""``progress(stage, done, total)``: stage is ``build``, ``forward`` or ``backward``."""
+
+_PARAM_CATS = frozenset({tk.PARAM_TRAINABLE, tk.PARAM_FROZEN, tk.BUFFER})
+
+
+def trace_training_step(
+    config: Mapping[str, Any],
+    peft: PeftSpec | None = None,
+    options: TraceOptions | None = None,
+    *,
+    progress: ProgressCallback | None = None,
+) -> TraceResult:
+    """Trace forward + loss + backward of the model ``config`` (a config.json mapping) trained with
+    ``peft`` (default: full fine-tuning), on ``options.micro_batch`` x ``options.seq_len`` tokens."""
+    peft = peft or PeftSpec()
+    options = options or TraceOptions()
+    with quiet_libraries():
+        return _trace_training_step(config, peft, options, progress)
+
+
+def _trace_training_step(
+    config: Mapping[str, Any], peft: PeftSpec, options: TraceOptions, progress: ProgressCallback | None
+) -> TraceResult:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    start = perf_counter()
+    if progress:
+        progress("build", 0, 1)
+    model = build_meta_model(config, attention=options.attention)
+    model = apply_peft(model, peft)
+    if options.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    model.train()
+    fake_mode = FakeTensorMode()
+    materialize_fake(model, fake_mode, TORCH_DTYPES[options.dtype])
+    with fake_mode:
+        inputs = causal_lm_inputs(options)
+    build_s = perf_counter() - start
+    if progress:
+        progress("build", 1, 1)
+    return trace_model(
+        model, inputs, options, fake_mode=fake_mode, method=peft.method, build_s=build_s, progress=progress
+    )
+
+
+def causal_lm_inputs(options: TraceOptions) -> dict[str, torch.Tensor]:
+    """``input_ids`` and ``labels`` (no attention mask: unpadded sequences, causal attention)."""
+    ids = torch.zeros(options.micro_batch, options.seq_len, dtype=torch.long)
+    return {"input_ids": ids, "labels": torch.zeros_like(ids)}
+
+
+def trace_model(
+    model: torch.nn.Module,
+    inputs: Mapping[str, torch.Tensor],
+    options: TraceOptions,
+    *,
+    fake_mode: Any = None,
+    method: str = "full",
+    build_s: float = 0.0,
+    progress: ProgressCallback | None = None,
+) -> TraceResult:
+    """Run ``model(**inputs)``, take ``.loss`` and backpropagate it, tracking every allocation.
+
+    ``fake_mode`` is the ``FakeTensorMode`` the model's tensors belong to, or None for real tensors.
+    """
+    tracker = tk.AllocationTracker(granularity_bytes=options.granularity_bytes)
+    named = list(model.named_modules())
+    names = [n for n, _ in named]
+    params: list[torch.nn.Parameter] = []
+    param_index: dict[int, int] = {}
+    param_names: list[str] = []
+    for name, p in model.named_parameters():
+        param_index[id(p)] = len(params)
+        params.append(p)
+        param_names.append(name)
+    module_params: list[tuple[int, ...]] = []
+    owner = [tk.NO_MODULE] * len(params)
+    for idx, (_, module) in enumerate(named):
+        direct = tuple(param_index[id(p)] for p in module.parameters(recurse=False) if id(p) in param_index)
+        module_params.append(direct)
+        for i in direct:
+            if owner[i] == tk.NO_MODULE:
+                owner[i] = idx
+    for i, p in enumerate(params):
+        cat = tk.PARAM_TRAINABLE if p.requires_grad else tk.PARAM_FROZEN
+        tracker.track(p.untyped_storage(), cat, owner[i])
+    for idx, (_, module) in enumerate(named):
+        for b in module.buffers(recurse=False):
+            tracker.track(b.untyped_storage(), tk.BUFFER, idx)
+        for value in vars(module).values():
+            for t in _tensor_attribute(value):
+                tracker.track(t.untyped_storage(), tk.BUFFER, idx)
+    for t in inputs.values():
+        tracker.track(t.untyped_storage(), tk.INPUT, tk.NO_MODULE)
+
+    counter = _Progress(progress, len(named))
+    handles = []
+    for idx, (_, module) in enumerate(named):
+        handles.append(module.register_forward_pre_hook(_pre_hook(tracker, idx)))
+        handles.append(module.register_forward_hook(_post_hook(tracker, idx, counter), always_call=True))
+    for i, p in enumerate(params):
+        if p.requires_grad:
+            handles.append(p.register_post_accumulate_grad_hook(_grad_hook(tracker, i, owner[i], counter)))
+
+    mode = fake_mode if fake_mode is not None else contextlib.nullcontext()
+    timings = [0.0, 0.0]
+    try:
+        with (
+            zero3_linear_patched(options.zero3_linear),
+            unpacked_sequences(fake_mode is not None),
+            cuda_like_kernels(options.kernels == "cuda"),
+            mode,
+            tracker,
+            tk.NodeTagger(tracker),
+            torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack),
+        ):
+            t0 = perf_counter()
+            counter.stage("forward")
+            tracker.set_phase(0)
+            outputs = _run(model, inputs, method, options)
+            loss = outputs.loss if hasattr(outputs, "loss") else outputs[0]
+            _mark_outputs(tracker, outputs)
+            if not options.keep_outputs:
+                del outputs  # the loop keeps only the loss
+            for key, _, cat, _ in tracker.live_items():
+                if cat == tk.TEMPORARY:
+                    tracker.recategorize_key(key, tk.HELD)
+            tracker.event("end_forward")
+            end_forward_at = len(tracker.log)
+            t1 = perf_counter()
+            counter.stage("backward")
+            tracker.set_phase(1)
+            loss.backward()
+            tracker.event("end_backward")
+            timings = [t1 - t0, perf_counter() - t1]
+    finally:
+        for h in handles:
+            h.remove()
+
+    end_backward_at = len(tracker.log)
+    snapshots = tk.replay_log(tracker.log, [tracker.peak_at[0], tracker.peak_at[1], end_forward_at, end_backward_at])
+    traced_params = tuple(
+        TracedParam(name=n, numel=p.numel(), element_bytes=p.element_size(), trainable=p.requires_grad)
+        for n, p in zip(param_names, params)
+    )
+    base = getattr(model, "base_model", None)
+    inner = getattr(base, "model", None) if base is not None else None
+    arch = type(model).__name__ + (f"({type(inner).__name__})" if inner is not None else "")
+    return TraceResult(
+        model_type=str(getattr(getattr(model, "config", None), "model_type", "")),
+        architecture=arch,
+        method=method,
+        options=options,
+        params=traced_params,
+        modules=tuple(TracedModule(name=n, params=module_params[i]) for i, n in enumerate(names)),
+        param_bytes=sum(round_param(p, options) for p in params),
+        trainable_param_bytes=sum(round_param(p, options) for p in params if p.requires_grad),
+        forward=_peak("forward", snapshots[tracker.peak_at[0]], tracker.log, tracker.peak_at[0], names),
+        backward=_peak("backward", snapshots[tracker.peak_at[1]], tracker.log, tracker.peak_at[1], names),
+        end_of_forward=_breakdown(snapshots[end_forward_at]),
+        end_of_backward=_breakdown(snapshots[end_backward_at]),
+        events=_step_events(tracker.events, names),
+        timings=TraceTimings(build_s=build_s, forward_s=timings[0], backward_s=timings[1]),
+    )
+
+
+@contextlib.contextmanager
+def quiet_libraries():
+    """No output from transformers, peft or torch's fake-tensor logger while tracing (the library
+    prints nothing; warnings that matter surface as ``MemfitError``)."""
+    import logging
+    import warnings
+
+    loggers = [logging.getLogger(n) for n in ("torch._subclasses.fake_tensor", "transformers", "peft")]
+    levels = [lg.level for lg in loggers]
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_level = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+    except ImportError:
+        hf_logging = None
+    try:
+        for lg in loggers:
+            lg.setLevel(logging.CRITICAL)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+        if hf_logging is not None:
+            hf_logging.set_verbosity(hf_level)
+
+
+@contextlib.contextmanager
+def unpacked_sequences(enabled: bool):
+    """Tell transformers the batch holds one sequence per row, as the real run finds out.
+
+    transformers (masking_utils ``find_packed_sequence_indices``) reads ``position_ids`` values to
+    detect packed sequences; on fake tensors it cannot, assumes packing and builds an explicit
+    causal mask the real run skips (sdpa then runs with ``attn_mask`` instead of ``is_causal``).
+    The traced inputs are unpadded, unpacked rows, so the answer is known: none are packed.
+    """
+    try:
+        from transformers import masking_utils
+    except ImportError:
+        masking_utils = None
+    original = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if not enabled or original is None:
+        yield
+        return
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = original
+
+
+def _run(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], method: str, options: TraceOptions) -> Any:
+    """``model(**inputs)``; a failure of the model's own code under this configuration is the
+    user's to know about (e.g. transformers drops peft's prefix cache under checkpointing)."""
+    try:
+        return model(**inputs)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        hint = ""
+        if method == "prefix" and options.gradient_checkpointing:
+            hint = (" (transformers turns the cache off under gradient checkpointing, which drops the prefix"
+                    " keys and values peft passes as past_key_values: prefix tuning cannot use checkpointing here)")
+        raise MemfitError(
+            f"the model's forward fails with {method} and gradient_checkpointing="
+            f"{options.gradient_checkpointing}: {first}{hint}"
+        ) from exc
+
+
+def round_param(p: torch.Tensor, options: TraceOptions) -> int:
+    return tk.round_up(p.untyped_storage().nbytes(), options.granularity_bytes)
+
+
+# ------------------------------------------------------------------------------------ hooks
+class _Progress:
+    """Calls the progress callback at most ~50 times per stage."""
+
+    def __init__(self, callback: ProgressCallback | None, total: int) -> None:
+        self.callback = callback
+        self.total = max(total, 1)
+        self.name = ""
+        self.done = 0
+        self._every = max(self.total // 50, 1)
+
+    def stage(self, name: str) -> None:
+        self.name, self.done = name, 0
+        if self.callback:
+            self.callback(name, 0, self.total)
+
+    def step(self) -> None:
+        self.done += 1
+        if self.callback and self.done % self._every == 0:
+            self.callback(self.name, min(self.done, self.total), self.total)
+
+
+def _pre_hook(tracker: tk.AllocationTracker, idx: int):
+    def hook(module, args):
+        tracker.stack.append(idx)
+        tracker.event("fwd_pre", idx)
+
+    return hook
+
+
+def _post_hook(tracker: tk.AllocationTracker, idx: int, counter: _Progress):
+    def hook(module, args, output):
+        if tracker.stack:
+            # outputs made by code the TorchFunctionMode does not see (autograd.Function.apply)
+            for t in _tensors_in(output):
+                tk.tag_node(t, idx)
+        tracker.event("fwd_post", idx)
+        if tracker.stack and tracker.stack[-1] == idx:
+            tracker.stack.pop()
+        if tracker.phase == 0:
+            counter.step()
+
+    return hook
+
+
+def _grad_hook(tracker: tk.AllocationTracker, index: int, owner: int, counter: _Progress):
+    def hook(param):
+        if param.grad is not None:
+            tracker.recategorize(param.grad.untyped_storage(), tk.GRADIENT, module=owner)
+        tracker.event("grad", owner, index)
+        counter.step()
+
+    return hook
+
+
+def _mark_outputs(tracker: tk.AllocationTracker, outputs: Any) -> None:
+    """Temporaries reachable from the model's return value become outputs (no reference kept)."""
+    for t in _tensors_in(outputs):
+        tracker.recategorize(t.untyped_storage(), tk.OUTPUT, only_from=frozenset({tk.TEMPORARY}))
+
+
+def _tensor_attribute(value: Any) -> list[torch.Tensor]:
+    """Plain tensors a module holds as attributes (peft's ``prompt_tokens`` dict), not params."""
+    if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+        return [value]
+    if isinstance(value, dict):
+        return [v for v in value.values() if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)]
+    return []
+
+
+def _tensors_in(obj: Any, depth: int = 0) -> list[torch.Tensor]:
+    """Tensors reachable from a model output: ModelOutput fields, tuples, caches' layers."""
+    if depth > 6 or obj is None:
+        return []
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, Mapping):
+        return [t for v in obj.values() for t in _tensors_in(v, depth + 1)]
+    if isinstance(obj, (tuple, list)):
+        return [t for v in obj for t in _tensors_in(v, depth + 1)]
+    layers = getattr(obj, "layers", None)  # transformers Cache
+    if isinstance(layers, (list, tuple)):
+        found = []
+        for layer in layers:
+            for attr in ("keys", "values"):
+                found += _tensors_in(getattr(layer, attr, None), depth + 1)
+        return found
+    return []
+
+
+# ------------------------------------------------------------------------------------ results
+def _breakdown(live: dict[int, list]) -> MemoryBreakdown:
+    totals = [0] * len(CATEGORIES)
+    for nbytes, cat, _module, _op in live.values():
+        totals[cat] += nbytes
+    return MemoryBreakdown(**{f"{c}_bytes": totals[i] for i, c in enumerate(CATEGORIES)})
+
+
+def _module_name(names: list[str], idx: int) -> str:
+    if idx == tk.NO_MODULE:
+        return "<outside modules>"
+    return names[idx] or "<root>"
+
+
+def _peak(phase: str, live: dict[int, list], log: list[tuple], at: int, names: list[str]) -> TracePeak:
+    by: dict[tuple[int, int], int] = {}
+    for nbytes, cat, module, _op in live.values():
+        if cat in _PARAM_CATS:
+            continue
+        by[(module, cat)] = by.get((module, cat), 0) + nbytes
+    rows = sorted(by.items(), key=lambda kv: -kv[1])
+    last = log[at - 1] if at > 0 else None
+    module, op = tk.NO_MODULE, ""
+    if last is not None and last[0] == tk.ALLOC:
+        module, op = last[4], str(last[5]) if last[5] is not None else ""
+    return TracePeak(
+        phase=phase,
+        peak_bytes=sum(v[0] for v in live.values()),
+        breakdown=_breakdown(live),
+        by_module=tuple(
+            ModuleBytes(module=_module_name(names, m), category=CATEGORIES[c], bytes=b) for (m, c), b in rows
+        ),
+        module=_module_name(names, module),
+        op=op,
+    )
+
+
+def _step_events(raw: list[tuple[str, int, int, int, int]], names: list[str]) -> tuple[StepEvent, ...]:
+    """Tracker events with backward ``node`` marks turned into ``bwd_pre``/``bwd_post`` per module.
+
+    A module's backward spans from the first to the last autograd node created under it or under
+    one of its children (what DeepSpeed's pre-/post-backward hooks bracket); ``bwd_pre`` is emitted
+    outermost first, ``bwd_post`` innermost first.
+    """
+    index = {n: i for i, n in enumerate(names)}
+    chains: dict[int, tuple[int, ...]] = {}
+
+    def chain(m: int) -> tuple[int, ...]:
+        if m not in chains:
+            parts = names[m].split(".") if names[m] else []
+            chains[m] = tuple(index[".".join(parts[:k])] for k in range(len(parts) + 1) if ".".join(parts[:k]) in index)
+        return chains[m]
+
+    last: dict[int, int] = {}
+    for j, (kind, module, *_rest) in enumerate(raw):
+        if kind == "node":
+            for a in chain(module):
+                last[a] = j
+    depth = {i: (n.count(".") + 1 if n else 0) for i, n in enumerate(names)}
+    out: list[StepEvent] = []
+    open_: set[int] = set()
+    pending = 0
+    for j, (kind, module, param, act, act_peak) in enumerate(raw):
+        pending = max(pending, act_peak)
+        if kind == "node" or kind == "end_backward":
+            closing = [a for a in open_ if last[a] < j] if kind == "node" else list(open_)
+            for a in sorted(closing, key=lambda a: -depth[a]):
+                out.append(StepEvent(kind="bwd_post", module=a, act_bytes=act, act_peak_bytes=pending))
+                pending = act
+                open_.discard(a)
+            if kind == "node":
+                for a in chain(module):
+                    if a not in open_:
+                        open_.add(a)
+                        out.append(StepEvent(kind="bwd_pre", module=a, act_bytes=act, act_peak_bytes=pending))
+                        pending = act
+                continue
+        out.append(StepEvent(kind=kind, module=module, param=param, act_bytes=act, act_peak_bytes=pending))
+        pending = act
+    return tuple(out)

@@ -1,0 +1,103 @@
+"""The analytic activation model on its own (pure Python; the comparison with the traced model code
+is tests/trace/test_activations_vs_trace.py)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from memfit.core.activations import estimate_activation_bytes
+from memfit.core.model import ArchSpec
+from memfit.core.peft_spec import PeftSpec
+from memfit.errors import MemfitError
+
+GPT2_XL = ArchSpec(model_type="gpt2", num_layers=48, hidden_size=1600, num_heads=25, num_kv_heads=25, head_dim=64,
+                   intermediate_size=6400, vocab_size=50257)
+LLAMA3_8B = ArchSpec(model_type="llama", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8, head_dim=128,
+                     intermediate_size=14336, vocab_size=128256, mlp_kind="gated")
+GPTJ_6B = ArchSpec(model_type="gptj", num_layers=28, hidden_size=4096, num_heads=16, num_kv_heads=16, head_dim=256,
+                   intermediate_size=16384, vocab_size=50400)
+
+
+def est(arch=LLAMA3_8B, peft=None, **kw):
+    args = {"seq_len": 2048, "micro_batch": 1, "dtype_bytes": 2, **kw}
+    return estimate_activation_bytes(arch, peft or PeftSpec(), **args)
+
+
+def test_score_matrix_bytes_match_korthikanti_et_al():
+    """Korthikanti et al. 2022, sec. 4.1: eager attention with dropout keeps 5 bytes per score
+    element (fp16 softmax 2 B, dropout mask 1 B, dropout output 2 B): 5·a·s²·b per layer. The
+    second difference over s isolates the s² term; sdpa (flash) has none."""
+    for b in (2, 3):
+        f = [est(GPT2_XL, seq_len=n, micro_batch=b, attention="eager").layer_bytes for n in (256, 512, 768)]
+        assert (f[2] - 2 * f[1] + f[0]) == 2 * 5 * GPT2_XL.num_heads * b * 256**2
+        g = [est(GPT2_XL, seq_len=n, micro_batch=b, attention="sdpa").layer_bytes for n in (256, 512, 768)]
+        assert g[2] - 2 * g[1] + g[0] == 0
+
+
+def test_frozen_linears_keep_less_than_full_fine_tuning():
+    full = est(peft=PeftSpec(method="full"))
+    lora = est(peft=PeftSpec(method="lora"))
+    prefix = est(peft=PeftSpec(method="prefix", num_virtual_tokens=10))
+    assert lora.total_bytes < full.total_bytes
+    assert prefix.layer_bytes < full.layer_bytes
+    assert lora.first_layer_bytes < lora.layer_bytes  # frozen embeddings: the first norm keeps nothing
+
+
+def test_zero3_linear_keeps_frozen_inputs():
+    """DeepSpeed ZeRO-3's Linear saves every input: LoRA then keeps what full fine-tuning keeps in
+    its Linear layers; GPT-2's Conv1D is not affected."""
+    plain = est(peft=PeftSpec(method="lora"))
+    zero3 = est(peft=PeftSpec(method="lora"), linear_saves_frozen_inputs=True)
+    assert zero3.total_bytes > plain.total_bytes
+    assert est(GPT2_XL, peft=PeftSpec(method="lora"), linear_saves_frozen_inputs=True) == \
+        est(GPT2_XL, peft=PeftSpec(method="lora"))
+
+
+def test_prefix_and_prompt_tokens_add_memory():
+    few = est(GPTJ_6B, peft=PeftSpec(method="prefix", num_virtual_tokens=10))
+    many = est(GPTJ_6B, peft=PeftSpec(method="prefix", num_virtual_tokens=100))
+    assert many.layer_bytes > few.layer_bytes
+    prompt = est(GPTJ_6B, peft=PeftSpec(method="prompt", num_virtual_tokens=100))
+    assert prompt.logits_bytes > est(GPTJ_6B).logits_bytes  # the virtual tokens get logits too
+
+
+def test_checkpointing_keeps_layer_inputs_and_recomputes_one_layer():
+    plain = est(GPTJ_6B)
+    ckpt = est(GPTJ_6B, gradient_checkpointing=True)
+    assert ckpt.total_bytes < plain.total_bytes / 5
+    assert ckpt.recompute_bytes == plain.layer_bytes
+    assert plain.recompute_bytes == 0
+
+
+def test_outputs_dropped_before_backward_free_the_logits():
+    kept = est(GPTJ_6B, keep_outputs=True)
+    dropped = est(GPTJ_6B, keep_outputs=False)
+    assert kept.total_bytes - dropped.total_bytes >= 2 * 2048 * GPTJ_6B.vocab_size
+    assert dropped.logits_bytes == 4 * 2048 * GPTJ_6B.vocab_size  # the loss's fp32 log-softmax
+
+
+def test_scales_with_micro_batch_and_dtype():
+    one = est(LLAMA3_8B, micro_batch=1, attention="eager")
+    assert est(LLAMA3_8B, micro_batch=4, attention="eager").total_bytes > 3.9 * one.total_bytes
+    assert est(LLAMA3_8B, dtype_bytes=4).total_bytes > est(LLAMA3_8B, dtype_bytes=2).total_bytes
+
+
+def test_bad_input_is_a_memfit_error():
+    for kw in (dict(seq_len=0), dict(micro_batch=0), dict(dtype_bytes=0), dict(attention="flash")):
+        with pytest.raises(MemfitError):
+            est(**kw)
+
+
+def test_fast_enough_for_the_recommender():
+    """The recommender searches more than 10,000 configurations per second through this function."""
+    peft = PeftSpec(method="lora")
+    best = 0.0
+    for _ in range(3):
+        n, start = 3000, time.perf_counter()
+        for i in range(n):
+            estimate_activation_bytes(LLAMA3_8B, peft, seq_len=512 + i, micro_batch=1 + i % 4, dtype_bytes=2,
+                                      gradient_checkpointing=bool(i & 1))
+        best = max(best, n / (time.perf_counter() - start))
+    assert best > 10_000
