@@ -54,12 +54,15 @@ def plan(
     model_parameters: Optional[str] = typer.Option(None, help="What the script passes to deepspeed.initialize(model_parameters=...): trainable (default) or all."),
     accelerator: Optional[str] = typer.Option(None, help="cuda (default) or cpu (DeepSpeed's CPU accelerator, as CPU replays run)."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow configs whose model needs remote code (never on by default)."),
+    attention: Optional[str] = typer.Option(None, help="Attention implementation: sdpa (default) or eager."),
+    exact: bool = typer.Option(False, "--exact", help="Trace forward/backward from the model's code (needs torch, transformers, peft; seconds) instead of the analytic activation estimate."),
     json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON (schema: docs/json-schema.md)."),
     all_items: bool = typer.Option(False, "--all-items", help="Show every phase's ledger items, not only the peaks'."),
 ) -> None:
     """Phase-by-phase memory ledger, verdict and findings for one scenario.
 
-    Activations are analytic here; `memfit trace` measures them from the model's code.
+    Activations are analytic unless --exact is given (then traced with torch's FakeTensorMode, no GPU
+    needed); everything DeepSpeed allocates is computed from its code either way.
     """
     from memfit.core.plan import make_plan
     from memfit.core.scenario_io import ScenarioInputs, build_scenario, merge_inputs, read_scenario_file
@@ -74,10 +77,16 @@ def plan(
         cpu_ram=cpu_ram, nvme=nvme, load_dtype=load_dtype, zero_init=zero_init, low_cpu_mem_usage=low_cpu_mem_usage,
         seq_len=seq_len, micro_batch=micro_batch, gradient_checkpointing=gradient_checkpointing,
         model_parameters=model_parameters, accelerator=accelerator, trust_remote_code=trust_remote_code or None,
+        attention=attention,
     )
     inputs = merge_inputs(read_scenario_file(scenario), flags) if scenario else flags
     sc = build_scenario(inputs)
-    result = make_plan(sc)
+    traced = None
+    if exact:
+        from memfit.trace.ledger_step import ledger_step
+
+        traced = ledger_step(sc, _trace_with_progress(sc))
+    result = make_plan(sc, traced)
     if json_out:
         import json
 
@@ -89,6 +98,62 @@ def plan(
     from memfit.render.terminal import render_plan
 
     render_plan(result, sc, _console(), all_items=all_items)
+
+
+def _trace_with_progress(sc):
+    """Run the trace with a progress display on stderr (the trace takes seconds to a minute)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from memfit.trace.ledger_step import trace_scenario
+
+    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=_console(stderr=True), transient=True) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(f"tracing: {stage}", total=max(total, 1))
+            bar.update(tasks[stage], completed=done, total=max(total, 1))
+
+        return trace_scenario(sc, progress=progress)
+
+
+@app.command()
+def trace(
+    scenario: Optional[Path] = typer.Argument(None, help="Scenario YAML file (see examples/). Flags override it."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Catalog name, Hugging Face id, directory or config.json."),
+    peft: Optional[str] = typer.Option(None, "--peft", help="full | prefix | prompt | lora | freeze | adapter_config.json."),
+    deepspeed: Optional[Path] = typer.Option(None, "--deepspeed", "-d", help="DeepSpeed JSON (precision, ZeRO-3 gathering)."),
+    gpus: Optional[str] = typer.Option(None, "--gpus", "-g", help="e.g. 2xrtx3090 (world size for ZeRO-3)."),
+    seq_len: Optional[int] = typer.Option(None, help="Sequence length (default 2048)."),
+    micro_batch: Optional[int] = typer.Option(None, help="Micro-batch per GPU."),
+    gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing/--no-gradient-checkpointing", help="Activation checkpointing."),
+    attention: Optional[str] = typer.Option(None, help="sdpa (default) or eager."),
+    top: int = typer.Option(12, help="Modules to list at each peak."),
+    json_out: bool = typer.Option(False, "--json", help="Print the breakdown as JSON."),
+) -> None:
+    """Trace one training step (forward, loss, backward) of the real model code on fake tensors and
+    show what is live at the forward and backward peaks, by category and by module. No GPU needed."""
+    from memfit.core.scenario_io import ScenarioInputs, build_scenario, merge_inputs, read_scenario_file
+    from memfit.render.trace_out import render_trace, trace_to_dict
+
+    flags = ScenarioInputs(model=model, peft_method=peft, deepspeed=str(deepspeed) if deepspeed else None, gpus=gpus,
+                           seq_len=seq_len, micro_batch=micro_batch, gradient_checkpointing=gradient_checkpointing,
+                           attention=attention)
+    inputs = merge_inputs(read_scenario_file(scenario), flags) if scenario else flags
+    sc = build_scenario(inputs)
+    result = _trace_with_progress(sc)
+    z3 = None
+    if sc.deepspeed.zero.stage == 3:
+        from memfit.trace.zero3_step import zero3_step_memory
+
+        z3 = zero3_step_memory(result, sc.deepspeed, sc.world_size)
+    if json_out:
+        import json
+
+        typer.echo(json.dumps(trace_to_dict(result, z3), indent=2))
+        return
+    render_trace(result, z3, _console(), top=top)
 
 
 @app.command()

@@ -133,3 +133,16 @@ class Plan:
             if p.name == name:
                 return p
         raise KeyError(name)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TracedStep:
+    """In-step GPU memory measured from the model's code (``memfit trace``), replacing the analytic
+    activation and ZeRO-3 gather estimates in the ``forward`` and ``backward`` phases."""
+
+    forward_items: tuple[LedgerItem, ...]
+    """Live at the forward peak, besides what the ledger already holds (params, buffers)."""
+    backward_items: tuple[LedgerItem, ...]
+    """Live at the backward peak, likewise."""
+    note: str
+    """How it was obtained (trace options, peak module), for the plan's notes."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from memfit.core.findings import derive_findings
 from memfit.core.ledger.build import build_ledger
-from memfit.core.ledger_types import ParamCounts, Plan
+from memfit.core.ledger_types import ParamCounts, Plan, TracedStep
 from memfit.core.scenario import Scenario
 from memfit.core.verdict import judge
 
@@ -16,12 +16,15 @@ def count_params(sc: Scenario) -> ParamCounts:
                        largest=big.numel, largest_name=big.name)
 
 
-def make_plan(sc: Scenario) -> Plan:
-    phases = build_ledger(sc)
+def make_plan(sc: Scenario, traced: TracedStep | None = None) -> Plan:
+    """The plan; with ``traced`` (from ``memfit.trace.ledger_step``) the forward/backward phases use
+    the traced step memory instead of the analytic estimate."""
+    phases = build_ledger(sc, traced)
     verdict = judge(phases, sc.hardware)
     notes = (
-        "Activations are analytic (Korthikanti-style, corrected for frozen weights and PEFT); `memfit trace` "
-        "measures them from the model's code.",
+        traced.note if traced is not None else
+        "Activations are analytic (Korthikanti-style, corrected for frozen weights and PEFT); "
+        "`memfit plan --exact` traces them from the model's code.",
         f"Allocation behaviour of DeepSpeed {sc.ds_version}.x; GPU bytes are what tensors hold (the caching "
         "allocator may reserve more).",
     )

@@ -22,7 +22,12 @@ def download_config_json(repo_id: str, *, revision: str | None = None) -> str:
             "huggingface_hub (pip install 'memfit[exact]')"
         ) from exc
 
+    import logging
+
     at = f" at revision {revision}" if revision else ""
+    hub_log = logging.getLogger("huggingface_hub")
+    level = hub_log.level
+    hub_log.setLevel(logging.ERROR)  # its retry warnings would bury memfit's one-line error
     try:
         return hf_hub_download(repo_id, "config.json", revision=revision)
     except hub_errors.GatedRepoError as exc:
@@ -48,3 +53,5 @@ def download_config_json(repo_id: str, *, revision: str | None = None) -> str:
     except (hub_errors.HfHubHTTPError, OSError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise MemfitError(f"cannot fetch config.json of {repo_id}{at}: {reason}") from exc
+    finally:
+        hub_log.setLevel(level)

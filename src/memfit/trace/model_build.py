@@ -11,8 +11,6 @@ preserve fp32 buffers").
 
 from __future__ import annotations
 
-import contextlib
-import fnmatch
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,61 +42,13 @@ def build_meta_model(config: Mapping[str, Any], *, attention: str) -> torch.nn.M
 
 
 def apply_peft(model: torch.nn.Module, spec: PeftSpec) -> torch.nn.Module:
-    """``model`` as trained under ``spec``: requires_grad flags for full/freeze, else peft's
-    ``get_peft_model`` (under ``torch.device("meta")`` for a meta model, so new modules get no
-    storage)."""
-    method = spec.method
-    if method not in PEFT_METHODS:
-        raise MemfitError(f"PEFT method must be one of {', '.join(PEFT_METHODS)}, got {method!r}")
-    if method in ("full", "freeze"):
-        for name, param in model.named_parameters():
-            param.requires_grad_(method == "full" or _trained_under_freeze(name, spec))
-        return model
-    import peft
+    """``model`` as trained under ``spec``, by the real peft library (the same builder the pure
+    PEFT accounting is tested against: ``memfit.exact.peft_build``)."""
+    from memfit.exact.peft_build import build_peft_meta_model
 
-    hidden = _hidden_size(model)
-    modules_to_save = list(spec.modules_to_save) or None
-    if method == "lora":
-        pattern = getattr(spec, "target_modules_pattern", None)
-        cfg = peft.LoraConfig(
-            task_type="CAUSAL_LM",
-            r=spec.lora_r,
-            lora_alpha=spec.lora_alpha,
-            target_modules=list(spec.target_modules) or pattern,
-            bias=spec.lora_bias,
-            modules_to_save=modules_to_save,
-            use_dora=bool(getattr(spec, "use_dora", False)),
-        )
-    elif method == "prefix":
-        cfg = peft.PrefixTuningConfig(
-            task_type="CAUSAL_LM",
-            num_virtual_tokens=spec.num_virtual_tokens,
-            prefix_projection=spec.prefix_projection,
-            encoder_hidden_size=spec.encoder_hidden_size or hidden,
-            modules_to_save=modules_to_save,
-        )
-    else:
-        cfg = peft.PromptTuningConfig(
-            task_type="CAUSAL_LM", num_virtual_tokens=spec.num_virtual_tokens, modules_to_save=modules_to_save
-        )
-    on_meta = any(p.device.type == "meta" for p in model.parameters())
-    with torch.device("meta") if on_meta else contextlib.nullcontext():
-        return peft.get_peft_model(model, cfg)
-
-
-def _trained_under_freeze(name: str, spec: PeftSpec) -> bool:
-    if spec.train_patterns:
-        return any(fnmatch.fnmatchcase(name, p) for p in spec.train_patterns)
-    return not any(fnmatch.fnmatchcase(name, p) for p in spec.freeze_patterns)
-
-
-def _hidden_size(model: torch.nn.Module) -> int:
-    cfg = model.config
-    for key in ("hidden_size", "n_embd", "d_model"):
-        value = getattr(cfg, key, None)
-        if isinstance(value, int):
-            return value
-    raise MemfitError(f"cannot find the hidden size of {type(model).__name__}")
+    if spec.method not in PEFT_METHODS:
+        raise MemfitError(f"PEFT method must be one of {', '.join(PEFT_METHODS)}, got {spec.method!r}")
+    return build_peft_meta_model(model, spec)
 
 
 def materialize_fake(model: torch.nn.Module, fake_mode: Any, dtype: torch.dtype) -> None:

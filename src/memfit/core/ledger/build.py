@@ -10,11 +10,11 @@ from memfit.core.ledger.step import record_step
 from memfit.core.ledger.timeline import Timeline
 from memfit.core.ledger.zero012 import record_zero012
 from memfit.core.ledger.zero3 import record_optimizer, record_partition
-from memfit.core.ledger_types import PhaseLedger
+from memfit.core.ledger_types import PhaseLedger, TracedStep
 from memfit.core.scenario import Scenario
 
 
-def build_ledger(sc: Scenario) -> tuple[PhaseLedger, ...]:
+def build_ledger(sc: Scenario, traced: TracedStep | None = None) -> tuple[PhaseLedger, ...]:
     ctx = RecipeContext.from_scenario(sc)
     t = Timeline(ranks_per_node=sc.hardware.gpus_per_node, accelerator=sc.accelerator)
     stage3 = sc.deepspeed.zero.stage == 3
@@ -41,5 +41,5 @@ def build_ledger(sc: Scenario) -> tuple[PhaseLedger, ...]:
         opt_numel = sum(groups)
     else:
         opt_numel = record_zero012(t, ctx, where)
-    record_step(t, ctx, opt_numel=opt_numel)
+    record_step(t, ctx, opt_numel=opt_numel, traced=traced)
     return t.phases()

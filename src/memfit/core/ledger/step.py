@@ -23,7 +23,7 @@ from memfit.core.activations import estimate_activation_bytes
 from memfit.core.ledger.context import RecipeContext
 from memfit.core.ledger.timeline import Timeline
 from memfit.core.ledger.zero3 import OPT_STATES, declare_states, optimized_params
-from memfit.core.ledger_types import Device
+from memfit.core.ledger_types import Device, LedgerItem, TracedStep
 
 ACT = "step.activations"
 GATHERED = "zero3.gathered_params"
@@ -47,7 +47,14 @@ def _modules(ctx: RecipeContext) -> dict[str, int]:
     return out
 
 
-def record_step(t: Timeline, ctx: RecipeContext, *, opt_numel: int) -> None:
+def _alloc_items(t: Timeline, items: tuple[LedgerItem, ...]) -> None:
+    for it in items:
+        t.declare(it.key, name=it.name, device=it.device, formula=it.formula, source=it.source,
+                  category=it.category, exact=it.exact)
+        t.alloc(it.key, it.bytes)
+
+
+def record_step(t: Timeline, ctx: RecipeContext, *, opt_numel: int, traced: TracedStep | None = None) -> None:
     sc = ctx.scenario
     ds = sc.deepspeed
     z = ds.zero
@@ -57,12 +64,16 @@ def record_step(t: Timeline, ctx: RecipeContext, *, opt_numel: int) -> None:
     act = estimate_activation_bytes(sc.model.arch, sc.peft, seq_len=sc.train.seq_len,
                                     micro_batch=sc.train.micro_batch, dtype_bytes=nb,
                                     gradient_checkpointing=sc.train.gradient_checkpointing,
-                                    attention=sc.train.attention)
+                                    attention=sc.train.attention,
+                                    # ZeRO-3's memory-efficient Linear saves every Linear's input
+                                    linear_saves_frozen_inputs=stage3 and z.memory_efficient_linear)
     opt = optimized_params(ctx)
     # ---- forward
     t.phase("forward", "forward pass: activations saved for backward" + (", params gathered per module" if stage3 else ""))
     if stage3:
-        persist = [p for p in ctx.params if p.numel <= z.param_persistence_threshold]
+        # 0.19.8 parameter_offload.py: ds_numel <= threshold; 0.5/0.6 stage3.py: ds_numel < threshold
+        thr = z.param_persistence_threshold
+        persist = [p for p in ctx.params if (p.numel <= thr if sc.ds_version == "0.19" else p.numel < thr)]
         persist_elems, running = 0, 0
         for p in persist:
             if running + p.numel > z.model_persistence_threshold:
@@ -74,6 +85,7 @@ def record_step(t: Timeline, ctx: RecipeContext, *, opt_numel: int) -> None:
                   formula=f"{len(persist)} params, sum of ceil(p/W) x W = {persist_elems:,} elements x {nb} B",
                   source="deepspeed/runtime/zero/parameter_offload.py:mark_persistent_parameters")
         t.alloc(PERSIST_FULL, persist_elems * nb)
+    if stage3 and traced is None:
         mods = _modules(ctx)
         largest_mod = max(mods.values())
         prefetch = min(z.prefetch_bucket_size, max(z.max_live_parameters - largest_mod, 0))
@@ -84,13 +96,21 @@ def record_step(t: Timeline, ctx: RecipeContext, *, opt_numel: int) -> None:
                            f"max_live {z.max_live_parameters:,} - module) = {gathered:,} elements x {nb} B (upper bound)"),
                   source=f"{PCO}:fetch_sub_module")
         t.alloc(GATHERED, gathered * nb)
-    t.declare(ACT, name="activations saved for backward (analytic)", device=Device.GPU, category="activations",
-              exact=False, formula=act.formula, source="memfit.core.activations (use `memfit trace` for the exact figure)")
-    t.alloc(ACT, act.total_bytes)
+    if traced is not None:
+        _alloc_items(t, traced.forward_items)
+    else:
+        t.declare(ACT, name="activations saved for backward (analytic)", device=Device.GPU, category="activations",
+                  exact=False, formula=act.formula,
+                  source="memfit.core.activations (use `memfit plan --exact` or `memfit trace` for the traced figure)")
+        t.alloc(ACT, act.total_bytes)
     # ---- backward
     t.phase("backward", "backward pass: gradients of the trained params")
+    if traced is not None:
+        for it in traced.forward_items:
+            t.free(it.key)
+        _alloc_items(t, traced.backward_items)
     if opt:
-        if stage3:
+        if stage3 and traced is None:
             big = max(opt, key=lambda p: p.numel)
             full = ctx.partition_numel(big) * W
             extra = full * nb + ctx.partition_numel(big) * (ctx.grad_accum_bytes + (4 if z.offload_optimizer.device != "none" else 0))
@@ -124,6 +144,9 @@ def record_step(t: Timeline, ctx: RecipeContext, *, opt_numel: int) -> None:
                           source="torch autograd (param.grad)")
                 t.alloc(GRAD_FULL, big * nb)
     # ---- optimizer step
+    if traced is not None:
+        for it in traced.backward_items:
+            t.free(it.key)
     t.free(ACT)
     t.free(GATHERED)
     t.free(GRAD_FULL)

@@ -1,0 +1,397 @@
+"""The replay recipe, run in its own process: ``python -m memfit.replay.child SPEC.json OUT.json``.
+
+Steps (phase names from ``memfit.core.ledger_types.PHASES``):
+
+1. set the launcher environment (``DS_ACCELERATOR``, ``LOCAL_RANK``, ``RANK``, ``WORLD_SIZE``),
+   start the host tracker, create a one-process world of ``world_size`` ranks
+   (``memfit.replay.fake_world``: torch's fake process group, sizes real, collective outputs
+   mirrored), import deepspeed;
+2. ``load``: build the model from config.json with random weights in the load dtype (under
+   transformers' ``HfDeepSpeedConfig`` when ``zero_init``), apply the PEFT method;
+3. ``initialize.*``: ``deepspeed.initialize(model=..., model_parameters=..., config=...)``, cut into
+   sub-phases by ``memfit.replay.seams``; then read DeepSpeed's buffers (``attribution``);
+4. ``forward``/``backward``/``optimizer_step`` per micro-step: ``engine(input_ids, labels=...)``,
+   ``engine.backward(loss)``, ``engine.step()`` on random tokens; DeepSpeed's buffers and the
+   optimizer state are read again after the first step the fp16 loss scaler did not skip (more
+   steps are run, up to ``max_extra_steps``, if it skipped them all);
+5. ``save``: ``engine.save_16bit_model`` (or the consolidated ZeRO-3 state dict, see
+   ``ReplaySpec.save``).
+
+Any exception is caught with the phase it happened in and written to OUT.json like a success; a
+phase log (OUT.json.progress) lets the parent name the phase even when the process is killed.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import shlex
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any
+
+from memfit.replay.measurement import (
+    DeviceInfo,
+    Measurement,
+    ModelSummary,
+    ReplayError,
+    TimelinePoint,
+)
+from memfit.replay.spec import ReplaySpec
+
+MAX_TIMELINE_POINTS = 400
+"""Timeline samples kept (every phase's first, last and peak samples survive; see ``downsample``)."""
+
+
+def launcher_env(spec: ReplaySpec) -> dict[str, str]:
+    """Environment variables a launcher would set for rank ``spec.rank``."""
+    return {
+        "DS_ACCELERATOR": spec.accelerator,
+        "LOCAL_RANK": "0",
+        "RANK": str(spec.rank),
+        "WORLD_SIZE": str(spec.world_size),
+        "LOCAL_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29517",
+    }
+
+
+def prepare_deepspeed_config(spec: ReplaySpec, *, fp16_supported: bool) -> tuple[dict[str, Any], list[str]]:
+    """The JSON handed to ``deepspeed.initialize`` and the substitutions made.
+
+    Batch sizes: ``train_micro_batch_size_per_gpu = micro_batch`` and ``train_batch_size =
+    micro_batch x gradient_accumulation_steps x world_size`` (DeepSpeed checks this identity).
+    Precision: DeepSpeed's CPU accelerator refuses fp16 where oneDNN lacks it
+    (``engine._do_sanity_check``); a cpu replay then runs bf16, which has the same 2 bytes per
+    element and the same default gradient accumulation dtype (the model dtype, ``get_data_types``).
+    """
+    cfg = copy.deepcopy(dict(spec.deepspeed_config))
+    notes: list[str] = []
+    ga = cfg.get("gradient_accumulation_steps", 1)
+    if not isinstance(ga, int) or ga < 1:
+        ga = 1
+        cfg["gradient_accumulation_steps"] = 1
+    cfg["train_micro_batch_size_per_gpu"] = spec.micro_batch
+    cfg["train_batch_size"] = spec.micro_batch * ga * spec.world_size
+    fp16 = cfg.get("fp16") or {}
+    if spec.accelerator == "cpu" and fp16.get("enabled") is True and not fp16_supported:
+        cfg.pop("fp16")
+        cfg["bf16"] = {"enabled": True}
+        notes.append("fp16->bf16: the cpu accelerator has no fp16 here (same 2 bytes per element)")
+    return cfg, notes
+
+
+def classify(exc: BaseException) -> str:
+    """``ReplayError.kind`` of an exception."""
+    import torch
+
+    message = str(exc)
+    if isinstance(exc, getattr(torch, "OutOfMemoryError", ())) and "DefaultCPUAllocator" not in message:
+        return "oom"
+    if isinstance(exc, MemoryError) or "DefaultCPUAllocator: can't allocate memory" in message:
+        return "host_oom"
+    if "out of memory" in message.lower():
+        return "oom"
+    return "error"
+
+
+def _fault_hook(spec: ReplaySpec):
+    phase, _, kind = (spec.fault or "").partition(":")
+
+    def hook(name: str) -> None:
+        if name != phase:
+            return
+        import torch
+
+        if kind == "raise":
+            raise RuntimeError(f"memfit injected fault at {name}")
+        if kind == "oom":
+            device = "cuda" if spec.accelerator == "cuda" else "cpu"
+            torch.empty(2**62, dtype=torch.uint8, device=device)
+        if kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if kind == "hang":
+            time.sleep(10**6)
+
+    return hook
+
+
+def _device_info(spec: ReplaySpec) -> DeviceInfo:
+    import torch
+
+    host_ram = 0
+    cpu_name = "cpu"
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    host_ram = int(line.split()[1]) * 1024
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu_name = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    if spec.accelerator == "cuda":
+        return DeviceInfo(accelerator="cuda", name=torch.cuda.get_device_name(0),
+                          total_bytes=int(torch.cuda.mem_get_info(0)[1]),
+                          capacity_bytes=spec.emulate_capacity_bytes, cpu_count=os.cpu_count() or 0,
+                          host_ram_bytes=host_ram)
+    return DeviceInfo(accelerator="cpu", name=cpu_name, total_bytes=host_ram, cpu_count=os.cpu_count() or 0,
+                      host_ram_bytes=host_ram)
+
+
+def _versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {"python": sys.version.split()[0]}
+    for name in ("torch", "deepspeed", "transformers", "peft", "memfit"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = "missing"
+    return out
+
+
+def _model_summary(model, cfg) -> ModelSummary:
+    from memfit.replay.attribution import logical_numel
+    from memfit.replay.model_build import num_layers
+
+    named = [(n, p, logical_numel(p)) for n, p in model.named_parameters()]
+    largest_name, _, largest = max(named, key=lambda x: x[2])
+    return ModelSummary(
+        architecture=type(getattr(model, "get_base_model", lambda: model)()).__name__,
+        params=sum(n for _, _, n in named),
+        trainable_params=sum(n for _, p, n in named if p.requires_grad),
+        param_bytes=sum(n * p.element_size() for _, p, n in named),
+        trainable_param_bytes=sum(n * p.element_size() for _, p, n in named if p.requires_grad),
+        buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
+        largest_param=largest,
+        largest_param_name=largest_name,
+        num_layers=num_layers(cfg),
+    )
+
+
+def _preload_ops(ds_config: dict[str, Any]) -> None:
+    """Load (JIT-building if needed) the optimizer op DeepSpeed will load for this config.
+
+    Mirrors ``DeepSpeedEngine.get_optimizer_configuration``: Adam/AdamW with an offloaded optimizer
+    uses DeepSpeedCPUAdam, otherwise FusedAdam (unless ``torch_adam``). A failure here is left for
+    ``deepspeed.initialize`` to raise in its own phase.
+    """
+    optimizer = ds_config.get("optimizer") or {}
+    if str(optimizer.get("type", "")).lower() not in ("adam", "adamw") or (optimizer.get("params") or {}).get("torch_adam"):
+        return
+    zero = ds_config.get("zero_optimization") or {}
+    offload = (zero.get("offload_optimizer") or {}).get("device", "none")
+    try:
+        if offload in ("cpu", "nvme"):
+            from deepspeed.ops.op_builder import CPUAdamBuilder
+
+            CPUAdamBuilder().load()
+        else:
+            from deepspeed.ops.op_builder import FusedAdamBuilder
+
+            FusedAdamBuilder().load()
+    except Exception:  # noqa: BLE001
+        return
+
+
+class ChildRun:
+    """One replay inside the child process."""
+
+    def __init__(self, spec: ReplaySpec, *, progress_path: str | None, command: str) -> None:
+        self.spec = spec
+        self.progress_path = progress_path
+        self.command = command
+        self.items: list = []
+        self.notes: list[str] = []
+        self.substitutions: list[str] = []
+        self.model_summary: ModelSummary | None = None
+        self.ds_config: dict[str, Any] = dict(spec.deepspeed_config)
+        self.error: ReplayError | None = None
+        self.losses: list[float | None] = []
+        self.skipped_steps = 0
+
+    def execute(self) -> Measurement:
+        spec = self.spec
+        wall0 = time.perf_counter()
+        start_ns = time.time_ns()
+        os.environ.update(launcher_env(spec))
+        import torch
+
+        from memfit.replay.host_tracker import HostTracker, downsample
+        from memfit.replay.phases import CudaStats, PhaseRecorder
+
+        if spec.threads:
+            torch.set_num_threads(spec.threads)
+        torch.manual_seed(spec.seed)
+        if spec.accelerator == "cuda":
+            torch.cuda.set_device(0)
+            if spec.emulate_capacity_bytes:
+                total = torch.cuda.mem_get_info(0)[1]
+                torch.cuda.set_per_process_memory_fraction(min(1.0, spec.emulate_capacity_bytes / total), 0)
+        device = _device_info(spec)
+        tracker = HostTracker(enabled=spec.host_tracker)
+        recorder = PhaseRecorder(tracker=tracker, cuda=CudaStats() if spec.accelerator == "cuda" else None,
+                                 progress_path=self.progress_path)
+        recorder.hooks.append(_fault_hook(spec))
+        tracker.start()
+        try:
+            self._run(recorder, tracker)
+            recorder.close(completed=True)
+        except BaseException as exc:  # noqa: BLE001 - every failure is a result
+            phase = recorder.current_phase
+            recorder.close(completed=False)
+            self.error = ReplayError(phase=phase, kind=classify(exc), message=f"{type(exc).__name__}: {exc}",
+                                     traceback=traceback.format_exc())
+        result = tracker.stop()
+        phases = recorder.finish(result)
+        timeline: tuple[TimelinePoint, ...] = ()
+        if result is not None:
+            names = recorder.window_names()
+            if result.unmatched_pins:
+                self.notes.append(f"{result.unmatched_pins} pin events matched no tracked host allocation")
+            timeline = tuple(
+                TimelinePoint(t_s=round((s.t_ns - start_ns) / 1e9, 6), phase=names.get(s.window, "setup"),
+                              host_live_bytes=s.host_live_bytes, host_pinned_bytes=s.host_pinned_bytes,
+                              device_allocated_bytes=s.device_live_bytes if spec.accelerator == "cuda" else None)
+                for s in downsample(result.samples, MAX_TIMELINE_POINTS)
+            )
+        return Measurement(
+            spec=spec, deepspeed_config_used=self.ds_config, substitutions=tuple(self.substitutions),
+            device=device, versions=_versions(), command=self.command, model=self.model_summary,
+            phases=phases, attributed=tuple(self.items), timeline=timeline, losses=tuple(self.losses),
+            skipped_steps=self.skipped_steps, error=self.error,
+            wall_s=round(time.perf_counter() - wall0, 3), notes=tuple(self.notes),
+        )
+
+    def _run(self, recorder, tracker) -> None:
+        spec = self.spec
+        import torch
+
+        from memfit.replay.fake_world import join_fake_world
+
+        join_fake_world(rank=spec.rank, world_size=spec.world_size)
+        import deepspeed
+        from deepspeed.accelerator import get_accelerator
+
+        from memfit.replay.attribution import model_items, read_items
+        from memfit.replay.model_build import apply_peft, build_config, build_model
+        from memfit.replay.seams import initialize_phases, record_pins
+
+        accel = get_accelerator()
+        self.ds_config, self.substitutions = prepare_deepspeed_config(spec, fp16_supported=accel.is_fp16_supported())
+        load_dtype = spec.load_dtype
+        if self.substitutions and load_dtype == "fp16":
+            load_dtype = "bf16"
+            self.substitutions.append("load dtype fp16->bf16 (follows the precision substitution)")
+        model_config = spec.effective_model_config()
+        # Import and JIT-load everything before the first phase, so import-time allocations and
+        # op loading (seconds for cpu_adam) stay out of the phases.
+        import peft  # noqa: F401
+        import transformers  # noqa: F401
+
+        _preload_ops(self.ds_config)
+
+        with record_pins(tracker.note_pinned):
+            recorder.enter("load")
+            hf_ds_config = None
+            if spec.zero_init:
+                from transformers.integrations import HfDeepSpeedConfig
+
+                hf_ds_config = HfDeepSpeedConfig(self.ds_config)  # noqa: F841 - must stay alive
+            model = build_model(model_config, dtype=load_dtype, attention=spec.attention)
+            model = apply_peft(model, spec.peft)
+            if spec.gradient_checkpointing:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.model_summary = _model_summary(model, build_config(model_config, attention=spec.attention))
+            self.items.extend(model_items(model, at="load"))
+            if spec.model_parameters == "trainable":
+                params = [p for p in model.parameters() if p.requires_grad]
+            else:
+                params = list(model.parameters())
+
+            with initialize_phases(recorder, zero_stage=spec.zero_stage):
+                engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=self.ds_config)
+            del params
+            self.items.extend(read_items(engine, at="initialize"))
+
+            engine.train()
+            device = accel.current_device_name()
+            vocab = int(model_config.get("vocab_size") or 1000)
+            gen = torch.Generator().manual_seed(spec.seed)
+            ga = engine.gradient_accumulation_steps()
+            step = 0
+            step_items_read = False
+            while step < spec.steps or (0 < step == self.skipped_steps and step < spec.steps + spec.max_extra_steps):
+                if step == spec.steps:
+                    self.notes.append(f"every step so far was skipped by the fp16 loss scaler; ran step {step}")
+                for micro in range(ga):
+                    recorder.enter("forward", step=step, micro_step=micro)
+                    ids = torch.randint(0, vocab, (spec.micro_batch, spec.seq_len), generator=gen).to(device)
+                    loss = engine(input_ids=ids, labels=ids).loss
+                    value = float(loss.detach().float().cpu())
+                    self.losses.append(value if math.isfinite(value) else None)
+                    recorder.enter("backward", step=step, micro_step=micro)
+                    engine.backward(loss)
+                    del loss, ids
+                    recorder.enter("optimizer_step", step=step, micro_step=micro)
+                    engine.step()
+                    self.skipped_steps = int(getattr(engine, "skipped_steps", 0))
+                step += 1
+                if not step_items_read and step > self.skipped_steps:
+                    self.items.extend(read_items(engine, at="step"))
+                    step_items_read = True
+            if not step_items_read and step:
+                self.items.extend(read_items(engine, at="step"))
+            self._save(engine, recorder)
+
+    def _save(self, engine, recorder) -> None:
+        spec = self.spec
+        mode = spec.save
+        gather = bool(engine.zero_gather_16bit_weights_on_model_save()) if spec.zero_stage == 3 else True
+        if mode == "never" or (mode == "auto" and not gather):
+            if mode == "auto":
+                self.notes.append("no save phase: ZeRO-3 without stage3_gather_16bit_weights_on_model_save")
+            return
+        recorder.enter("save")
+        if mode == "consolidate":
+            state = engine._zero3_consolidated_16bit_state_dict()
+            del state
+            return
+        out_dir = tempfile.mkdtemp(prefix="memfit-replay-save-")
+        try:
+            saved = engine.save_16bit_model(out_dir)
+            if saved is False:
+                self.notes.append("save_16bit_model returned False (nothing saved)")
+        finally:
+            shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) != 2:
+        print("usage: python -m memfit.replay.child SPEC.json OUT.json", file=sys.stderr)
+        return 2
+    spec_path, out_path = argv
+    with open(spec_path, encoding="utf-8") as fh:
+        spec = ReplaySpec.from_json(fh.read())
+    command = shlex.join([sys.executable, "-m", "memfit.replay.child", *argv])
+    run = ChildRun(spec, progress_path=out_path + ".progress", command=command)
+    measurement = run.execute()
+    tmp = out_path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(measurement.to_json())
+    os.replace(tmp, out_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

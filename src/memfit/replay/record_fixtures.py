@@ -1,0 +1,191 @@
+"""The recorded replay cases, and the command that records them as JSON fixtures.
+
+``python -m memfit.replay.record_fixtures [--out tests/fixtures/replay] [--only NAME ...]
+[--overwrite] [--list]`` runs each case (``CASES``) with ``run_replay`` and saves its
+``Measurement`` to ``<out>/<case>.json``; existing files are kept unless ``--overwrite``.
+
+Every case is small enough for a 2-core CPU machine (tiny GPT-J and Llama configs, a few hundred
+thousand parameters, sequence 32, 2 steps) and runs on DeepSpeed's CPU accelerator in a fake world
+of W ranks. Reduce buckets are kept small (``reduce_bucket_size`` 50 000 elements): on the CPU
+accelerator DeepSpeed's default 5e8-element bucket would be a 1 GB host allocation per replay.
+
+The first run JIT-builds DeepSpeed's cpu_adam and fused_adam ops (a few minutes each, cached in
+~/.cache/torch_extensions); ``warm_ops()`` does it up front.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from typing import Any
+
+from memfit.core.peft_spec import PeftSpec
+from memfit.replay.measurement import save_fixture
+from memfit.replay.spec import ReplaySpec
+
+FIXTURE_DIR = os.path.join("tests", "fixtures", "replay")
+
+TINY_GPTJ: dict[str, Any] = {
+    "model_type": "gptj",
+    "architectures": ["GPTJForCausalLM"],
+    "n_embd": 128,
+    "n_head": 4,
+    "rotary_dim": 16,
+    "n_layer": 28,
+    "n_positions": 512,
+    "vocab_size": 1000,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+    "tie_word_embeddings": False,
+}
+"""GPT-J shaped like the seed's kogpt (untied head, rotary, parallel attention+MLP), 128 wide."""
+
+TINY_LLAMA: dict[str, Any] = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 128,
+    "intermediate_size": 344,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 32,
+    "max_position_embeddings": 512,
+    "vocab_size": 1000,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+    "tie_word_embeddings": False,
+}
+"""Llama with grouped-query attention, 128 wide."""
+
+SEED_PREFIX = PeftSpec(method="prefix", num_virtual_tokens=8, prefix_projection=True, encoder_hidden_size=64)
+"""Prefix tuning with a projection MLP, as the seed's prefix encoder."""
+
+LORA = PeftSpec(method="lora", lora_r=4, lora_alpha=8, target_modules=("q_proj", "v_proj"))
+
+
+def deepspeed_json(stage: int, *, offload: bool, gather_on_save: bool = True) -> dict[str, Any]:
+    """The seed's DeepSpeed JSON (fp16, Adam, WarmupLR, clipping 1), ZeRO ``stage``, small buckets."""
+    zero: dict[str, Any] = {
+        "stage": stage,
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+        "reduce_bucket_size": 50_000,
+        "allgather_bucket_size": 50_000,
+    }
+    if offload:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if stage == 3:
+        zero.update({
+            "sub_group_size": 1e9,
+            "stage3_prefetch_bucket_size": 50_000,
+            "stage3_param_persistence_threshold": 1000,
+            "stage3_max_live_parameters": 1e9,
+            "stage3_max_reuse_distance": 1e9,
+            "stage3_gather_16bit_weights_on_model_save": gather_on_save,
+        })
+        if offload:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    return {
+        "fp16": {"enabled": True, "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16,
+                 "hysteresis": 2, "min_loss_scale": 1},
+        "optimizer": {"type": "Adam", "params": {"lr": 0.001, "betas": [0.8, 0.999], "eps": 1e-8,
+                                                   "weight_decay": 3e-7}},
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.001,
+                                                      "warmup_num_steps": 1000}},
+        "zero_optimization": zero,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 1,
+        "steps_per_print": 2000,
+        "train_micro_batch_size_per_gpu": 1,
+        "wall_clock_breakdown": False,
+    }
+
+
+def _case(name: str, model: dict[str, Any], peft: PeftSpec, stage: int, *, offload: bool, world_size: int,
+          **kwargs: Any) -> ReplaySpec:
+    return ReplaySpec(name=name, model_config=model, layers=kwargs.pop("layers", 2), peft=peft,
+                      deepspeed_config=deepspeed_json(stage, offload=offload), world_size=world_size,
+                      seq_len=kwargs.pop("seq_len", 32), steps=kwargs.pop("steps", 2), threads=2, **kwargs)
+
+
+CASES: dict[str, ReplaySpec] = {
+    spec.name: spec
+    for spec in (
+        # The seed: prefix tuning, ZeRO-3, param+optimizer offload, fp32 load, only the prefix
+        # encoder passed as model_parameters.
+        _case("gptj_prefix_z3_offload_w2", TINY_GPTJ, SEED_PREFIX, 3, offload=True, world_size=2),
+        _case("gptj_prefix_z3_offload_w4", TINY_GPTJ, SEED_PREFIX, 3, offload=True, world_size=4),
+        _case("gptj_prefix_z3_offload_w1", TINY_GPTJ, SEED_PREFIX, 3, offload=True, world_size=1),
+        _case("gptj_prefix_z3_w2", TINY_GPTJ, SEED_PREFIX, 3, offload=False, world_size=2),
+        _case("gptj_prefix_z3_offload_w2_fp16load", TINY_GPTJ, SEED_PREFIX, 3, offload=True, world_size=2,
+              load_dtype="fp16"),
+        _case("gptj_prefix_z3_offload_w2_zero_init", TINY_GPTJ, SEED_PREFIX, 3, offload=True, world_size=2,
+              zero_init=True),
+        _case("gptj_prefix_z3_offload_w2_all_params", TINY_GPTJ, SEED_PREFIX, 3, offload=True, world_size=2,
+              model_parameters="all"),
+        _case("gptj_prefix_z2_offload_w2", TINY_GPTJ, SEED_PREFIX, 2, offload=True, world_size=2),
+        _case("gptj_prefix_z2_w2", TINY_GPTJ, SEED_PREFIX, 2, offload=False, world_size=2),
+        _case("gptj_full_z3_offload_w2", TINY_GPTJ, PeftSpec(method="full"), 3, offload=True, world_size=2),
+        _case("llama_lora_z3_offload_w2", TINY_LLAMA, LORA, 3, offload=True, world_size=2),
+        _case("llama_lora_z3_w4", TINY_LLAMA, LORA, 3, offload=False, world_size=4),
+        _case("llama_lora_z2_offload_w4", TINY_LLAMA, LORA, 2, offload=True, world_size=4),
+        _case("llama_lora_z2_w1", TINY_LLAMA, LORA, 2, offload=False, world_size=1),
+        _case("llama_lora_z3_offload_w2_gc", TINY_LLAMA, LORA, 3, offload=True, world_size=2,
+              gradient_checkpointing=True),
+    )
+}
+
+
+OPS = {"cpu_adam": "CPUAdamBuilder", "fused_adam": "FusedAdamBuilder"}
+"""DeepSpeed ops the cases load: cpu_adam with an offloaded optimizer, fused_adam without."""
+
+
+def warm_ops(ops: tuple[str, ...] = ("cpu_adam", "fused_adam"), timeout_s: float = 1800) -> None:
+    """JIT-build DeepSpeed's CPU ``ops`` in a child process (cached in ~/.cache/torch_extensions).
+
+    Its own process, so a build cut short by the caller's timeout does not happen inside a replay
+    (a killed build leaves a stale ``lock`` file that makes the next build wait forever).
+    """
+    builders = ", ".join(OPS[op] for op in ops)
+    code = f"from deepspeed.ops.op_builder import {builders}\n" + "".join(f"{OPS[op]}().load()\n" for op in ops)
+    env = dict(os.environ, DS_ACCELERATOR="cpu")
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=timeout_s,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from memfit.replay.runner import run_replay
+
+    parser = argparse.ArgumentParser(prog="python -m memfit.replay.record_fixtures", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=FIXTURE_DIR, help="directory for <case>.json (default %(default)s)")
+    parser.add_argument("--only", nargs="*", default=None, help="case names to record (default: all)")
+    parser.add_argument("--overwrite", action="store_true", help="replace existing fixture files")
+    parser.add_argument("--list", action="store_true", help="list the cases and exit")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per replay (default %(default)s)")
+    args = parser.parse_args(argv)
+    if args.list:
+        for name in CASES:
+            print(name)
+        return 0
+    names = args.only or list(CASES)
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        parser.error(f"unknown cases: {', '.join(unknown)}")
+    warm_ops()
+    failed = 0
+    for name in names:
+        path = os.path.join(args.out, f"{name}.json")
+        if os.path.exists(path) and not args.overwrite:
+            print(f"{name}: {path} exists (use --overwrite)")
+            continue
+        measurement = run_replay(CASES[name], timeout_s=args.timeout)
+        save_fixture(measurement, path, overwrite=args.overwrite)
+        status = "ok" if measurement.ok else f"{measurement.error.kind} in {measurement.error.phase}"
+        failed += 0 if measurement.ok else 1
+        print(f"{name}: {status}, {measurement.wall_s:.1f} s -> {path}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

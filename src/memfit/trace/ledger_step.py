@@ -1,0 +1,74 @@
+"""A traced training step as ledger items: what ``memfit plan --exact`` puts in the forward and
+backward phases instead of the analytic estimates.
+
+Stage 3: ``zero3_step_memory`` replays ZeRO-3's fetch/release and gradient bucketing over the
+traced module order; its items go into the phase where the step peaks, and the other phase gets
+the traced activations plus the highest gathered-parameter bytes of the step. Stages 0-2: the
+traced activation-side bytes (inputs, saved tensors, outputs, temporaries) at each peak; parameters
+and gradients stay the ledger's own lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from memfit.core.catalog import resolve_model_config
+from memfit.core.ledger_types import Device, LedgerItem, TracedStep
+from memfit.core.scenario import Scenario
+from memfit.trace.results import MemoryBreakdown, TraceOptions, TracePeak, TraceResult
+
+SRC = "memfit.trace (the model's own forward/backward on fake tensors)"
+
+
+def trace_options_for(sc: Scenario) -> TraceOptions:
+    z = sc.deepspeed.zero
+    return TraceOptions(seq_len=sc.train.seq_len, micro_batch=sc.train.micro_batch, dtype=sc.deepspeed.precision,
+                        gradient_checkpointing=sc.train.gradient_checkpointing, attention=sc.train.attention,
+                        zero3_linear=z.stage == 3 and z.memory_efficient_linear)
+
+
+def trace_scenario(sc: Scenario, *, progress: Callable[[str, int, int], None] | None = None) -> TraceResult:
+    from memfit.trace.step import trace_training_step
+
+    source = resolve_model_config(sc.model_ref)
+    return trace_training_step(source.config_dict(), sc.peft, trace_options_for(sc), progress=progress)
+
+
+def _activation_side(b: MemoryBreakdown) -> int:
+    return b.input_bytes + b.saved_bytes + b.output_bytes + b.held_bytes + b.temporary_bytes
+
+
+def _activations_item(peak: TracePeak, phase: str) -> LedgerItem:
+    b = peak.breakdown
+    return LedgerItem(
+        key="step.activations", name=f"activations at the {phase} peak (traced)", device=Device.GPU,
+        bytes=_activation_side(b), category="activations",
+        formula=(f"saved {b.saved_bytes:,} + outputs {b.output_bytes:,} + inputs {b.input_bytes:,} + held "
+                 f"{b.held_bytes:,} + temporaries {b.temporary_bytes:,} B at op {peak.op} in {peak.module or 'the model'}"),
+        source=SRC)
+
+
+def ledger_step(sc: Scenario, trace: TraceResult) -> TracedStep:
+    fwd = (_activations_item(trace.forward, "forward"),)
+    bwd = (_activations_item(trace.backward, "backward"),)
+    opts = trace.options
+    note = (f"Forward/backward traced from the model's code ({trace.architecture}, micro-batch {opts.micro_batch} x "
+            f"seq {opts.seq_len}, {opts.dtype}, {opts.attention}"
+            + (", gradient checkpointing" if opts.gradient_checkpointing else "") + ")")
+    if sc.deepspeed.zero.stage == 3:
+        from memfit.trace.zero3_step import zero3_step_memory
+
+        z3 = zero3_step_memory(trace, sc.deepspeed, sc.world_size)
+        gathered = LedgerItem(
+            key="zero3.gathered_params", name="params gathered by ZeRO-3 (highest of the step)", device=Device.GPU,
+            bytes=z3.max_gathered_bytes, category="params", exact=False,
+            formula=f"replay of fetch/release over the traced module order; highest at {z3.max_gathered_module}",
+            source="deepspeed/runtime/zero/partitioned_param_coordinator.py:fetch_sub_module (replayed)")
+        other = lambda acts: acts + (gathered,)  # noqa: E731
+        if z3.phase == "forward":
+            fwd, bwd = z3.items, other(bwd)
+        else:
+            fwd, bwd = other(fwd), z3.items
+        note += (f"; ZeRO-3 step peak in {z3.phase} at {z3.module or 'the model'} ({z3.moment}), "
+                 f"{z3.peak_bytes:,} B on top of the model states")
+    return TracedStep(forward_items=fwd, backward_items=bwd, note=note)

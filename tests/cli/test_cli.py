@@ -1,0 +1,102 @@
+"""The command line as a user meets it: exit codes, one-line errors, JSON, --help."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import EXAMPLES, ROOT, SEED
+
+
+def run(*args, cwd=ROOT, env=None):
+    import os
+
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}  # CI has no model hub
+    return subprocess.run([sys.executable, "-m", "memfit.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=120, env=full_env)
+
+
+def test_plan_seed_terminal():
+    r = run("plan", str(SEED))
+    assert r.returncode == 0, r.stderr
+    assert "initialize.move" in r.stdout and "GiB" in r.stdout
+    assert "moves the whole model to every GPU" in " ".join(r.stdout.split())
+
+
+def test_plan_seed_json_schema():
+    r = run("plan", str(SEED), "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert set(d["params"]) >= {"total", "trainable", "frozen", "largest"}
+    assert d["params"]["total"] == 7_123_078_144
+    ph = d["phases"][0]
+    assert set(ph) >= {"name", "gpu_peak_bytes", "cpu_peak_bytes", "cpu_pinned_bytes", "node_cpu_peak_bytes", "items"}
+    assert set(ph["items"][0]) >= {"name", "device", "bytes", "formula", "source"}
+    assert set(d["peak"]) == {"gpu_bytes", "gpu_phase", "node_cpu_bytes", "cpu_phase"}
+    assert set(d["verdict"]) == {"fits", "failures"}
+    assert all(set(f) == {"id", "severity", "message"} for f in d["findings"])
+    for p in d["phases"]:
+        for k in ("gpu_peak_bytes", "cpu_peak_bytes", "cpu_pinned_bytes", "node_cpu_peak_bytes"):
+            assert isinstance(p[k], int)
+    assert [p["name"] for p in d["phases"]] == ["load", "initialize.cast", "initialize.move", "initialize.partition",
+                                                "initialize.optimizer", "forward", "backward", "optimizer_step", "save"]
+
+
+def test_flags_override_the_file():
+    a = json.loads(run("plan", str(SEED), "--json").stdout)
+    b = json.loads(run("plan", str(SEED), "--json", "--gpus", "2xa100-80gb").stdout)
+    assert b["scenario"]["gpu"] == "a100-80gb" and a["scenario"]["gpu"] == "rtx3090"
+
+
+def test_help_lists_commands():
+    r = run("--help")
+    assert r.returncode == 0
+    for cmd in ("plan", "models", "zero-paper"):
+        assert cmd in r.stdout
+
+
+def test_zero_paper_command():
+    r = run("zero-paper", "--json")
+    assert r.returncode == 0
+    rows = json.loads(r.stdout)
+    assert [round(x["bytes_per_gpu"] / 1e9, 2) for x in rows] == [120.0, 31.41, 16.64, 1.88]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["plan", "no/such/file.yaml"], "not found"),
+    (["plan", "--model", "no-such-model-xyz", "--gpus", "1xa100"], "model"),
+    (["plan", "--model", "gpt2", "--gpus", "2xwhatever"], "unknown GPU"),
+    (["plan", "--model", "gpt2", "--seq-len", "-5"], "seq_len"),
+    (["plan", "--model", "gpt2", "--cpu-ram", "lots"], "cpu_ram"),
+    (["plan", "--model", "gpt2", "--deepspeed", "missing.json"], "missing.json"),
+    (["plan", "--model", "gpt2", "--peft", "dora"], "PEFT"),
+])
+def test_bad_input_is_one_line_and_nonzero(args, needle):
+    r = run(*args)
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    lines = [line for line in r.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, r.stderr
+    assert needle.lower() in lines[0].lower()
+
+
+def test_malformed_yaml_and_json(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    r = run("plan", str(bad))
+    assert r.returncode == 2 and "not valid YAML" in r.stderr and "Traceback" not in r.stderr
+    ds = tmp_path / "ds.json"
+    ds.write_text("{\"zero_optimization\": {\"stage\": 3,}")
+    r = run("plan", "--model", "gpt2", "--deepspeed", str(ds))
+    assert r.returncode == 2 and "JSON" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_plan_does_not_import_heavy_libraries():
+    code = ("import sys; from memfit.core.scenario_io import build_scenario, read_scenario_file; "
+            "from memfit.core.plan import make_plan; "
+            f"make_plan(build_scenario(read_scenario_file({str(SEED)!r}))); "
+            "print(sorted(m for m in ('torch','deepspeed','transformers','peft','huggingface_hub') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
