@@ -100,3 +100,27 @@ def test_plan_does_not_import_heavy_libraries():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+TINY_GPTJ = {"architectures": ["GPTJForCausalLM"], "model_type": "gptj", "vocab_size": 1000, "n_embd": 128,
+             "n_layer": 2, "n_head": 4, "rotary_dim": 16, "n_positions": 256, "tie_word_embeddings": False,
+             "bos_token_id": 0, "eos_token_id": 0}
+
+
+def test_trace_and_plan_exact_agree(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY_GPTJ))
+    common = ["--model", str(cfg), "--peft", "lora", "--seq-len", "64", "--gpus", "1xa100-80gb"]
+    t = run("trace", *common, "--json")
+    assert t.returncode == 0, t.stderr
+    tr = json.loads(t.stdout)
+    assert tr["params"]["trainable"] < tr["params"]["total"]
+    assert tr["forward"]["peak_bytes"] > 0 and tr["saved_bytes"] > 0
+    p = run("plan", *common, "--exact", "--json")
+    assert p.returncode == 0, p.stderr
+    plan = json.loads(p.stdout)
+    fwd = {i["key"]: i for i in next(ph for ph in plan["phases"] if ph["name"] == "forward")["items"]}
+    cats = tr["forward"]["by_category"]
+    expected = sum(cats[c] for c in ("input", "saved", "output", "held", "temporary"))
+    assert fwd["step.activations"]["bytes"] == expected
+    assert "traced" in fwd["step.activations"]["name"]
