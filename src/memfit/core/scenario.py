@@ -35,6 +35,10 @@ class LoadSettings:
     """from_pretrained loads weights straight into the model (current transformers always does);
     False: older transformers built a random model and held the state dict too (2x host memory)."""
 
+    from_checkpoint: bool = True
+    """Weights are read from a checkpoint (from_pretrained). False: built from the config with
+    random weights (from_config), as replays do; no checkpoint is held in host memory."""
+
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise MemfitError(f"load dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")

@@ -35,7 +35,7 @@ def record_load(t: Timeline, ctx: RecipeContext) -> Where:
               device=Device.CPU_PAGEABLE, category="params",
               formula=f"{n_base:,} params x {ctx.load_bytes} B",
               source="transformers modeling_utils.py:PreTrainedModel.from_pretrained")
-    if not sc.load.low_cpu_mem_usage:
+    if not sc.load.low_cpu_mem_usage and sc.load.from_checkpoint:
         # Older transformers (and low_cpu_mem_usage=False): a randomly initialised model plus the
         # loaded state dict are both alive until load_state_dict finishes.
         t.declare("load.state_dict", name="checkpoint state dict held while loading (low_cpu_mem_usage=False)",
@@ -142,12 +142,13 @@ def record_load_zero_init(t: Timeline, ctx: RecipeContext) -> dict[str, tuple[st
             pin(t, PARTS, ctx.partition_numel(p) * nb, pinned)
             t.free(ZI_GPU, p.numel * nb)
             part_key[p.name] = (PARTS, dtype)
-    t.alloc(ZI_CKPT, n_base * ctx.load_bytes)
-    for ps in modules.values():  # load: gather module, copy, re-partition
-        full = sum(ctx.partition_numel(p) * ctx.world for p in ps) * nb
-        t.alloc(ZI_GPU, full)
-        t.free(ZI_GPU, full)
-    t.free(ZI_CKPT)
+    if sc.load.from_checkpoint:
+        t.alloc(ZI_CKPT, n_base * ctx.load_bytes)
+        for ps in modules.values():  # load: gather module, copy, re-partition
+            full = sum(ctx.partition_numel(p) * ctx.world for p in ps) * nb
+            t.alloc(ZI_GPU, full)
+            t.free(ZI_GPU, full)
+        t.free(ZI_CKPT)
     adapters = [p for p in ctx.params if p.adapter]
     if adapters:
         n_ad = sum(p.numel for p in adapters)

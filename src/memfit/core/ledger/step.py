@@ -176,5 +176,8 @@ def record_step(t: Timeline, ctx: RecipeContext, *, opt_numel: int, traced: Trac
                   category="params", formula=f"{ctx.n_total:,} params x {nb} B, rank 0 only",
                   source="deepspeed/runtime/engine.py:_zero3_consolidated_16bit_state_dict (param.detach().cpu())",
                   rank0_only=True)
-        t.alloc(SAVE_HOST, ctx.n_total * nb)
+        if not (t.accelerator == "cpu" and W == 1):
+            # on the CPU accelerator .cpu() returns the gathered tensor itself, and with W = 1 the
+            # "gathered" param is its own partition: no new memory
+            t.alloc(SAVE_HOST, ctx.n_total * nb)
         t.free(SAVE_GPU)

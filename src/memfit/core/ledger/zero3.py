@@ -124,7 +124,7 @@ def record_partition(t: Timeline, ctx: RecipeContext, where: Where) -> PartKey:
             continue  # already partitioned when it was built under zero.Init
         key, dtype = where[p.name]
         nb = DTYPE_BYTES[dtype]
-        if key != GPU_FULL and new:
+        if key != GPU_FULL and new and t.accelerator == "cuda":  # .to(cpu) of a CPU tensor is a no-op
             t.alloc(GATHER_ONE, p.numel * nb)
             t.free(key, p.numel * nb)
             key = GATHER_ONE
