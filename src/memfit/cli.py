@@ -157,6 +157,58 @@ def trace(
 
 
 @app.command()
+def replay(
+    scenario: Path = typer.Argument(..., help="Scenario YAML file to replay (see examples/)."),
+    layers: Optional[int] = typer.Option(None, help="Build this many transformer blocks instead of the config's (same shapes, scaled down)."),
+    world_size: Optional[int] = typer.Option(None, help="Ranks to emulate (rank 0 of W through a fake process group); default: the scenario's GPU count."),
+    accelerator: str = typer.Option("cpu", help="cpu (DeepSpeed's CPU accelerator; runs anywhere) or cuda."),
+    emulate: Optional[str] = typer.Option(None, help="cuda: cap the GPU at this capacity, e.g. rtx3090 or 24GiB."),
+    steps: int = typer.Option(2, help="Training steps to run."),
+    seq_len: Optional[int] = typer.Option(None, help="Override the scenario's sequence length."),
+    timeout: float = typer.Option(1800, help="Seconds before the replay is stopped."),
+    save_fixture: Optional[Path] = typer.Option(None, "--save-fixture", help="Write the measurement as a JSON fixture (never overwrites)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+) -> None:
+    """Run the real deepspeed.initialize and training steps for a scenario in a supervised child
+    process, measure memory per phase, and compare with the plan (byte for byte where DeepSpeed's
+    allocations are deterministic)."""
+    import dataclasses
+
+    from memfit.core.hardware import parse_gpus, parse_size
+    from memfit.core.plan import make_plan
+    from memfit.core.scenario_io import ScenarioInputs, build_scenario, merge_inputs, read_scenario_file
+    from memfit.replay.compare import compare, scenario_of
+    from memfit.replay.measurement import save_fixture as write_fixture
+    from memfit.replay.runner import run_replay
+    from memfit.replay.spec import spec_from_scenario
+    from memfit.render.replay_out import comparison_to_dict, render_comparison
+
+    inputs = merge_inputs(read_scenario_file(scenario), ScenarioInputs(seq_len=seq_len))
+    sc = build_scenario(inputs)
+    if save_fixture is not None and save_fixture.exists():
+        raise MemfitError(f"{save_fixture} exists; memfit never overwrites a file you have (choose another path)")
+    cap = None
+    if emulate:
+        cap = parse_gpus(emulate)[1].total_bytes if not emulate[0].isdigit() else parse_size(emulate, what="--emulate")
+    spec = spec_from_scenario(sc, layers=layers, steps=steps, accelerator=accelerator, world_size=world_size,
+                              emulate_capacity_bytes=cap)
+    with _console(stderr=True).status(f"replaying {spec.name} ({accelerator}, rank 0 of {spec.world_size}"
+                                      + (f", {layers} layers" if layers else "") + ")..."):
+        m = run_replay(spec, timeout_s=timeout)
+    if save_fixture is not None:
+        write_fixture(m, str(save_fixture))
+    result = compare(make_plan(scenario_of(m)), m) if m.ok or m.phases else None
+    if json_out:
+        import json
+
+        typer.echo(json.dumps(comparison_to_dict(result, m), indent=2))
+    else:
+        render_comparison(result, m, _console())
+    if not m.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
 def models() -> None:
     """List the shipped model configs (exact parameter counts, no download needed)."""
     from rich.table import Table

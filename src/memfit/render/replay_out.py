@@ -1,0 +1,61 @@
+"""Output of ``memfit replay``: predicted vs measured, per ledger item and per phase."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+
+def _b(n: int | None) -> str:
+    return "-" if n is None else f"{n:,}"
+
+
+def comparison_to_dict(c: Any, m: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "case": m.spec.name, "ok": m.ok, "wall_s": m.wall_s, "versions": m.versions, "command": m.command,
+        "substitutions": list(m.substitutions),
+        "error": None if m.error is None else {"phase": m.error.phase, "kind": m.error.kind, "message": m.error.message},
+    }
+    if c is not None:
+        out["items"] = [{"key": i.key, "ledger_keys": list(i.ledger_keys), "predicted_bytes": i.predicted_bytes,
+                         "measured_bytes": i.measured_bytes, "diff_bytes": i.diff_bytes} for i in c.items]
+        out["phases"] = [{"phase": p.phase, "predicted_host_bytes": p.predicted_host_bytes,
+                          "measured_host_bytes": p.measured_host_bytes, "diff_bytes": p.diff_bytes,
+                          "rel_diff": p.rel_diff, "predicted_gpu_bytes": p.predicted_gpu_bytes,
+                          "measured_gpu_bytes": p.measured_gpu_bytes} for p in c.phases]
+    return out
+
+
+def render_comparison(c: Any, m: Any, console: Console) -> None:
+    s = m.spec
+    console.print(Text(f"memfit replay: {s.name}: rank 0 of {s.world_size}, {s.accelerator}, "
+                       f"{m.versions.get('deepspeed', '?')} DeepSpeed, {m.wall_s:.1f} s", style="bold"))
+    for note in m.substitutions:
+        console.print(Text(f"note: {note}", style="dim"))
+    if m.error is not None:
+        console.print(Text(f"the run failed in phase {m.error.phase}: {m.error.kind}: {m.error.message}", style="bold red"))
+    if c is None:
+        return
+    t = Table(title="DeepSpeed's own buffers: plan vs replay (bytes, per rank)", title_justify="left")
+    for col in ("allocation", "plan", "replay", "diff"):
+        t.add_column(col, justify="left" if col == "allocation" else "right")
+    for i in c.items:
+        t.add_row(i.key, _b(i.predicted_bytes), _b(i.measured_bytes),
+                  Text(f"{i.diff_bytes:+,}", style="green" if i.matches else "red"))
+    console.print(t)
+    p = Table(title="Host tensor peak per phase: plan vs replay (bytes)", title_justify="left")
+    for col in ("phase", "plan", "replay", "diff", "%"):
+        p.add_column(col, justify="left" if col == "phase" else "right")
+    for r in c.phases:
+        p.add_row(r.phase, _b(r.predicted_host_bytes), _b(r.measured_host_bytes), f"{r.diff_bytes:+,}", f"{r.rel_diff:+.1%}")
+    console.print(p)
+    if any(r.measured_gpu_bytes is not None for r in c.phases):
+        g = Table(title="GPU allocated peak per phase: plan vs replay (bytes)", title_justify="left")
+        for col in ("phase", "plan", "replay"):
+            g.add_column(col)
+        for r in c.phases:
+            g.add_row(r.phase, _b(r.predicted_gpu_bytes), _b(r.measured_gpu_bytes))
+        console.print(g)
