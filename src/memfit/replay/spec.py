@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from memfit.core.ledger_types import PHASES
 from memfit.core.peft_spec import PeftSpec
 from memfit.core.scenario import DTYPES, Scenario
 from memfit.errors import MemfitError
@@ -197,8 +198,6 @@ class ReplaySpec:
             raise MemfitError("replay spec: zero_init needs ZeRO stage 3 in the DeepSpeed config")
         if self.fault is not None:
             phase, _, kind = self.fault.partition(":")
-            from memfit.core.ledger_types import PHASES
-
             if phase not in PHASES or kind not in FAULT_KINDS:
                 raise MemfitError(
                     f"replay spec: fault must be PHASE:KIND with PHASE in {', '.join(PHASES)} and KIND in "
