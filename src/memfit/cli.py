@@ -55,6 +55,7 @@ def plan(
     accelerator: Optional[str] = typer.Option(None, help="cuda (default) or cpu (DeepSpeed's CPU accelerator, as CPU replays run)."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow configs whose model needs remote code (never on by default)."),
     attention: Optional[str] = typer.Option(None, help="Attention implementation: sdpa (default) or eager."),
+    report: Optional[Path] = typer.Option(None, "--report", help="Also write a report: .html (charts, self-contained) or .md. Never overwrites a file."),
     exact: bool = typer.Option(False, "--exact", help="Trace forward/backward from the model's code (needs torch, transformers, peft; seconds) instead of the analytic activation estimate."),
     json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON (schema: docs/json-schema.md)."),
     all_items: bool = typer.Option(False, "--all-items", help="Show every phase's ledger items, not only the peaks'."),
@@ -87,6 +88,8 @@ def plan(
 
         traced = ledger_step(sc, _trace_with_progress(sc))
     result = make_plan(sc, traced)
+    if report is not None:
+        _write_report(report, result, sc)
     if json_out:
         import json
 
@@ -98,6 +101,21 @@ def plan(
     from memfit.render.terminal import render_plan
 
     render_plan(result, sc, _console(), all_items=all_items)
+
+
+def _write_report(path: Path, result, sc) -> None:
+    from memfit.render.report import html_report, markdown_report
+
+    suffix = path.suffix.lower()
+    if suffix not in (".html", ".htm", ".md"):
+        raise MemfitError(f"--report: give a .html or .md path, got {path}")
+    if path.exists():
+        raise MemfitError(f"--report: {path} exists; memfit never overwrites a file (choose another name)")
+    if not path.parent.exists():
+        raise MemfitError(f"--report: directory {path.parent} does not exist")
+    text = markdown_report(result, sc) if suffix == ".md" else html_report(result, sc)
+    path.write_text(text, encoding="utf-8")
+    _console(stderr=True).print(f"report written to {path}")
 
 
 def _trace_with_progress(sc):

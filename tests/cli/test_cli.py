@@ -124,3 +124,10 @@ def test_trace_and_plan_exact_agree(tmp_path):
     expected = sum(cats[c] for c in ("input", "saved", "output", "held", "temporary"))
     assert fwd["step.activations"]["bytes"] == expected
     assert "traced" in fwd["step.activations"]["name"]
+
+
+def test_seed_document_is_current():
+    """docs/kogpt-prefix-tuning.md is generated from memfit's output; it must match the code."""
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_seed_doc.py"), "--check"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
