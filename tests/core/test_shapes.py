@@ -1,7 +1,9 @@
 """Pure shapes: speed, no heavy imports, architecture numbers from the config, bad configs.
 
-The exactness proof (every catalog model against a meta-device transformers build) is in
-tests/exact/test_meta_build.py; this file needs no torch.
+The exactness proof (every catalog model against a meta-device transformers build, buffers also
+against real CPU builds) is in tests/exact/test_meta_build.py; this file needs no torch. Buffer
+bytes are also checked here against what real DeepSpeed replays measured
+(tests/fixtures/replay/*.json, ``model.buffer_bytes``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ import pytest
 from memfit.core.catalog import list_catalog, resolve_model_config
 from memfit.core.shapes import build_model_shape, modelled_architecture
 from memfit.errors import MemfitError
+from memfit.replay.spec import override_layers
+
+REPLAY_FIXTURES = sorted((Path(__file__).parents[1] / "fixtures" / "replay").glob("*.json"))
 
 
 def test_llama_3_70b_shape_builds_well_under_50_ms():
@@ -51,6 +56,9 @@ def test_catalog_shape_names_are_unique_and_arch_follows_the_config(entry):
     config = source.config
     names = [p.name for p in shape.params]
     assert len(names) == len(set(names))
+    buffer_names = {b.name for b in shape.buffers}
+    assert len(buffer_names) == len(shape.buffers) and not buffer_names & set(names)
+    assert not any(b.follows_load_dtype for b in shape.buffers)
     assert shape.name == entry.name
     assert shape.architecture == entry.architecture == modelled_architecture(source)
     assert all(p.trainable for p in shape.params)
@@ -93,6 +101,18 @@ def test_kogpt_arch_numbers():
     assert arch.max_positions == config["n_positions"]
 
 
+@pytest.mark.parametrize("fixture", REPLAY_FIXTURES, ids=lambda f: f.stem)
+def test_buffer_bytes_equal_what_the_replays_measured(tmp_path, fixture):
+    """``model.buffer_bytes``: sum of numel x element_size over ``model.buffers()`` of the real
+    model a replay trained (loaded at ``spec.load_dtype``, fp16 included), wrapped by PEFT."""
+    replay = json.loads(fixture.read_text())
+    spec = replay["spec"]
+    config = spec["model_config"]
+    if spec.get("layers"):
+        config = override_layers(config, spec["layers"])
+    assert _shape_of(tmp_path, config).buffer_bytes == replay["model"]["buffer_bytes"]
+
+
 def _shape_of(tmp_path: Path, config: dict):
     (tmp_path / "config.json").write_text(json.dumps(config))
     return build_model_shape(resolve_model_config(str(tmp_path)))
@@ -107,6 +127,10 @@ def _shape_of(tmp_path: Path, config: dict):
         ({"model_type": "gpt2", "tie_word_embeddings": "yes"}, "must be true or false"),
         ({"model_type": "t5", "feed_forward_proj": "fancy-gelu"}, "feed_forward_proj"),
         ({"model_type": "bert", "add_cross_attention": True}, "without is_decoder"),
+        ({"model_type": "mistral", "rope_scaling": {"rope_type": "fancy"}}, "rope_type 'fancy'"),
+        ({"model_type": "llama", "rope_scaling": "linear"}, "'rope_scaling' must be an object"),
+        ({"model_type": "qwen2", "partial_rotary_factor": "half"}, "partial_rotary_factor"),
+        ({"model_type": "gptj", "rotary_dim": 0}, "'rotary_dim' must be at least 1"),
     ],
 )
 def test_bad_config_values_are_one_line_errors(tmp_path, config, message):

@@ -1,9 +1,10 @@
-"""A model's parameters from its config.json alone: pure Python, no torch, no transformers.
+"""A model's parameters and buffers from its config.json alone: pure Python, no torch.
 
 ``build_model_shape`` dispatches on ``model_type`` to a family builder in
 ``memfit.core.families``; each reproduces the ``(name, shape)`` pairs of ``named_parameters()`` of
-one transformers class (tied weights listed once, as ``named_parameters`` does), and the test suite
-checks every catalog model against a meta-device build with the installed transformers
+one transformers class (tied weights listed once, as ``named_parameters`` does) and the
+``(name, shape, dtype)`` of its ``named_buffers()`` (dtype as transformers creates them), and the
+test suite checks every catalog model against a meta-device build with the installed transformers
 (``memfit.exact.meta_build``). It is on the ``memfit plan`` hot path: Llama-3-70B (723 params)
 builds in about a millisecond.
 """
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
 
 def build_model_shape(source: ModelConfigSource) -> ModelShape:
-    """Every parameter of the model ``source`` describes, with its architecture numbers."""
+    """Every parameter and buffer of the model ``source`` describes, with its architecture numbers."""
     if "auto_map" in source.config:
         raise MemfitError(
             f"{source.name} uses custom modeling code (auto_map); the pure path models only stock "

@@ -3,7 +3,15 @@
 ``build_meta_model`` instantiates the class memfit models for a config (the same class
 ``memfit.core.shapes.modelled_architecture`` names) under ``torch.device("meta")``: every parameter
 gets its true shape and dtype but no storage, so even Llama-3-70B builds in a fraction of a second
-on a laptop. ``named_param_shapes`` reads it back as ``ParamSpec`` rows.
+on a laptop. ``named_param_shapes`` and ``named_buffer_specs`` read it back as ``ParamSpec`` and
+``BufferSpec`` rows.
+
+The load dtype is applied as ``from_pretrained(dtype=...)`` applies it: the model is built with
+that dtype as torch's default dtype (``PreTrainedModel._set_default_dtype``), so parameters take it
+and buffers keep the dtype their modeling code gives them (GPT-J's rotary table and Llama's
+``inv_freq`` stay fp32 in an fp16 load). A blanket ``model.to(dtype)`` would cast floating buffers
+too and is not what a loaded model holds. Meta and real CPU builds register the same buffers (names,
+shapes, dtypes); only their values are missing on meta.
 
 One adjustment mirrors ``from_pretrained``: when config.json says ``tie_word_embeddings: false`` but
 the class ties its output embedding anyway (transformers 5 forces ``T5Config.tie_word_embeddings``
@@ -20,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from memfit.core.catalog import ModelConfigSource
 from memfit.core.families import FAMILIES
-from memfit.core.model import ParamSpec
+from memfit.core.model import BUFFER_DTYPE_BYTES, BufferSpec, ParamSpec
 from memfit.core.shapes import modelled_architecture
 from memfit.errors import MemfitError
 
@@ -71,10 +79,18 @@ def build_meta_model(
         config = transformers.CONFIG_MAPPING[model_type].from_dict(source.config_dict())
         make = lambda: transformers.AutoModelForCausalLM.from_config(config)  # noqa: E731
 
-    with torch.device("meta"):
-        model = make()
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch_dtype)
+    try:
+        with torch.device("meta"):
+            model = make()
+    finally:
+        torch.set_default_dtype(default_dtype)
     _untie_like_checkpoint(model, source)
-    return model.to(torch_dtype)
+    for param in model.parameters():  # the few created with an explicit dtype; buffers untouched
+        if param.is_floating_point() and param.dtype != torch_dtype:
+            param.data = param.data.to(torch_dtype)
+    return model
 
 
 def _remote_code_builder(source: ModelConfigSource, *, trust_remote_code: bool):
@@ -120,3 +136,52 @@ def named_param_shapes(model: torch.nn.Module) -> tuple[ParamSpec, ...]:
         ParamSpec(name, tuple(param.shape), param.requires_grad)
         for name, param in model.named_parameters()
     )
+
+
+def buffer_dtype_name(dtype: torch.dtype) -> str:
+    """memfit's name for a buffer's torch dtype (``torch.float32`` -> ``fp32``)."""
+    import torch
+
+    names = {
+        torch.float64: "fp64", torch.float32: "fp32", torch.float16: "fp16",
+        torch.bfloat16: "bf16", torch.int64: "int64", torch.int32: "int32", torch.int16: "int16",
+        torch.int8: "int8", torch.uint8: "uint8", torch.bool: "bool",
+        torch.complex64: "complex64", torch.complex128: "complex128",
+    }
+    if dtype not in names:
+        raise MemfitError(
+            f"the model has a {dtype} buffer; memfit sizes {', '.join(BUFFER_DTYPE_BYTES)} buffers"
+        )
+    return names[dtype]
+
+
+def named_buffer_specs(
+    model: torch.nn.Module, *, fp16_model: torch.nn.Module | None = None
+) -> tuple[BufferSpec, ...]:
+    """``BufferSpec`` rows of ``model.named_buffers()`` (shared buffers once, as torch yields them).
+
+    ``model`` is built (or loaded) at dtype fp32; ``persistent`` is whether ``state_dict()`` holds
+    the buffer. ``follows_load_dtype`` cannot be read from one build: pass ``fp16_model``, the same
+    model built or loaded at fp16, and a buffer follows the load dtype when it is fp16 there and not
+    in ``model``. Without ``fp16_model`` every row says False.
+    """
+    import torch
+
+    saved = set(model.state_dict(keep_vars=True))
+    at_fp16 = dict(fp16_model.named_buffers()) if fp16_model is not None else {}
+    rows = []
+    for name, buffer in model.named_buffers():
+        other = at_fp16.get(name)
+        follows = (
+            other is not None and other.dtype == torch.float16 and buffer.dtype != torch.float16
+        )
+        rows.append(
+            BufferSpec(
+                name,
+                tuple(buffer.shape),
+                buffer_dtype_name(buffer.dtype),
+                persistent=name in saved,
+                follows_load_dtype=follows,
+            )
+        )
+    return tuple(rows)

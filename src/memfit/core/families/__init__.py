@@ -2,8 +2,10 @@
 
 Each family mirrors one modeling file of the installed transformers (5.x) closely enough to list
 exactly the ``(name, shape)`` pairs that ``model.named_parameters()`` yields for the class it names
-(tied weights once), and is tested against a meta-device build of that class for every catalog
-model (tests/core/test_shapes.py). ``FAMILIES`` maps ``model_type`` to its builder.
+(tied weights once) and the ``(name, shape, dtype)`` of every ``model.named_buffers()`` entry, and
+is tested against a meta-device build of that class for every catalog model and against real CPU
+builds of tiny configs (tests/exact/test_meta_build.py). ``FAMILIES`` maps ``model_type`` to its
+builder.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ class Family:
     architecture: str
     """transformers class whose ``named_parameters()`` the builder reproduces."""
     build: Callable[[str, Mapping[str, Any]], ModelShape]
-    """``build(name, config)``: the model's parameters from its parsed config.json."""
+    """``build(name, config)``: the model's parameters and buffers from its parsed config.json."""
 
 
 FAMILIES: Mapping[str, Family] = MappingProxyType(

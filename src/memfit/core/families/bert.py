@@ -10,6 +10,10 @@ positions, token types and a LayerNorm. Each layer: q/k/v, output dense and Laye
 ``add_cross_attention`` add a ``crossattention`` block of the same shape.
 
 Per layer: 4 d^2 + 2 d i + 9 d + i.
+
+Buffers (``BertEmbeddings``): ``position_ids`` (``arange(max_position_embeddings)`` expanded to
+``(1, P)``) and ``token_type_ids`` (zeros of the same shape), both int64 and non-persistent:
+16 P bytes, 8 KiB for bert-large (P = 512).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any
 
 from memfit.core.families.blocks import Entry, embedding, layer_norm, linear, prefixed, specs, stack
 from memfit.core.families.config_fields import divide_heads, read_bool, read_int
-from memfit.core.model import ArchSpec, ModelShape
+from memfit.core.model import ArchSpec, BufferSpec, ModelShape
 from memfit.errors import MemfitError
 
 ARCHITECTURE = "BertForMaskedLM"
@@ -36,7 +40,7 @@ def _attention(d: int) -> list[Entry]:
 
 
 def build_bert(name: str, config: Mapping[str, Any]) -> ModelShape:
-    """Parameters of ``BertForMaskedLM(config)``, named as ``named_parameters()`` names them."""
+    """Parameters and buffers of ``BertForMaskedLM(config)``, named as torch names them."""
     vocab = read_int(config, "vocab_size", default=30522)
     d = read_int(config, "hidden_size", default=768)
     layers = read_int(config, "num_hidden_layers", default=12)
@@ -87,4 +91,10 @@ def build_bert(name: str, config: Mapping[str, Any]) -> ModelShape:
         is_encoder_only=True,
         max_positions=positions,
     )
-    return ModelShape(name=name, architecture=ARCHITECTURE, arch=arch, params=params)
+    buffers = tuple(
+        BufferSpec(f"bert.embeddings.{ids}", (1, positions), "int64", persistent=False)
+        for ids in ("position_ids", "token_type_ids")
+    )
+    return ModelShape(
+        name=name, architecture=ARCHITECTURE, arch=arch, params=params, buffers=buffers
+    )

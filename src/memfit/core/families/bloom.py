@@ -8,6 +8,8 @@ with biases. ``lm_head`` (no bias) is tied to ``word_embeddings`` by default. Th
 ``n_embed`` overrides ``hidden_size`` as ``BloomConfig.__post_init__`` does.
 
 Per block: 12 d^2 + 13 d.
+
+Buffers: none (ALiBi slopes are computed at each call).
 """
 
 from __future__ import annotations

@@ -8,6 +8,10 @@ is stored ``(in, out)``, the transpose of ``nn.Linear``. ``lm_head`` has no bias
 also has ``crossattention`` (``c_attn`` of width 2d plus ``q_attn``) and ``ln_cross_attn``.
 
 Per block: 4 d^2 + 2 d i + i + 9 d, with d = n_embd and i = n_inner or 4 d (no cross-attention).
+
+Buffers: none. transformers 4 registered a causal mask ``attn.bias`` (bool, ``(1, 1, P, P)``) and
+``attn.masked_bias`` per block; transformers 5 builds masks per call and ignores those checkpoint
+keys (``GPT2PreTrainedModel._keys_to_ignore_on_load_unexpected``).
 """
 
 from __future__ import annotations

@@ -7,6 +7,12 @@ without bias (``GPTJAttention``), and ``fc_in``/``fc_out`` with bias (``GPTJMLP`
 ``GPTJConfig``'s; ``tie_word_embeddings`` defaults to false, so ``lm_head.weight`` is its own param.
 
 Per block: 4 d^2 + 2 d i + i + 3 d, with d = n_embd and i = n_inner or 4 d.
+
+Buffers: one, ``transformer.rotary_emb.embed_positions`` (``GPTJRotaryEmbedding``, shared by all
+blocks): ``create_sinusoidal_positions(n_positions, r)`` concatenates sin and cos of
+``positions x arange(0, r, 2)``, so its shape is ``(n_positions, 2 ceil(r / 2))`` with
+``r = rotary_dim`` (``GPTJConfig`` default 64). It is fp32 whatever the load dtype (an fp32
+``arange(...).float()`` times the frequencies) and non-persistent. KoGPT: 2048 x 64 x 4 B = 512 KiB.
 """
 
 from __future__ import annotations
@@ -16,13 +22,23 @@ from typing import Any
 
 from memfit.core.families.blocks import embedding, layer_norm, linear, specs, stack
 from memfit.core.families.config_fields import divide_heads, read_bool, read_int, read_optional_int
-from memfit.core.model import ArchSpec, ModelShape
+from memfit.core.model import ArchSpec, BufferSpec, ModelShape
 
 ARCHITECTURE = "GPTJForCausalLM"
 
 
+def _rotary_table(positions: int, rotary_dim: int) -> BufferSpec:
+    """``GPTJRotaryEmbedding.embed_positions``: sin and cos of ``ceil(r / 2)`` frequencies."""
+    return BufferSpec(
+        "transformer.rotary_emb.embed_positions",
+        (positions, 2 * ((rotary_dim + 1) // 2)),
+        "fp32",
+        persistent=False,
+    )
+
+
 def build_gptj(name: str, config: Mapping[str, Any]) -> ModelShape:
-    """Parameters of ``GPTJForCausalLM(config)``, named as ``named_parameters()`` names them."""
+    """Parameters and buffers of ``GPTJForCausalLM(config)``, named as torch names them."""
     vocab = read_int(config, "vocab_size", default=50400)
     d = read_int(config, "n_embd", "hidden_size", default=4096)
     layers = read_int(config, "n_layer", "num_hidden_layers", default=28)
@@ -30,6 +46,7 @@ def build_gptj(name: str, config: Mapping[str, Any]) -> ModelShape:
     positions = read_int(config, "n_positions", "max_position_embeddings", default=2048)
     inner = read_optional_int(config, "n_inner") or 4 * d
     tied = read_bool(config, "tie_word_embeddings", default=False)
+    rotary_dim = read_int(config, "rotary_dim", default=64)  # GPTJConfig rejects null
 
     block = [
         *layer_norm("ln_1", d),
@@ -61,4 +78,10 @@ def build_gptj(name: str, config: Mapping[str, Any]) -> ModelShape:
         mlp_kind="gelu",
         max_positions=positions,
     )
-    return ModelShape(name=name, architecture=ARCHITECTURE, arch=arch, params=params)
+    return ModelShape(
+        name=name,
+        architecture=ARCHITECTURE,
+        arch=arch,
+        params=params,
+        buffers=(_rotary_table(positions, rotary_dim),),
+    )

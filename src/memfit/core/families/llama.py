@@ -13,6 +13,14 @@ MLP: SwiGLU ``gate_proj``/``up_proj`` ``(i, d)`` and ``down_proj`` ``(d, i)``. M
 by ``MixtralSparseMoeBlock``: a router ``mlp.gate.weight`` ``(E, d)`` and, in transformers 5, the
 experts fused into two 3-D parameters ``mlp.experts.gate_up_proj`` ``(E, 2 i, d)`` and
 ``mlp.experts.down_proj`` ``(E, d, i)`` (modeling_mixtral.MixtralExperts).
+
+Buffers: ``<Family>RotaryEmbedding`` (one per model, ``model.rotary_emb``) registers ``inv_freq``
+and ``original_inv_freq``, both non-persistent fp32 vectors of ``ceil(r / 2)`` frequencies
+(``arange(0, r, 2, dtype=torch.float)``): ``r = head_dim`` for the default RoPE
+(``compute_default_rope_parameters`` ignores ``partial_rotary_factor``) and
+``r = int(head_dim x partial_rotary_factor)`` for the scaled types of
+transformers/modeling_rope_utils.py (``linear``, ``dynamic``, ``yarn``, ``longrope``, ``llama3``);
+``proportional`` pads to ``head_dim // 2``. Llama-3-70B: 2 x 64 x 4 B = 512 B.
 """
 
 from __future__ import annotations
@@ -23,7 +31,8 @@ from typing import Any
 
 from memfit.core.families.blocks import Entry, embedding, linear, rms_norm, specs, stack
 from memfit.core.families.config_fields import divide_heads, read_bool, read_int
-from memfit.core.model import ArchSpec, ModelShape
+from memfit.core.model import ArchSpec, BufferSpec, ModelShape
+from memfit.errors import MemfitError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,8 +112,48 @@ def _mlp(model_type: str, config: Mapping[str, Any], d: int, i: int, experts: in
     ]
 
 
+_SCALED_ROPE_TYPES = ("linear", "dynamic", "yarn", "longrope", "llama3")
+"""``ROPE_INIT_FUNCTIONS`` entries whose frequency count is ``ceil(int(head_dim x factor) / 2)``."""
+
+
+def _rope_parameters(config: Mapping[str, Any]) -> tuple[str, float]:
+    """``(rope_type, partial_rotary_factor)`` as ``convert_rope_params_to_dict`` resolves them.
+
+    The dict is ``rope_scaling`` (transformers 4 configs) or ``rope_parameters`` (transformers 5);
+    its own ``partial_rotary_factor`` wins over a top-level one; the type is ``rope_type`` or the
+    legacy ``type``, ``default`` without either.
+    """
+    rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    if not isinstance(rope, Mapping):
+        raise MemfitError(f"config.json field 'rope_scaling' must be an object, got {rope!r}")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    factor = rope.get("partial_rotary_factor", config.get("partial_rotary_factor"))
+    factor = 1.0 if factor is None else factor
+    if isinstance(factor, bool) or not isinstance(factor, int | float) or factor <= 0:
+        raise MemfitError(f"config.json partial_rotary_factor must be positive, got {factor!r}")
+    return rope_type, float(factor)
+
+
+def _rotary_buffers(config: Mapping[str, Any], head_dim: int) -> tuple[BufferSpec, ...]:
+    """``model.rotary_emb.inv_freq`` and ``original_inv_freq`` (same shape, fp32, not saved)."""
+    rope_type, factor = _rope_parameters(config)
+    if rope_type == "default":
+        frequencies = (head_dim + 1) // 2
+    elif rope_type in _SCALED_ROPE_TYPES:
+        frequencies = (int(head_dim * factor) + 1) // 2
+    elif rope_type == "proportional":  # rotated angles, then zeros up to head_dim // 2
+        frequencies = max(int(factor * head_dim // 2), head_dim // 2)
+    else:
+        known = ", ".join(("default", *_SCALED_ROPE_TYPES, "proportional"))
+        raise MemfitError(f"config.json rope_type {rope_type!r} is not one of {known}")
+    return tuple(
+        BufferSpec(f"model.rotary_emb.{name}", (frequencies,), "fp32", persistent=False)
+        for name in ("inv_freq", "original_inv_freq")
+    )
+
+
 def build_llama_like(name: str, config: Mapping[str, Any]) -> ModelShape:
-    """Parameters of ``{Llama,Mistral,Mixtral,Qwen2}ForCausalLM(config)``."""
+    """Parameters and buffers of ``{Llama,Mistral,Mixtral,Qwen2}ForCausalLM(config)``."""
     model_type = config["model_type"]
     defaults = _DEFAULTS[model_type]
     vocab = read_int(config, "vocab_size", default=defaults.vocab_size)
@@ -150,4 +199,10 @@ def build_llama_like(name: str, config: Mapping[str, Any]) -> ModelShape:
         experts_per_token=top_k,
         max_positions=positions,
     )
-    return ModelShape(name=name, architecture=defaults.architecture, arch=arch, params=params)
+    return ModelShape(
+        name=name,
+        architecture=defaults.architecture,
+        arch=arch,
+        params=params,
+        buffers=_rotary_buffers(config, head_dim),
+    )

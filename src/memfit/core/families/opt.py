@@ -10,6 +10,8 @@ layer: q/k/v/out projections and ``fc1``/``fc2`` (bias with ``enable_bias``) and
 ``embed_tokens`` by default.
 
 Per layer: 4 d^2 + 2 d f + 9 d + f, with d = hidden size and f = ffn_dim (defaults).
+
+Buffers: none (positions come from the attention mask at each call).
 """
 
 from __future__ import annotations

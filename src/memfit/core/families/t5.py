@@ -11,6 +11,8 @@ The feed-forward is ``wi``/``wo`` or, for ``feed_forward_proj: gated-*``, ``wi_0
 ``PreTrainedModel.tie_weights`` does not tie two weights that a checkpoint holds with different
 values. T5 v1.1 checkpoints (T0, Flan-T5), whose config.json says ``tie_word_embeddings: false``,
 hold both, so the loaded model has its own ``lm_head.weight``; memfit lists it exactly then.
+
+Buffers: none (relative position buckets are computed at each call).
 """
 
 from __future__ import annotations
