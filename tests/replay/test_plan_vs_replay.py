@@ -6,9 +6,15 @@ re-planned by the pure core and compared.
 Tolerances:
 - allocations DeepSpeed's objects report (partitions, flat buffers, fp32 masters, gradient buffers,
   reduce buckets, optimizer states, the loaded model): 0 bytes;
-- host tensor peaks of load, initialize.* and optimizer_step: within TOL_INIT_BYTES. What is left is
-  memory the ledger does not list: model buffers (GPT-J's rotary tables: 32,768 B here) and a few
-  DeepSpeed bookkeeping tensors (64 KiB + 1 B in ZeRO-3's optimizer set-up);
+- host tensor peaks of load and initialize.*: within TOL_INIT_SLACK, plus, for ZeRO-3's
+  initialize.optimizer, one full copy of the largest trained parameter. What is left is memory the
+  ledger does not list: peft's prompt_tokens index tensor (8 B per virtual token), DeepSpeed's
+  1-byte overflow flag, and a second full copy of the largest trained parameter while ZeRO-3
+  gathers each trained parameter to register its gradient hook (stage3.py
+  create_reduce_and_remove_grad_hooks). The ledger counts one gathered copy; every ZeRO-3 replay
+  sees two (GPT-J and Llama, W = 1, 2, 4). Whether the second is DeepSpeed's or the fake process
+  group's all-gather output is not settled, so the ledger does not claim it;
+- optimizer_step: within TOL_STEP_OPT_REL (the step's small temporaries: norms, loss scaler);
 - forward and backward: within TOL_STEP_REL, because the plan's activations are analytic, computed
   for CUDA kernels, while the CPU replay runs the CPU kernels (`memfit plan --exact` traces them);
 - save: within TOL_SAVE_REL;
@@ -27,12 +33,12 @@ from memfit.replay.compare import compare, scenario_of
 from memfit.replay.measurement import load_fixture
 
 FIXTURES = sorted(glob.glob(str(Path(__file__).resolve().parents[1] / "fixtures" / "replay" / "*.json")))
-TOL_INIT_BYTES = 192 * 1024
+TOL_INIT_SLACK = 1024
+TOL_STEP_OPT_REL = 0.05
 TOL_STEP_REL = 0.50
 TOL_SAVE_REL = 0.20
 TOL_ZERO_INIT_LOAD_REL = 0.35
-INIT_PHASES = ("load", "initialize.cast", "initialize.move", "initialize.partition", "initialize.optimizer",
-               "optimizer_step")
+INIT_PHASES = ("load", "initialize.cast", "initialize.move", "initialize.partition", "initialize.optimizer")
 
 
 def _comparison(path):
@@ -60,12 +66,18 @@ def test_deterministic_allocations_are_byte_exact(path):
 @pytest.mark.parametrize("path", FIXTURES, ids=[Path(p).stem for p in FIXTURES])
 def test_phase_peaks(path):
     c = _comparison(path)
-    zero_init = load_fixture(path).spec.zero_init
+    m = load_fixture(path)
+    zero_init = m.spec.zero_init
+    trained = [p.numel for p in scenario_of(m).model.params if p.trainable]
+    gathered_copy = 4 * max(trained) if m.deepspeed_config_used["zero_optimization"]["stage"] == 3 else 0
     for p in c.phases:
         if p.phase == "load" and zero_init:
             assert abs(p.rel_diff) <= TOL_ZERO_INIT_LOAD_REL, f"load: {p.rel_diff:+.1%}"
         elif p.phase in INIT_PHASES:
-            assert abs(p.diff_bytes) <= TOL_INIT_BYTES, f"{p.phase}: plan {p.predicted_host_bytes:,} vs {p.measured_host_bytes:,}"
+            tol = TOL_INIT_SLACK + (gathered_copy if p.phase == "initialize.optimizer" else 0)
+            assert abs(p.diff_bytes) <= tol, f"{p.phase}: plan {p.predicted_host_bytes:,} vs {p.measured_host_bytes:,}"
+        elif p.phase == "optimizer_step":
+            assert abs(p.rel_diff) <= TOL_STEP_OPT_REL, f"{p.phase}: {p.rel_diff:+.1%}"
         elif p.phase in ("forward", "backward"):
             assert abs(p.rel_diff) <= TOL_STEP_REL, f"{p.phase}: {p.rel_diff:+.1%}"
         elif p.phase == "save":

@@ -49,6 +49,7 @@ def record_load(t: Timeline, ctx: RecipeContext) -> Where:
         t.alloc(HOST_LOADED, n_base * ctx.load_bytes)
     for p in base:
         where[p.name] = (HOST_LOADED, sc.load.dtype)
+    record_buffers_loaded(t, ctx)
     if adapters:
         n_ad = sum(p.numel for p in adapters)
         t.declare(HOST_ADAPTERS, name="PEFT-created weights (fp32, peft's default)",
@@ -59,6 +60,22 @@ def record_load(t: Timeline, ctx: RecipeContext) -> Where:
         for p in adapters:
             where[p.name] = (HOST_ADAPTERS, "fp32")
     return where
+
+
+HOST_BUFFERS = "load.buffers"
+GPU_BUFFERS = "move.buffers"
+
+
+def record_buffers_loaded(t: Timeline, ctx: RecipeContext) -> None:
+    """Module buffers (rotary tables, position ids): created by the model's ``__init__`` in their own
+    dtype (from_pretrained's torch_dtype does not change them), never partitioned by ZeRO."""
+    m = ctx.scenario.model
+    if not m.buffers:
+        return
+    t.declare(HOST_BUFFERS, name="module buffers (rotary tables, position ids)", device=Device.CPU_PAGEABLE,
+              category="buffers", formula=f"{len(m.buffers)} buffer(s), {m.buffer_bytes:,} B in their own dtypes",
+              source="transformers modeling code (register_buffer); model.named_buffers()")
+    t.alloc(HOST_BUFFERS, m.buffer_bytes)
 
 
 def record_cast(t: Timeline, ctx: RecipeContext, where: Where) -> None:
@@ -78,6 +95,12 @@ def record_cast(t: Timeline, ctx: RecipeContext, where: Where) -> None:
         t.alloc(HOST_CAST, p.numel * nb)
         t.free(old, p.numel * DTYPE_BYTES[dtype])
         where[p.name] = (HOST_CAST, sc.deepspeed.precision)
+    if sc.ds_version != "0.19":
+        # module.half()/bfloat16() casts floating buffers too (0.19.8 casts params only)
+        for b in sc.model.buffers:
+            if b.is_floating and b.dtype != sc.deepspeed.precision:
+                t.alloc(HOST_BUFFERS, b.numel * nb)
+                t.free(HOST_BUFFERS, b.nbytes)
 
 
 def record_move(t: Timeline, ctx: RecipeContext, where: Where) -> None:
@@ -95,6 +118,12 @@ def record_move(t: Timeline, ctx: RecipeContext, where: Where) -> None:
         t.alloc(GPU_FULL, p.numel * nb)
         t.free(old, p.numel * nb)
         where[p.name] = (GPU_FULL, dtype)
+    live = t.live_bytes(HOST_BUFFERS)
+    if live:
+        t.declare(GPU_BUFFERS, name="module buffers on the GPU (never partitioned)", device=Device.GPU,
+                  category="buffers", formula=f"{live:,} B", source="engine.py:_configure_distributed_model (module.to)")
+        t.alloc(GPU_BUFFERS, live)
+        t.free(HOST_BUFFERS)
 
 
 
@@ -149,6 +178,7 @@ def record_load_zero_init(t: Timeline, ctx: RecipeContext) -> dict[str, tuple[st
             t.alloc(ZI_GPU, full)
             t.free(ZI_GPU, full)
         t.free(ZI_CKPT)
+    record_buffers_loaded(t, ctx)
     adapters = [p for p in ctx.params if p.adapter]
     if adapters:
         n_ad = sum(p.numel for p in adapters)
