@@ -38,6 +38,12 @@ IPG = "zero3.ipg_bucket"
 GRAD_PARTS = "zero3.grad_partitions_flat"
 OPT_STATES = "optimizer.states"
 CPU_ADAM_PINNED = "cpu_adam.pinned_tiles"
+NVME_PARAM_POOL = "nvme.param_swap_buffers"
+NVME_PARTS = "nvme.param_partitions"
+NVME_OPT_POOL = "nvme.optimizer_swap_buffers"
+NVME_OPT = "nvme.optimizer_state"
+MIN_AIO_BYTES = 1024**2
+"""swap_tensor/constants.py: tensors smaller than this stay in host memory (swappable_tensor)."""
 OLD_GPU_TEMPS = "zero3.offload_gpu_temps"
 P30 = "deepspeed/runtime/zero/partition_parameters.py"
 S3 = "deepspeed/runtime/zero/stage3.py"
@@ -109,6 +115,17 @@ def record_partition(t: Timeline, ctx: RecipeContext, where: Where) -> PartKey:
     off = z.offload_param.device
     pinned = off != "none" and z.offload_param.pin_memory
     remote = Device.GPU if off == "none" else host(pinned)
+    if off == "nvme":
+        nb0 = ctx.model_bytes
+        pool = z.offload_param.buffer_count * z.offload_param.buffer_size * nb0
+        t.declare(NVME_PARAM_POOL, name="pinned swap buffers of the NVMe parameter swapper", device=Device.CPU_PINNED,
+                  category="buffers", exact=False,
+                  formula=f"buffer_count {z.offload_param.buffer_count} x buffer_size {z.offload_param.buffer_size:,} x {nb0} B (before I/O alignment)",
+                  source="deepspeed/runtime/swap_tensor/partitioned_param_swapper.py:AsyncPartitionedParameterSwapper (new_cpu_locked_tensor)")
+        t.alloc(NVME_PARAM_POOL, pool)
+        t.declare(NVME_PARTS, name="parameter partitions swapped out to NVMe", device=Device.NVME, category="params",
+                  formula=f"partitions of at least {MIN_AIO_BYTES:,} B, ceil(p/{W}) x element size",
+                  source=f"{P30}:_partition_param (param_swapper.swappable_tensor -> swap_out_and_release)")
     n_frozen = sum(p.numel for p in ctx.params if not p.trainable)
     t.declare(PARTS, name="parameter partitions, 1/W of every param" + (" (offloaded)" if off != "none" else ""),
               device=remote, category="params",
@@ -128,8 +145,13 @@ def record_partition(t: Timeline, ctx: RecipeContext, where: Where) -> PartKey:
             t.alloc(GATHER_ONE, p.numel * nb)
             t.free(key, p.numel * nb)
             key = GATHER_ONE
-        pin(t, PARTS, ctx.partition_numel(p) * nb, pinned)  # torch.empty(...) then .pin_memory(), all versions
-        part_key[p.name] = (PARTS, dtype)
+        part_bytes = ctx.partition_numel(p) * nb
+        if off == "nvme" and part_bytes >= MIN_AIO_BYTES:
+            t.alloc(NVME_PARTS, part_bytes)  # written through the pinned pool, released from host memory
+            part_key[p.name] = (NVME_PARTS, dtype)
+        else:
+            pin(t, PARTS, part_bytes, pinned)  # torch.empty(...) then .pin_memory(), all versions
+            part_key[p.name] = (PARTS, dtype)
         t.free(key, p.numel * nb)
     return part_key
 
@@ -250,7 +272,29 @@ def record_optimizer(t: Timeline, ctx: RecipeContext, part_key: PartKey) -> list
                   category="grads", formula=f"{n_part:,} elements x {ga} B",
                   source=f"{S3}:_setup_for_real_optimizer (grad_partitions_flat_buffer)")
         pin(t, GRAD_PARTS, n_part * ga, opt_pin and new)  # 0.6.0: torch.zeros(pin_memory=True), no staging
+    if z.offload_optimizer.device == "nvme":
+        _swap_optimizer_to_nvme(t, ctx, groups)
     return groups
+
+
+def _swap_optimizer_to_nvme(t: Timeline, ctx: RecipeContext, groups: list[int]) -> None:
+    """offload_optimizer nvme: fp32 masters, their gradients and the optimizer states live on NVMe
+    and pass through a pool of pinned buffers of the largest sub group (swap_tensor/
+    partitioned_optimizer_swapper.py, optimizer_utils.py:SwapBufferManager)."""
+    z = ctx.scenario.deepspeed.zero
+    largest = max(groups)
+    t.declare(NVME_OPT_POOL, name="pinned swap buffers of the NVMe optimizer swapper", device=Device.CPU_PINNED,
+              category="buffers", exact=False,
+              formula=f"buffer_count {z.offload_optimizer.buffer_count} x largest sub group {largest:,} x 4 B",
+              source="deepspeed/runtime/swap_tensor/optimizer_utils.py:SwapBufferManager (new_cpu_locked_tensor)")
+    t.alloc(NVME_OPT_POOL, z.offload_optimizer.buffer_count * largest * 4)
+    moved = sum(t.live_bytes(k) for k in (FP32, FP32_GRADS, OPT_STATES))
+    t.declare(NVME_OPT, name="fp32 master, fp32 gradients and optimizer states on NVMe", device=Device.NVME,
+              category="optimizer", formula=f"{sum(groups):,} elements x 4 B per tensor kind",
+              source="deepspeed/runtime/zero/stage3.py:_create_fp32_partitions (swappable sub groups) / optimizer swapper")
+    t.alloc(NVME_OPT, moved)
+    for k in (FP32, FP32_GRADS, OPT_STATES):
+        t.free(k)
 
 
 def declare_states(t: Timeline, ctx: RecipeContext, n_part: int, off_opt: bool, *, at_init: bool) -> None:
@@ -259,6 +303,7 @@ def declare_states(t: Timeline, ctx: RecipeContext, n_part: int, off_opt: bool, 
     when = "created inside initialize (an init-time step)" if at_init else "created at the first step"
     src = ("deepspeed/ops/adam/cpu_adam.py:DeepSpeedCPUAdam.step (torch.zeros_like, fp32)" if off_opt
            else "optimizer step(): state tensors created lazily (torch.zeros_like)")
+    nvme = ds.zero.offload_optimizer.device == "nvme" and ds.zero.stage == 3
     t.declare(OPT_STATES, name=f"{ds.optimizer.type} states ({states} per trained element), {when}",
-              device=Device.CPU_PAGEABLE if off_opt else Device.GPU, category="optimizer",
+              device=Device.NVME if nvme else (Device.CPU_PAGEABLE if off_opt else Device.GPU), category="optimizer",
               formula=f"{states} x {n_part:,} elements x 4 B", source=src)
