@@ -182,9 +182,13 @@ def record_optimizer(t: Timeline, ctx: RecipeContext, part_key: PartKey) -> list
                   device=Device.CPU_PINNED, category="params", formula=f"{n_part:,} elements x {nb} B",
                   source=(f"{S3}:_create_param_groups_fp16_flat_cpu_memory (pin_memory(torch.empty(n)))" if new
                           else f"{S3}:_create_fp16_partitions_with_defragmentation (torch.empty(n, pin_memory=True))"))
-        pin(t, FP16_FLAT, n_part * nb, new)  # 0.5/0.6 allocate pinned directly: no staging copy
+        # with NVMe param offload only max_in_cpu elements get a host flat buffer; the rest stay on NVMe
+        in_cpu = min(n_part, z.offload_param.max_in_cpu) if z.offload_param.device == "nvme" else n_part
+        pin(t, FP16_FLAT, in_cpu * nb, new)  # 0.5/0.6 allocate pinned directly: no staging copy
         for p in opt:  # _move_to_flat_buffer: each old partition freed as it is rebound
             t.free(part_key[p.name][0], ctx.partition_numel(p) * nb)
+        if in_cpu < n_part:
+            t.alloc(NVME_PARTS, (n_part - in_cpu) * nb)
     else:
         t.declare(DEFRAG_TMP, name="host copy of the trained partitions while defragmenting",
                   device=Device.CPU_PAGEABLE, category="buffers", formula=f"{n_part:,} elements x {nb} B",
