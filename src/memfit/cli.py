@@ -178,7 +178,8 @@ def trace(
 def replay(
     scenario: Path = typer.Argument(..., help="Scenario YAML file to replay (see examples/)."),
     layers: Optional[int] = typer.Option(None, help="Build this many transformer blocks instead of the config's (same shapes, scaled down)."),
-    world_size: Optional[int] = typer.Option(None, help="Ranks to emulate (rank 0 of W through a fake process group); default: the scenario's GPU count."),
+    world_size: Optional[int] = typer.Option(None, help="Ranks W (rank 0 is measured, see --launcher); default: the scenario's GPU count."),
+    launcher: str = typer.Option("fake", help="fake (one process plays rank 0 of W on a fake process group) or torchrun (W real processes on this host: gloo on cpu, nccl on cuda, one GPU each)."),
     accelerator: str = typer.Option("cpu", help="cpu (DeepSpeed's CPU accelerator; runs anywhere) or cuda."),
     emulate: Optional[str] = typer.Option(None, help="cuda: cap the GPU at this capacity, e.g. rtx3090 or 24GiB."),
     steps: int = typer.Option(2, help="Training steps to run."),
@@ -209,8 +210,8 @@ def replay(
     if emulate:
         cap = parse_gpus(emulate)[1].total_bytes if not emulate[0].isdigit() else parse_size(emulate, what="--emulate")
     spec = spec_from_scenario(sc, layers=layers, steps=steps, accelerator=accelerator, world_size=world_size,
-                              emulate_capacity_bytes=cap)
-    with _console(stderr=True).status(f"replaying {spec.name} ({accelerator}, rank 0 of {spec.world_size}"
+                              emulate_capacity_bytes=cap, launcher=launcher)
+    with _console(stderr=True).status(f"replaying {spec.name} ({accelerator}, {launcher}, rank 0 of {spec.world_size}"
                                       + (f", {layers} layers" if layers else "") + ")..."):
         m = run_replay(spec, timeout_s=timeout)
     if save_fixture is not None:
@@ -224,6 +225,97 @@ def replay(
         render_comparison(result, m, _console())
     if not m.ok:
         raise typer.Exit(1)
+
+
+@app.command()
+def recommend(
+    scenario: Path = typer.Argument(..., help="Scenario YAML file (see examples/): your model, DeepSpeed JSON, hardware."),
+    top: int = typer.Option(5, "--top", help="Configurations to return."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Directory to write each configuration's DeepSpeed JSON, script diff and scenario file (never overwrites)."),
+    headroom: float = typer.Option(0.1, "--headroom", help="Fraction of GPU memory and of host RAM to keep free in every phase."),
+    json_out: bool = typer.Option(False, "--json", help="Print the recommendations as JSON."),
+) -> None:
+    """Search the settings you can change (ZeRO stage, offload, pinning, zero.Init, load dtype,
+    buckets, micro-batch vs accumulation, checkpointing, bf16/fp16) for configurations that fit every
+    phase with headroom, ranked by an estimated step time; each is confirmed by the exact ledger."""
+    import time
+
+    from memfit.core.recommend import recommend as run_recommend
+    from memfit.core.scenario_io import read_scenario_file
+
+    inputs = read_scenario_file(scenario)
+    if out is not None and out.exists() and not out.is_dir():
+        raise MemfitError(f"--out {out} exists and is not a directory")
+    started = time.perf_counter()
+    bar: dict = {}
+
+    def progress(done: int, total: int) -> None:  # shown only once the search has run a second
+        if "p" not in bar and time.perf_counter() - started < 1.0:
+            return
+        if "p" not in bar:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            bar["p"] = Progress(TextColumn("searching configurations"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=_console(stderr=True), transient=True)
+            bar["p"].start()
+            bar["t"] = bar["p"].add_task("search", total=total)
+        bar["p"].update(bar["t"], completed=done, total=total)
+
+    try:
+        result = run_recommend(inputs, top=top, headroom=headroom, progress=progress)
+    finally:
+        if "p" in bar:
+            bar["p"].stop()
+    if out is not None:
+        from memfit.core.recommend.files import write_recommendations
+
+        result = write_recommendations(result, out)
+    if json_out:
+        import json
+
+        from memfit.render.recommend_out import recommendations_to_dict
+
+        typer.echo(json.dumps(recommendations_to_dict(result), indent=2))
+        return
+    from memfit.render.recommend_out import render_recommendations
+
+    render_recommendations(result, _console())
+
+
+@app.command()
+def diagnose(
+    scenario: Optional[Path] = typer.Argument(None, help="Scenario YAML (see examples/) to reconcile the log's figures with the plan."),
+    log: str = typer.Option(..., "--log", "-l", help="The pasted traceback or log file (- reads standard input); noise, colours and interleaved ranks are fine."),
+    json_out: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON."),
+) -> None:
+    """Read a traceback or log: what failed (CUDA or host out of memory, a failed pinned allocation,
+    NCCL, an op build), in which phase and why, with the usual fixes; with a scenario, how the log's
+    figures compare with the plan's ledger. Exit status 1 if the log has no recognisable error."""
+    from memfit.core.diagnose import diagnose_log, read_log
+
+    text = read_log(log)
+    sc = result = None
+    if scenario is not None:
+        from memfit.core.plan import make_plan
+        from memfit.core.scenario_io import build_scenario, read_scenario_file
+
+        sc = build_scenario(read_scenario_file(scenario))
+        result = make_plan(sc)
+    found = diagnose_log(text, result, sc)
+    if found.primary is None:
+        print(f"memfit: {found.headline} ({log}): looked for CUDA and host out-of-memory errors, failed pinned "
+              f"allocations, NCCL errors and DeepSpeed op build failures", file=sys.stderr)
+        sys.exit(1)  # typer.Exit would be swallowed by main()'s standalone_mode=False
+    if json_out:
+        import json
+
+        from memfit.render.diagnose_out import diagnosis_to_dict
+
+        typer.echo(json.dumps(diagnosis_to_dict(found), indent=2))
+        return
+    from memfit.render.diagnose_out import render_diagnosis
+
+    render_diagnosis(found, _console())
 
 
 @app.command()
@@ -269,7 +361,7 @@ def zero_paper(json_out: bool = typer.Option(False, "--json", help="Print as JSO
 def main() -> None:
     """Entry point: bad input becomes one line on stderr and exit status 2, never a traceback."""
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)
     except MemfitError as e:
         print(f"memfit: error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -278,15 +370,16 @@ def main() -> None:
         sys.exit(130)
     except SystemExit:
         raise
-    except Exception as e:  # click usage errors come through here in non-standalone mode
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
-        if isinstance(e, click.exceptions.Abort):
+    except Exception as e:
+        # usage errors (typer vendors click: match by behaviour, not by class)
+        if hasattr(e, "exit_code") and hasattr(e, "format_message"):
+            print(f"memfit: error: {e.format_message()} (see memfit --help)", file=sys.stderr)
+            sys.exit(e.exit_code or 2)
+        if type(e).__name__ == "Abort":
             sys.exit(1)
         raise
+    if isinstance(rc, int) and rc:
+        sys.exit(rc)
 
 
 if __name__ == "__main__":

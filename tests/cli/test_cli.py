@@ -71,6 +71,8 @@ def test_zero_paper_command():
     (["plan", "--model", "gpt2", "--cpu-ram", "lots"], "cpu_ram"),
     (["plan", "--model", "gpt2", "--deepspeed", "missing.json"], "missing.json"),
     (["plan", "--model", "gpt2", "--peft", "dora"], "PEFT"),
+    (["plan", "--bogus"], "no such option"),
+    (["plan", "--model", "gpt2", "--seq-len", "abc"], "seq-len"),
 ])
 def test_bad_input_is_one_line_and_nonzero(args, needle):
     r = run(*args)
