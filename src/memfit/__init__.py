@@ -11,3 +11,12 @@ The package is split in two:
 """
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """``memfit.check`` (the pre-flight check for training scripts) is imported on first use: it needs torch."""
+    if name in ("check", "MemfitCheckError", "MemfitWarning"):
+        from memfit.exact import check as _check
+
+        return getattr(_check, name)
+    raise AttributeError(f"module 'memfit' has no attribute {name!r}")

@@ -1,0 +1,149 @@
+"""Pre-flight check for training scripts: ``memfit.check(model, ds_config)`` just before
+``deepspeed.initialize``, with the live model object.
+
+It reads what the script really built (every parameter's shape, requires_grad and dtype, the
+buffers, whether the model was built under ``deepspeed.zero.Init``), the machine's real devices
+(torch.cuda for the GPUs, the OS for host RAM), plans the run with the same ledger as
+``memfit plan`` and warns, or raises ``MemfitCheckError``, before the run goes out of memory.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+from typing import Any, Mapping
+
+from memfit.core.ledger_types import Plan
+from memfit.errors import MemfitError
+
+_DTYPES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16"}
+
+
+class MemfitCheckError(MemoryError):
+    """The plan says this run will not fit; the message names the phase and the device."""
+
+    def __init__(self, message: str, plan: Plan) -> None:
+        super().__init__(message)
+        self.plan = plan
+
+
+class MemfitWarning(UserWarning):
+    """A finding worth knowing before the run (the plan fits, but ...)."""
+
+
+def _host_ram_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 0
+
+
+def _gpus() -> tuple[int, Any] | None:
+    import torch
+
+    from memfit.core.hardware import GpuSpec
+
+    if not torch.cuda.is_available():
+        return None
+    count = torch.cuda.device_count()
+    free, total = torch.cuda.mem_get_info(0)
+    name = torch.cuda.get_device_name(0)
+    major, _ = torch.cuda.get_device_capability(0)
+    return count, GpuSpec(name=name, total_bytes=int(total), bf16=major >= 8)
+
+
+def model_shape_of(model: Any):
+    """The live model as a ``ModelShape``: its own parameters (names, shapes, requires_grad) and
+    buffers; architecture numbers from its config when memfit knows the family."""
+    from memfit.core.catalog import ModelConfigSource
+    from memfit.core.model import ArchSpec, BufferSpec, ModelShape, ParamSpec
+    from memfit.core.shapes import build_model_shape
+
+    params = []
+    for name, p in model.named_parameters():
+        shape = tuple(getattr(p, "ds_shape", p.shape))  # zero.Init params keep their full shape in ds_shape
+        params.append(ParamSpec(name=name, shape=tuple(int(x) for x in shape), trainable=bool(p.requires_grad)))
+    buffers = tuple(BufferSpec(name=n, shape=tuple(b.shape), dtype=_DTYPES.get(str(b.dtype), "fp32"), persistent=True)
+                    for n, b in model.named_buffers())
+    cfg = getattr(model, "config", None)
+    arch = None
+    if cfg is not None and hasattr(cfg, "to_dict"):
+        try:
+            arch = build_model_shape(ModelConfigSource(name=type(model).__name__, config=cfg.to_dict(), path=None,
+                                                       origin="local")).arch
+        except MemfitError:
+            arch = None
+    if arch is None:
+        arch = ArchSpec(model_type="unknown", num_layers=1, hidden_size=1, num_heads=1, num_kv_heads=1, head_dim=1,
+                        intermediate_size=1, vocab_size=1)
+    return ModelShape(name=type(model).__name__, architecture=type(model).__name__, arch=arch, params=tuple(params),
+                      buffers=buffers)
+
+
+def check(model: Any, ds_config: Mapping[str, Any] | str, *, gpus: str | None = None, nodes: int = 1,
+          cpu_ram: str | int | None = None, seq_len: int = 2048, micro_batch: int | None = None,
+          gradient_checkpointing: bool | None = None, model_parameters: str = "trainable",
+          deepspeed_version: str = "0.19", raise_on_failure: bool = True, warn: bool = True) -> Plan:
+    """Plan the run of the live ``model`` under ``ds_config`` (a dict or a JSON path) on this machine.
+
+    GPUs and host RAM are read from the machine unless given (``gpus="2xrtx3090"``,
+    ``cpu_ram="64GiB"``). Raises ``MemfitCheckError`` if a phase does not fit (unless
+    ``raise_on_failure=False``) and emits a ``MemfitWarning`` per warning finding.
+    """
+    import torch
+
+    from memfit.core.dsconfig import AutoContext, load_deepspeed_config, parse_deepspeed_config
+    from memfit.core.hardware import Hardware, parse_gpus, parse_size
+    from memfit.core.peft_spec import PeftSpec
+    from memfit.core.plan import make_plan
+    from memfit.core.scenario import LoadSettings, Scenario, TrainSettings
+
+    shape = model_shape_of(model)
+    if gpus is not None:
+        count, gpu = parse_gpus(gpus)
+    else:
+        found = _gpus()
+        if found is None:
+            raise MemfitError("no CUDA device visible: pass gpus='2xrtx3090' (or another card) to plan for one")
+        count, gpu = found
+    ram = parse_size(cpu_ram, what="cpu_ram") if cpu_ram is not None else _host_ram_bytes()
+    hw = Hardware(gpu=gpu, gpus_per_node=count, nodes=nodes, cpu_ram_bytes=ram)
+    ctx = AutoContext(world_size=hw.world_size, hidden_size=shape.arch.hidden_size if shape.arch.hidden_size > 1 else None,
+                      micro_batch_size=micro_batch)
+    if isinstance(ds_config, (str, os.PathLike)):
+        ds, ds_json = load_deepspeed_config(ds_config, context=ctx)
+    else:
+        ds, ds_json = parse_deepspeed_config(ds_config, context=ctx), dict(ds_config)
+    dtypes = [p.dtype for p in model.parameters()]
+    load_dtype = _DTYPES.get(str(max(set(dtypes), key=dtypes.count)), "fp32") if dtypes else "fp32"
+    zero_init = any(hasattr(p, "ds_id") for p in model.parameters())
+    if gradient_checkpointing is None:
+        gradient_checkpointing = bool(getattr(model, "is_gradient_checkpointing", False))
+    peft_type = getattr(getattr(model, "peft_config", {}).get("default", None), "peft_type", None)
+    method = {"LORA": "lora", "PREFIX_TUNING": "prefix", "PROMPT_TUNING": "prompt"}.get(getattr(peft_type, "value", ""), "freeze")
+    if all(p.trainable for p in shape.params):
+        method = "full"
+    sc = Scenario(name=f"{shape.name} (live model)", model_ref=shape.name, model=shape, peft=PeftSpec(method=method),
+                  deepspeed=ds, deepspeed_json=ds_json, hardware=hw,
+                  load=LoadSettings(dtype=load_dtype, zero_init=zero_init),
+                  train=TrainSettings(seq_len=seq_len, micro_batch=micro_batch or ds.train_micro_batch_size_per_gpu,
+                                      gradient_checkpointing=gradient_checkpointing, model_parameters=model_parameters),
+                  ds_version=deepspeed_version, accelerator="cuda")
+    del torch
+    plan = make_plan(sc)
+    if warn:
+        for f in plan.findings:
+            if f.severity in ("warning", "error"):
+                warnings.warn(f"memfit: {f.message}", MemfitWarning, stacklevel=2)
+    if raise_on_failure and not plan.verdict.fits:
+        fail = plan.verdict.failures[0]
+        dev = {"gpu": "GPU memory per rank", "cpu": "host RAM per node", "nvme": "NVMe"}[fail.device]
+        raise MemfitCheckError(
+            f"memfit: this run will not fit: phase {fail.phase} needs {fail.needed_bytes / 2**30:.2f} GiB of {dev}, "
+            f"{fail.available_bytes / 2**30:.2f} GiB available", plan)
+    return plan
+
+
+__all__ = ["check", "MemfitCheckError", "MemfitWarning", "model_shape_of"]
+
