@@ -9,6 +9,14 @@ from memfit.core.scenario import Scenario
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
+def optimizer_offload(stage: int, device: str) -> str:
+    """Where DeepSpeed really puts the optimizer: ``offload_optimizer`` counts only from ZeRO-1 on,
+    and below ZeRO-3 only to ``cpu`` (engine.py ``zero_cpu_offload``: NVMe needs stage 3)."""
+    if stage == 0 or (stage < 3 and device != "cpu"):
+        return "none"
+    return device
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 

@@ -20,7 +20,7 @@ Items not fixed by the code alone (activations, gathered params at a given insta
 from __future__ import annotations
 
 from memfit.core.activations import estimate_activation_bytes
-from memfit.core.ledger.context import RecipeContext
+from memfit.core.ledger.context import RecipeContext, optimizer_offload
 from memfit.core.ledger.timeline import Timeline
 from memfit.core.ledger.zero3 import OPT_STATES, declare_states, optimized_params
 from memfit.core.ledger_types import Device, LedgerItem, TracedStep
@@ -68,6 +68,7 @@ def record_step(t: Timeline, ctx: RecipeContext, *, opt_numel: int, traced: Trac
                                     # ZeRO-3's memory-efficient Linear saves every Linear's input
                                     linear_saves_frozen_inputs=stage3 and z.memory_efficient_linear)
     opt = optimized_params(ctx)
+    off = optimizer_offload(z.stage, z.offload_optimizer.device) != "none"
     # ---- forward
     t.phase("forward", "forward pass: activations saved for backward" + (", params gathered per module" if stage3 else ""))
     if stage3:
@@ -113,7 +114,7 @@ def record_step(t: Timeline, ctx: RecipeContext, *, opt_numel: int, traced: Trac
         if stage3 and traced is None:
             big = max(opt, key=lambda p: p.numel)
             full = ctx.partition_numel(big) * W
-            extra = full * nb + ctx.partition_numel(big) * (ctx.grad_accum_bytes + (4 if z.offload_optimizer.device != "none" else 0))
+            extra = full * nb + ctx.partition_numel(big) * (ctx.grad_accum_bytes + (4 if off else 0))
             t.declare(GRAD_FULL, name="full gradient of the largest trained param, before reduce-scatter, and its partition temporaries",
                       device=Device.GPU, category="grads", exact=False,
                       formula=f"{big.numel:,} x {nb} B + ceil(p/W) x (grad-accum + fp32 copy) B",
@@ -132,7 +133,7 @@ def record_step(t: Timeline, ctx: RecipeContext, *, opt_numel: int, traced: Trac
                           formula=f"{nbuf} x reduce_bucket_size {z.reduce_bucket_size:,} x {nb} B",
                           source="deepspeed/runtime/zero/stage_1_and_2.py:setup_buckets")
                 t.alloc(BUCKETS, nbuf * z.reduce_bucket_size * nb)
-            if z.stage == 2 and z.offload_optimizer.device == "none" and z.contiguous_gradients:
+            if z.stage == 2 and not off and z.contiguous_gradients:
                 t.declare(GRADS_PART, name="gradient partition (grads_in_partition)", device=Device.GPU,
                           category="grads", formula=f"{opt_numel:,} x {nb} B",
                           source="deepspeed/runtime/zero/stage_1_and_2.py:grads_in_partition")
@@ -152,7 +153,6 @@ def record_step(t: Timeline, ctx: RecipeContext, *, opt_numel: int, traced: Trac
     t.free(GRAD_FULL)
     t.free(BUCKETS)
     t.phase("optimizer_step", "optimizer step on this rank's partition")
-    off = z.offload_optimizer.device != "none"
     states = ds.optimizer.states_per_param
     if opt and states and t.live_bytes(OPT_STATES) == 0:
         declare_states(t, ctx, opt_numel, off, at_init=False)

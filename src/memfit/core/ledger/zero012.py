@@ -14,7 +14,7 @@ Frozen params stay as the engine moved them: full, on every GPU.
 
 from __future__ import annotations
 
-from memfit.core.ledger.context import RecipeContext, ceil_div
+from memfit.core.ledger.context import RecipeContext, ceil_div, optimizer_offload
 from memfit.core.ledger.load import GPU_FULL, Where
 from memfit.core.ledger.timeline import Timeline
 from memfit.core.ledger.zero3 import (FP32, FP32_GRADS, OPT_STATES, declare_staging, declare_states, host,
@@ -57,7 +57,7 @@ def record_zero012(t: Timeline, ctx: RecipeContext, where: Where) -> int:
     W = ctx.world
     S = flat_numel(ctx)
     part = S // W
-    off = ds.zero.offload_optimizer.device != "none"
+    off = optimizer_offload(stage, ds.zero.offload_optimizer.device) != "none"
     opt_pin = off and ds.zero.offload_optimizer.pin_memory
     t.declare(FLAT, name="flat 16-bit copy of the trained params (aligned to 2W)", device=Device.GPU,
               category="params", formula=f"ceil({n_tr:,} / {2 * W}) x {2 * W} = {S:,} elements x {nb} B",

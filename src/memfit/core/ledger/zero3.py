@@ -80,11 +80,10 @@ def optimized_params(ctx: RecipeContext) -> tuple[ParamView, ...]:
     return ctx.trainable
 
 
-def sub_groups(ctx: RecipeContext, params: tuple[ParamView, ...]) -> list[int]:
-    """Element counts of the sub groups (stage3.py ``_create_fp16_sub_groups``: close a group once
-    its running partition numel reaches sub_group_size; a param is never split)."""
-    sg_size = ctx.scenario.deepspeed.zero.sub_group_size
-    parts = [ctx.partition_numel(p) for p in params]
+def split_sub_groups(parts: list[int], sg_size: int) -> list[int]:
+    """Element counts of the sub groups (stage3.py ``_create_fp16_sub_groups``: one group if it all
+    fits in sub_group_size, else close a group once its running partition numel reaches it; a param
+    is never split)."""
     total = sum(parts)
     if total == 0:
         return []
@@ -97,6 +96,10 @@ def sub_groups(ctx: RecipeContext, params: tuple[ParamView, ...]) -> list[int]:
             groups.append(cur)
             cur = 0
     return groups
+
+
+def sub_groups(ctx: RecipeContext, params: tuple[ParamView, ...]) -> list[int]:
+    return split_sub_groups([ctx.partition_numel(p) for p in params], ctx.scenario.deepspeed.zero.sub_group_size)
 
 
 def record_partition(t: Timeline, ctx: RecipeContext, where: Where) -> PartKey:
@@ -308,6 +311,7 @@ def declare_states(t: Timeline, ctx: RecipeContext, n_part: int, off_opt: bool, 
     src = ("deepspeed/ops/adam/cpu_adam.py:DeepSpeedCPUAdam.step (torch.zeros_like, fp32)" if off_opt
            else "optimizer step(): state tensors created lazily (torch.zeros_like)")
     nvme = ds.zero.offload_optimizer.device == "nvme" and ds.zero.stage == 3
+    off_opt = off_opt and (ds.zero.stage == 3 or ds.zero.offload_optimizer.device == "cpu")
     t.declare(OPT_STATES, name=f"{ds.optimizer.type} states ({states} per trained element), {when}",
               device=Device.NVME if nvme else (Device.CPU_PAGEABLE if off_opt else Device.GPU), category="optimizer",
               formula=f"{states} x {n_part:,} elements x 4 B", source=src)

@@ -25,6 +25,7 @@ from memfit.core.activations import estimate_activation_bytes
 from memfit.core.dsconfig import optimizer_states_per_param
 from memfit.core.ledger.context import DTYPE_BYTES, ceil_div, is_adapter_param
 from memfit.core.scenario import Scenario
+from memfit.core.ledger.zero3 import split_sub_groups
 
 Loop = tuple[int, int, int, int, int, int]
 """``(gpu_max, host_max, nvme_max, gpu_net, host_net, nvme_net)``: highest point above the start on
@@ -139,7 +140,7 @@ class ScenarioAggregates:
                               first_is_adapter=False, flat_numel=0)
         parts = [ceil_div(self.numels[i], W) for i in idx]
         return OptSummary(count=len(idx), n_tr=sum(self.numels[i] for i in idx),
-                          groups=tuple(_sub_groups(parts, self.scenario.deepspeed.zero.sub_group_size)),
+                          groups=tuple(split_sub_groups(parts, self.scenario.deepspeed.zero.sub_group_size)),
                           n_part=sum(parts), part_max=max(parts), numel_max=max(self.numels[i] for i in idx),
                           first_is_adapter=self.adapters[idx[0]],
                           flat_numel=ceil_div(sum(self.numels[i] for i in idx), 2 * W) * 2 * W)
@@ -340,19 +341,3 @@ class OptSummary:
     """The first optimized param is PEFT-created (sets ZeRO-3's flat-buffer dtype under zero.Init)."""
     flat_numel: int
     """ZeRO-1/2 flat buffer ``S = ceil(n_tr / 2W) x 2W``."""
-
-
-def _sub_groups(parts: list[int], sg_size: int) -> list[int]:
-    """``zero3.sub_groups``: close a group once its running size reaches ``sub_group_size``."""
-    total = sum(parts)
-    if total == 0:
-        return []
-    if sg_size >= total:
-        return [total]
-    groups, cur = [], 0
-    for i, n in enumerate(parts):
-        cur += n
-        if cur >= sg_size or i == len(parts) - 1:
-            groups.append(cur)
-            cur = 0
-    return groups

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memfit.core.ledger.context import DTYPE_BYTES
+from memfit.core.ledger.context import DTYPE_BYTES, optimizer_offload
 from memfit.core.ledger.runtime import CUDA_CONTEXT_BYTES, PROCESS_BASELINE_BYTES
 from memfit.core.ledger_types import PHASES
 from memfit.core.recommend.aggregates import ScenarioAggregates
@@ -135,7 +135,7 @@ def _initialize(agg: ScenarioAggregates, c: Candidate) -> tuple:
     ga = DTYPE_BYTES[ds.grad_accum_dtype] if ds.grad_accum_dtype else nb
     stage3 = c.stage == 3
     zero_init = c.zero_init and stage3
-    off_opt = c.offload_optimizer != "none"
+    off_opt = optimizer_offload(c.stage, c.offload_optimizer) != "none"
     off_param = stage3 and c.offload_param != "none"
     opt_pin = off_opt and c.pin_optimizer
     par_pin = off_param and c.pin_param
@@ -215,7 +215,7 @@ def _step(agg: ScenarioAggregates, c: Candidate, g: int, h: int, n: int, opt_num
     nb = DTYPE_BYTES[c.precision]
     ga = DTYPE_BYTES[sc.deepspeed.grad_accum_dtype] if sc.deepspeed.grad_accum_dtype else nb
     stage3 = c.stage == 3
-    off_opt = c.offload_optimizer != "none"
+    off_opt = optimizer_offload(c.stage, c.offload_optimizer) != "none"
     opt = agg.opt_summary(ver)
     t = _Tally()
     t.g, t.h, t.n = g, h, n
