@@ -392,3 +392,17 @@ def test_recommend_imports_no_torch():
             "assert not any(m in sys.modules for m in ('torch', 'deepspeed', 'transformers', 'peft')), 'heavy import'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_prefix_tuning_is_never_offered_gradient_checkpointing():
+    """transformers drops peft's prefix (past_key_values) under checkpointing: not a valid fix."""
+    import dataclasses
+
+    from memfit.core.recommend import recommend
+    from memfit.core.scenario_io import read_scenario_file
+
+    from conftest import SEED
+
+    res = recommend(dataclasses.replace(read_scenario_file(SEED), ds_version="0.19"), top=5)
+    assert res.recommendations
+    assert not any(r.candidate.gradient_checkpointing for r in res.recommendations)

@@ -33,6 +33,9 @@ from memfit.replay.compare import compare, scenario_of
 from memfit.replay.measurement import load_fixture
 
 FIXTURES = sorted(glob.glob(str(Path(__file__).resolve().parents[1] / "fixtures" / "replay" / "*.json")))
+SEED_FIXTURES = sorted(glob.glob(str(Path(__file__).resolve().parents[1] / "fixtures" / "replay_seed" / "*.json")))
+"""The seed scenario itself (kogpt shapes, the issue's DeepSpeed config verbatim, 1 layer), recorded by
+`memfit replay examples/kogpt-prefix-zero3-offload.yaml --layers 1 --seq-len 16 --steps 1 --save-fixture ...`."""
 TOL_INIT_SLACK = 1024
 TOL_STEP_OPT_REL = 0.05
 TOL_STEP_REL = 0.50
@@ -55,7 +58,7 @@ def test_fixtures_cover_the_issue_cases():
     assert {w for n in names for w in (1, 2, 4) if n.endswith(f"w{w}") or f"_w{w}_" in n} == {1, 2, 4}
 
 
-@pytest.mark.parametrize("path", FIXTURES, ids=[Path(p).stem for p in FIXTURES])
+@pytest.mark.parametrize("path", FIXTURES + SEED_FIXTURES, ids=[Path(p).stem for p in FIXTURES + SEED_FIXTURES])
 def test_deterministic_allocations_are_byte_exact(path):
     c = _comparison(path)
     assert c.items, "no attributable allocations in this fixture"
@@ -63,7 +66,7 @@ def test_deterministic_allocations_are_byte_exact(path):
     assert not wrong, "\n".join(wrong)
 
 
-@pytest.mark.parametrize("path", FIXTURES, ids=[Path(p).stem for p in FIXTURES])
+@pytest.mark.parametrize("path", FIXTURES + SEED_FIXTURES, ids=[Path(p).stem for p in FIXTURES + SEED_FIXTURES])
 def test_phase_peaks(path):
     c = _comparison(path)
     m = load_fixture(path)

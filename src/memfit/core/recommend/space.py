@@ -90,6 +90,9 @@ class SearchSpace:
     prefetch_buckets: tuple[int, ...]
     max_live: tuple[int, ...]
     persistence: tuple[int, ...]
+    checkpointing: tuple[bool, ...] = (False, True)
+    """Gradient checkpointing choices (only the user's own under prefix tuning: transformers drops
+    the prefix, passed as past_key_values, when checkpointing turns the cache off)."""
 
 
 def _with_base(base: object, choices: tuple) -> tuple:
@@ -125,7 +128,9 @@ def search_space(sc: Scenario, base: Candidate) -> SearchSpace:
         reduce_buckets=_with_base(base.reduce_bucket_size, REDUCE_BUCKET_CHOICES),
         prefetch_buckets=_with_base(base.prefetch_bucket_size, PREFETCH_CHOICES),
         max_live=_with_base(base.max_live_parameters, MAX_LIVE_CHOICES),
-        persistence=_with_base(base.param_persistence_threshold, PERSISTENCE_CHOICES))
+        persistence=_with_base(base.param_persistence_threshold, PERSISTENCE_CHOICES),
+        checkpointing=((base.gradient_checkpointing,) if sc.peft.method == "prefix"
+                       else (base.gradient_checkpointing, not base.gradient_checkpointing)))
 
 
 def structures(space: SearchSpace, *, allowed=lambda stage, off_opt, off_param, precision: True
@@ -156,6 +161,7 @@ def enumerate_candidates(space: SearchSpace, *, allowed=lambda stage, off_opt, o
         loads = ("fp32",) if precision == "fp32" else _with_base(b.load_dtype, (precision,))
         lcmus = (b.low_cpu_mem_usage,) if b.low_cpu_mem_usage else (False, True)
         buckets = space.reduce_buckets if stage >= 1 else (b.reduce_bucket_size,)
+        ckpts = space.checkpointing
         if stage == 3:
             limits = [(pf, ml, pt) for pf in space.prefetch_buckets for ml in space.max_live for pt in space.persistence]
         else:
@@ -166,7 +172,7 @@ def enumerate_candidates(space: SearchSpace, *, allowed=lambda stage, off_opt, o
                     for load in loads:
                         for lcmu in lcmus:
                             for micro, accum in space.micro_batches:
-                                for ckpt in (b.gradient_checkpointing, not b.gradient_checkpointing):
+                                for ckpt in ckpts:
                                     for rb in buckets:
                                         for pf, ml, pt in limits:
                                             yield Candidate(
