@@ -103,9 +103,7 @@ def plan(
     render_plan(result, sc, _console(), all_items=all_items)
 
 
-def _write_report(path: Path, result, sc) -> None:
-    from memfit.render.report import html_report, markdown_report
-
+def _check_report_path(path: Path) -> str:
     suffix = path.suffix.lower()
     if suffix not in (".html", ".htm", ".md"):
         raise MemfitError(f"--report: give a .html or .md path, got {path}")
@@ -113,8 +111,25 @@ def _write_report(path: Path, result, sc) -> None:
         raise MemfitError(f"--report: {path} exists; memfit never overwrites a file (choose another name)")
     if not path.parent.exists():
         raise MemfitError(f"--report: directory {path.parent} does not exist")
-    text = markdown_report(result, sc) if suffix == ".md" else html_report(result, sc)
-    path.write_text(text, encoding="utf-8")
+    return suffix
+
+
+def _write_report(path: Path, result, sc, *, title: str | None = None, render=None, heading: str = "") -> None:
+    """Write the plan's report; ``render(console)`` (a terminal renderer) adds a section first."""
+    from memfit.render.report import html_report, markdown_report, rich_fragment, section_page
+
+    suffix = _check_report_path(path)
+    html_sections, text_sections = (), ()
+    if render is not None:
+        html, text = rich_fragment(render)
+        html_sections, text_sections = ((heading, html),), ((heading, text),)
+    if suffix == ".md":
+        out = markdown_report(result, sc, sections=text_sections, title=title)
+    elif result is None:
+        out = section_page(title or "memfit", html_sections)
+    else:
+        out = html_report(result, sc, sections=html_sections, title=title)
+    path.write_text(out, encoding="utf-8")
     _console(stderr=True).print(f"report written to {path}")
 
 
@@ -233,6 +248,7 @@ def recommend(
     top: int = typer.Option(5, "--top", help="Configurations to return."),
     out: Optional[Path] = typer.Option(None, "--out", help="Directory to write each configuration's DeepSpeed JSON, script diff and scenario file (never overwrites)."),
     headroom: float = typer.Option(0.1, "--headroom", help="Fraction of GPU memory and of host RAM to keep free in every phase."),
+    report: Optional[Path] = typer.Option(None, "--report", help="Also write a report (.html or .md): the recommendations, then your configuration's plan with its charts. Never overwrites."),
     json_out: bool = typer.Option(False, "--json", help="Print the recommendations as JSON."),
 ) -> None:
     """Search the settings you can change (ZeRO stage, offload, pinning, zero.Init, load dtype,
@@ -270,6 +286,12 @@ def recommend(
         from memfit.core.recommend.files import write_recommendations
 
         result = write_recommendations(result, out)
+    if report is not None:
+        from memfit.core.scenario_io import build_scenario
+        from memfit.render.recommend_out import render_recommendations as _render
+
+        _write_report(report, result.baseline, build_scenario(inputs), title=f"memfit recommend: {result.scenario_name}",
+                      render=lambda console: _render(result, console), heading="Configurations that fit")
     if json_out:
         import json
 
@@ -286,6 +308,7 @@ def recommend(
 def diagnose(
     scenario: Optional[Path] = typer.Argument(None, help="Scenario YAML (see examples/) to reconcile the log's figures with the plan."),
     log: str = typer.Option(..., "--log", "-l", help="The pasted traceback or log file (- reads standard input); noise, colours and interleaved ranks are fine."),
+    report: Optional[Path] = typer.Option(None, "--report", help="Also write a report (.html or .md): the diagnosis, then the plan with its charts. Never overwrites."),
     json_out: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON."),
 ) -> None:
     """Read a traceback or log: what failed (CUDA or host out of memory, a failed pinned allocation,
@@ -306,6 +329,11 @@ def diagnose(
         print(f"memfit: {found.headline} ({log}): looked for CUDA and host out-of-memory errors, failed pinned "
               f"allocations, NCCL errors and DeepSpeed op build failures", file=sys.stderr)
         sys.exit(1)  # typer.Exit would be swallowed by main()'s standalone_mode=False
+    if report is not None:
+        from memfit.render.diagnose_out import render_diagnosis as _render
+
+        _write_report(report, result, sc, title=f"memfit diagnose: {found.headline}",
+                      render=lambda console: _render(found, console), heading="Diagnosis")
     if json_out:
         import json
 

@@ -70,3 +70,26 @@ def test_report_never_overwrites(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "never overwrites" in r.stderr
     assert target.read_text() == "my own file"
+
+
+@pytest.mark.parametrize("cmd", [
+    ["recommend", str(SEED), "--top", "2"],
+    ["diagnose", str(SEED), "--log", "tests/fixtures/logs/seed-pinned-partition-ds0510.txt"],
+])
+def test_recommend_and_diagnose_reports(tmp_path, cmd):
+    from conftest import ROOT
+
+    page = tmp_path / "r.html"
+    r = subprocess.run(["python", "-m", "memfit.cli", *cmd, "--report", str(page)], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    md = tmp_path / "r.md"
+    r = subprocess.run(["python", "-m", "memfit.cli", *cmd, "--report", str(md)], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT)
+    assert r.returncode == 0 and "## The plan" in md.read_text()
+    exe = _chromium()
+    dom = subprocess.run([exe, *FLAGS, f"--user-data-dir={tmp_path / 'ud'}", "--dump-dom", page.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0
+    assert ("Configurations that fit" in dom.stdout) or ("Diagnosis" in dom.stdout)
+    assert dom.stdout.count("<svg") == 2

@@ -29,8 +29,30 @@ def _verdict(plan: Plan) -> tuple[str, bool]:
             f"{fmt_bytes(f.available_bytes)} available."), False
 
 
-def html_report(plan: Plan, sc: Scenario) -> str:
+def rich_fragment(render, *, width: int = 110) -> tuple[str, str]:
+    """Run a terminal renderer into a recording console: (HTML fragment, plain text)."""
+    import io
+
+    from rich.console import Console
+
+    console = Console(record=True, width=width, file=io.StringIO(), color_system="truecolor")
+    render(console)
+    text = console.export_text(clear=False)
+    html = console.export_html(inline_styles=True, code_format="<pre style=\"font-size:.8em\">{code}</pre>")
+    return html, text
+
+
+def section_page(title: str, sections: tuple[tuple[str, str], ...]) -> str:
+    """A page of sections only (a diagnosis without a scenario)."""
+    body = "".join(f"<h2>{escape(h)}</h2>{frag}" for h, frag in sections)
+    return (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{escape(title)}</title>"
+            f"<style>{_CSS}</style></head><body><h1>{escape(title)}</h1>{body}</body></html>")
+
+
+def html_report(plan: Plan, sc: Scenario, *, sections: tuple[tuple[str, str], ...] = (), title: str | None = None) -> str:
+    """The plan's page; ``sections`` (heading, HTML) come first (a diagnosis, recommendations)."""
     verdict, ok = _verdict(plan)
+    extra = "".join(f"<h2>{escape(h)}</h2>{frag}" for h, frag in sections)
     hw = sc.hardware
     rows = "".join(
         f"<tr><td>{escape(p.name)}</td><td class=n>{p.gpu_peak_bytes / GiB:.2f}</td><td class=n>{p.cpu_pinned_bytes / GiB:.2f}</td>"
@@ -48,7 +70,9 @@ def html_report(plan: Plan, sc: Scenario) -> str:
     notes = "".join(f"<li>{escape(n)}</li>" for n in plan.notes)
     return f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>memfit: {escape(plan.scenario_name)}</title>
 <style>{_CSS}</style></head><body>
-<h1>memfit plan: {escape(plan.scenario_name)}</h1>
+<h1>{escape(title or "memfit plan: " + plan.scenario_name)}</h1>
+{extra}
+<h2>The plan{": " + escape(plan.scenario_name) if title else ""}</h2>
 <pre>{escape(scenario_summary(sc).plain)}</pre>
 <p class="{'ok' if ok else 'fail'}" id="verdict">{escape(verdict)}</p>
 <h2>Memory over the run</h2>
@@ -63,9 +87,16 @@ def html_report(plan: Plan, sc: Scenario) -> str:
 </body></html>"""
 
 
-def markdown_report(plan: Plan, sc: Scenario) -> str:
+def markdown_report(plan: Plan | None, sc: Scenario | None, *, sections: tuple[tuple[str, str], ...] = (),
+                    title: str | None = None) -> str:
+    """``sections`` are (heading, plain text) shown first, in code blocks."""
+    head = [f"# {title or 'memfit plan: ' + plan.scenario_name}", ""]
+    for h, text in sections:
+        head += [f"## {h}", "", "```", text.rstrip(), "```", ""]
+    if plan is None or sc is None:
+        return "\n".join(head)
     verdict, _ = _verdict(plan)
-    lines = [f"# memfit plan: {plan.scenario_name}", "", "```", scenario_summary(sc).plain, "```", "",
+    lines = head + [f"## The plan: {plan.scenario_name}", "", "```", scenario_summary(sc).plain, "```", "",
              f"**{verdict}**", "", "## Peaks per phase (GiB = 2^30 bytes)", "",
              "| phase | GPU / rank | pinned / rank | pageable / rank | host / node |", "|---|---:|---:|---:|---:|"]
     for p in plan.phases:
