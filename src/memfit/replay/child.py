@@ -1,11 +1,17 @@
 """The replay recipe, run in its own process: ``python -m memfit.replay.child SPEC.json OUT.json``.
 
+With ``launcher="torchrun"`` the same command runs once per rank under
+``python -m torch.distributed.run``; rank 0 writes OUT.json and rank r > 0 writes its own
+measurement to ``rank_output_path(OUT.json, r)`` (OUT.rank1.json ...), each with its own progress
+log beside it. A rank that fails writes its result and exits with status 1, so torchrun stops the
+peers that would otherwise wait for it in a collective until the process group's timeout.
+
 Steps (phase names from ``memfit.core.ledger_types.PHASES``):
 
-1. set the launcher environment (``DS_ACCELERATOR``, ``LOCAL_RANK``, ``RANK``, ``WORLD_SIZE``),
-   start the host tracker, create a one-process world of ``world_size`` ranks
-   (``memfit.replay.fake_world``: torch's fake process group, sizes real, collective outputs
-   mirrored), import deepspeed;
+1. set the launcher environment (``DS_ACCELERATOR``, ``LOCAL_RANK``, ``RANK``, ``WORLD_SIZE``;
+   under torchrun only ``DS_ACCELERATOR``: torchrun sets the rest), start the host tracker, create
+   a one-process world of ``world_size`` ranks (``memfit.replay.fake_world``: torch's fake process
+   group, sizes real, collective outputs mirrored) or join torchrun's real one, import deepspeed;
 2. ``load``: build the model from config.json with random weights in the load dtype (under
    transformers' ``HfDeepSpeedConfig`` when ``zero_init``), apply the PEFT method;
 3. ``initialize.*``: ``deepspeed.initialize(model=..., model_parameters=..., config=...)``, cut into
@@ -24,6 +30,7 @@ phase log (OUT.json.progress) lets the parent name the phase even when the proce
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 import shlex
@@ -42,14 +49,16 @@ from memfit.replay.measurement import (
     ReplayError,
     TimelinePoint,
 )
-from memfit.replay.spec import ReplaySpec
+from memfit.replay.spec import ReplaySpec, parse_fault
 
 MAX_TIMELINE_POINTS = 400
 """Timeline samples kept (every phase's first, last and peak samples survive; see ``downsample``)."""
 
 
 def launcher_env(spec: ReplaySpec) -> dict[str, str]:
-    """Environment variables a launcher would set for rank ``spec.rank``."""
+    """Environment variables a launcher would set for rank ``spec.rank`` (torchrun: it set them)."""
+    if spec.launcher == "torchrun":
+        return {"DS_ACCELERATOR": spec.accelerator}
     return {
         "DS_ACCELERATOR": spec.accelerator,
         "LOCAL_RANK": "0",
@@ -59,6 +68,14 @@ def launcher_env(spec: ReplaySpec) -> dict[str, str]:
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": "29517",
     }
+
+
+def rank_output_path(out_path: str, rank: int) -> str:
+    """Where rank ``rank`` writes its measurement: ``out_path`` for rank 0, ``OUT.rankR.json`` else."""
+    if rank == 0:
+        return out_path
+    root, ext = os.path.splitext(out_path)
+    return f"{root}.rank{rank}{ext}"
 
 
 def prepare_deepspeed_config(spec: ReplaySpec, *, fp16_supported: bool) -> tuple[dict[str, Any], list[str]]:
@@ -101,10 +118,10 @@ def classify(exc: BaseException) -> str:
 
 
 def _fault_hook(spec: ReplaySpec):
-    phase, _, kind = (spec.fault or "").partition(":")
+    phase, kind, rank = parse_fault(spec.fault or "")
 
     def hook(name: str) -> None:
-        if name != phase:
+        if name != phase or rank not in (None, spec.rank):
             return
         import torch
 
@@ -121,7 +138,7 @@ def _fault_hook(spec: ReplaySpec):
     return hook
 
 
-def _device_info(spec: ReplaySpec) -> DeviceInfo:
+def _device_info(spec: ReplaySpec, index: int = 0) -> DeviceInfo:
     import torch
 
     host_ram = 0
@@ -139,8 +156,8 @@ def _device_info(spec: ReplaySpec) -> DeviceInfo:
     except OSError:
         pass
     if spec.accelerator == "cuda":
-        return DeviceInfo(accelerator="cuda", name=torch.cuda.get_device_name(0),
-                          total_bytes=int(torch.cuda.mem_get_info(0)[1]),
+        return DeviceInfo(accelerator="cuda", name=torch.cuda.get_device_name(index),
+                          total_bytes=int(torch.cuda.mem_get_info(index)[1]),
                           capacity_bytes=spec.emulate_capacity_bytes, cpu_count=os.cpu_count() or 0,
                           host_ram_bytes=host_ram)
     return DeviceInfo(accelerator="cpu", name=cpu_name, total_bytes=host_ram, cpu_count=os.cpu_count() or 0,
@@ -232,12 +249,14 @@ class ChildRun:
         if spec.threads:
             torch.set_num_threads(spec.threads)
         torch.manual_seed(spec.seed)
+        # torchrun: rank r takes the GPU LOCAL_RANK (one host); the fake world has one GPU.
+        index = int(os.environ.get("LOCAL_RANK", "0")) if spec.launcher == "torchrun" else 0
         if spec.accelerator == "cuda":
-            torch.cuda.set_device(0)
+            torch.cuda.set_device(index)
             if spec.emulate_capacity_bytes:
-                total = torch.cuda.mem_get_info(0)[1]
-                torch.cuda.set_per_process_memory_fraction(min(1.0, spec.emulate_capacity_bytes / total), 0)
-        device = _device_info(spec)
+                total = torch.cuda.mem_get_info(index)[1]
+                torch.cuda.set_per_process_memory_fraction(min(1.0, spec.emulate_capacity_bytes / total), index)
+        device = _device_info(spec, index)
         tracker = HostTracker(enabled=spec.host_tracker)
         recorder = PhaseRecorder(tracker=tracker, cuda=CudaStats() if spec.accelerator == "cuda" else None,
                                  progress_path=self.progress_path)
@@ -276,9 +295,15 @@ class ChildRun:
         spec = self.spec
         import torch
 
-        from memfit.replay.fake_world import join_fake_world
+        from memfit.replay.fake_world import join_fake_world, join_real_world
 
-        join_fake_world(rank=spec.rank, world_size=spec.world_size)
+        if spec.launcher == "torchrun":
+            rank, backend = join_real_world(world_size=spec.world_size)
+            if rank != spec.rank:
+                raise RuntimeError(f"process group rank {rank} differs from the launcher's RANK {spec.rank}")
+            self.notes.append(f"real world: rank {rank} of {spec.world_size} processes, backend {backend}")
+        else:
+            join_fake_world(rank=spec.rank, world_size=spec.world_size)
         import deepspeed
         from deepspeed.accelerator import get_accelerator
 
@@ -383,6 +408,10 @@ def main(argv: list[str] | None = None) -> int:
     spec_path, out_path = argv
     with open(spec_path, encoding="utf-8") as fh:
         spec = ReplaySpec.from_json(fh.read())
+    if spec.launcher == "torchrun":
+        # One spec file for every rank; each records the rank it played.
+        spec = dataclasses.replace(spec, rank=int(os.environ.get("RANK", "0")))
+        out_path = rank_output_path(out_path, spec.rank)
     command = shlex.join([sys.executable, "-m", "memfit.replay.child", *argv])
     run = ChildRun(spec, progress_path=out_path + ".progress", command=command)
     measurement = run.execute()
@@ -390,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(measurement.to_json())
     os.replace(tmp, out_path)
+    if spec.launcher == "torchrun" and measurement.error is not None:
+        return 1  # torchrun then stops the peers (they may be waiting for this rank in a collective)
     return 0
 
 

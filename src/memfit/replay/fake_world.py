@@ -1,4 +1,5 @@
-"""A world of W ranks in one process: torch's fake process group, plus mirrored collective outputs.
+"""A world of W ranks in one process: torch's fake process group, plus mirrored collective outputs;
+and its real counterpart, the W processes torchrun starts.
 
 ``join_fake_world`` creates the default process group with torch's ``fake`` backend
 (``torch.testing._internal.distributed.fake_pg``: every collective completes at once and moves no
@@ -16,11 +17,25 @@ fake group leaves outputs untouched, ``mirror_collectives`` wraps the gathering 
 methods of DeepSpeed's ``TorchBackend`` to do the same copies. The copies go into the buffers
 DeepSpeed allocated, so memory is unchanged; values are finite but not those of a real W-rank run.
 Reductions (all-reduce, reduce, broadcast) stay the identity.
+
+``join_real_world`` is what the ``torchrun`` launcher uses instead: ``deepspeed.init_distributed``
+on the environment torchrun sets (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), with
+the backend DeepSpeed's accelerator names (``CPU_Accelerator.communication_backend_name``: ``ccl``
+when oneccl_bindings_for_pytorch imports, else ``gloo``; ``nccl`` on CUDA). The two worlds run
+the same recipe, so comparing them (tests/replay/test_multiprocess.py) measures what the fake one
+leaves out: the communication library's own buffers.
+
+On gloo, ``hold_finished_work`` keeps the host tracker's count of frees complete (see there).
 """
 
 from __future__ import annotations
 
 import functools
+import time
+
+WORK_HOLD_S = 0.002
+"""How long ``Work.wait`` keeps the caller holding a finished gloo work object (see
+``hold_finished_work``); a few hundred collectives per replay make this well under a second."""
 
 
 def join_fake_world(*, rank: int, world_size: int) -> None:
@@ -39,6 +54,59 @@ def join_fake_world(*, rank: int, world_size: int) -> None:
 
     if world_size > 1 and not fake_group_fills_outputs(world_size):
         mirror_collectives(comm.comm.cdb)
+
+
+def join_real_world(*, world_size: int) -> tuple[int, str]:
+    """This process's rank in the real world torchrun started, and the backend; deepspeed.comm on it.
+
+    ``deepspeed.init_distributed`` creates the default process group from the environment (as
+    ``deepspeed.initialize`` would in a user's script). Raises ``RuntimeError`` when the launcher
+    started a world of another size than ``world_size``.
+    """
+    import deepspeed
+    import torch.distributed as tdist
+    from deepspeed.accelerator import get_accelerator
+
+    deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name())
+    if tdist.get_world_size() != world_size:
+        raise RuntimeError(f"launcher started {tdist.get_world_size()} ranks, the spec asks for {world_size}")
+    backend = str(tdist.get_backend())
+    if backend == "gloo":
+        hold_finished_work()
+    return tdist.get_rank(), backend
+
+
+def hold_finished_work(hold_s: float = WORK_HOLD_S) -> None:
+    """Make ``torch.distributed.Work.wait`` return ``hold_s`` after the work completes (idempotent).
+
+    gloo runs every collective on a worker thread (``ProcessGroupGloo::runLoop``) that drops its
+    reference to the work object just after marking it complete. When the caller has already
+    dropped its own reference by then, the work, and every tensor only it still references (the
+    caller's buffers, gloo's clone of a reduce-scatter input), is freed on the worker thread,
+    outside the profiler's thread-local scope, and the host tracker never sees the free: measured
+    here, 10 to 30 % of the frees after synchronous gloo collectives (torch 2.13), hundreds of KB
+    that stay "live" in a replay. The caller sleeping ``hold_s`` inside ``wait`` (c10d's
+    synchronous collectives call it too) lets the worker let go first, so the last reference, and
+    the free, is the caller's, at the moment the caller drops it. Nothing is allocated while the
+    caller sleeps, so the timeline is the one an instantly finishing worker would give. It is a
+    delay, not a handshake: a worker descheduled for longer still frees out of the tracker's sight
+    (a work never waited on, too), which shows as live bytes that never return.
+    """
+    import torch.distributed as tdist
+
+    work = tdist.Work
+    if getattr(work.wait, "_memfit_hold", False):
+        return
+    original = work.wait
+
+    @functools.wraps(original)
+    def wait(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        time.sleep(hold_s)
+        return result
+
+    wait._memfit_hold = True
+    work.wait = wait
 
 
 def fake_group_fills_outputs(world_size: int) -> bool:

@@ -8,12 +8,23 @@ The parent never imports torch or deepspeed: it writes the spec to a temporary d
 ``timeout_s``, and reads OUT.json. When the child dies without writing it (killed by a signal, such
 as the kernel OOM killer's SIGKILL, or by the timeout) the parent builds the measurement from the
 child's progress log: the phases it closed and the phase it was in.
+
+With ``spec.launcher == "torchrun"`` the child command is ``python -m torch.distributed.run
+--standalone --nproc_per_node W -m memfit.replay.child SPEC.json OUT.json``: W processes on this
+host, each running the whole recipe on a real process group. Rank 0's OUT.json is the result; the
+other ranks' measurements (OUT.rankR.json, see ``memfit.replay.child.rank_output_path``) are read
+for their errors and returned by ``run_replay_ranks``. torchrun starts each worker in a session of
+its own, so the deadline kill signals torchrun's session and every descendant's process group.
+When rank 0 left no result, the error is, in order: the deadline; the error another rank reported;
+torchrun's root cause (its failure summary's first failed rank and exit code: a negative code is a
+signal, ``killed``); else ``crash``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -21,11 +32,32 @@ import sys
 import tempfile
 import time
 
+from memfit.errors import MemfitError
+from memfit.replay.child import rank_output_path
 from memfit.replay.measurement import Measurement, ReplayError, save_fixture
 from memfit.replay.phases import read_progress
 from memfit.replay.spec import ReplaySpec
 
 STDERR_TAIL_CHARS = 4000
+KILL_GRACE_S = 5.0
+"""Seconds between SIGTERM and SIGKILL when a replay is stopped."""
+TORCHRUN_SUMMARY_CHARS = 65536
+"""How much of the end of stderr is searched for torchrun's failure summary."""
+
+_ROOT_CAUSE = re.compile(
+    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.DOTALL
+)
+"""torchrun's failure summary (torch/distributed/elastic/multiprocessing/errors/__init__.py,
+``_FAILURE_FORMAT_TEMPLATE``): the root-cause rank and its exit code."""
+
+
+def child_argv(spec: ReplaySpec, spec_path: str, out_path: str, python: str | None = None) -> list[str]:
+    """The command that runs ``spec``: the child itself (``fake``) or torchrun starting W of them."""
+    exe = python or sys.executable
+    child = ["-m", "memfit.replay.child", spec_path, out_path]
+    if spec.launcher == "torchrun":
+        return [exe, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(spec.world_size), *child]
+    return [exe, *child]
 
 
 def run_replay(
@@ -39,19 +71,37 @@ def run_replay(
     """Run ``spec`` in a child process; never raises for a failed run (see ``Measurement.error``).
 
     ``keep_dir``: write spec, output, progress log and the child's stdout/stderr there (else a
-    temporary directory, removed afterwards). ``env``: extra environment for the child.
+    temporary directory, removed afterwards). ``env``: extra environment for the child. With the
+    ``torchrun`` launcher the result is rank 0's measurement; other ranks' errors are added to its
+    notes (and become its error when rank 0 has none).
     """
+    return run_replay_ranks(spec, timeout_s=timeout_s, python=python, keep_dir=keep_dir, env=env)[0]
+
+
+def run_replay_ranks(
+    spec: ReplaySpec,
+    *,
+    timeout_s: float = 900,
+    python: str | None = None,
+    keep_dir: str | None = None,
+    env: dict[str, str] | None = None,
+) -> tuple[Measurement, ...]:
+    """``run_replay``, returning rank 0's measurement followed by those the other ranks wrote
+    (``torchrun``; a rank that wrote none is left out). The ``fake`` launcher returns one."""
+    if spec.launcher == "torchrun" and spec.rank != 0:
+        raise MemfitError(f"replay spec: the torchrun launcher runs every rank and reports rank 0; got rank {spec.rank}")
     workdir = keep_dir or tempfile.mkdtemp(prefix="memfit-replay-")
     os.makedirs(workdir, exist_ok=True)
     spec_path = os.path.join(workdir, "spec.json")
     out_path = os.path.join(workdir, "out.json")
     progress_path = out_path + ".progress"
-    for stale in (out_path, progress_path):
-        if os.path.exists(stale):
-            os.remove(stale)
+    for rank in range(spec.world_size if spec.launcher == "torchrun" else 1):
+        for stale in (rank_output_path(out_path, rank), rank_output_path(out_path, rank) + ".progress"):
+            if os.path.exists(stale):
+                os.remove(stale)
     with open(spec_path, "w", encoding="utf-8") as fh:
         fh.write(spec.to_json())
-    argv = [python or sys.executable, "-m", "memfit.replay.child", spec_path, out_path]
+    argv = child_argv(spec, spec_path, out_path, python)
     child_env = dict(os.environ)
     child_env.update(env or {})
     child_env["DS_ACCELERATOR"] = spec.accelerator
@@ -66,37 +116,93 @@ def run_replay(
             returncode = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
-            _kill_group(proc)
+            _kill_tree(proc)
             returncode = proc.wait()
     wall = time.perf_counter() - t0
     try:
-        measurement = _collect(spec, argv, out_path, progress_path, stderr_path, returncode, timed_out, timeout_s, wall)
+        others = _other_ranks(spec, out_path) if not timed_out else ()
+        measurement = _collect(spec, argv, out_path, progress_path, stderr_path, returncode, timed_out, timeout_s, wall,
+                               others)
     finally:
         if keep_dir is None:
             _remove_tree(workdir)
-    return measurement
+    return (measurement, *(m for _, m in others))
 
 
-def _collect(spec, argv, out_path, progress_path, stderr_path, returncode, timed_out, timeout_s, wall) -> Measurement:
+def _other_ranks(spec: ReplaySpec, out_path: str) -> tuple[tuple[int, Measurement], ...]:
+    """(rank, measurement) of every rank > 0 that wrote a readable result (torchrun)."""
+    if spec.launcher != "torchrun":
+        return ()
+    found = []
+    for rank in range(1, spec.world_size):
+        try:
+            with open(rank_output_path(out_path, rank), encoding="utf-8") as fh:
+                found.append((rank, Measurement.from_json(fh.read())))
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+    return tuple(found)
+
+
+def _rank_error(rank: int, error: ReplayError) -> ReplayError:
+    return ReplayError(phase=error.phase, kind=error.kind, message=f"rank {rank}: {error.message}",
+                       traceback=error.traceback)
+
+
+def _torchrun_root_cause(spec: ReplaySpec, out_path: str, stderr_path: str) -> ReplayError | None:
+    """The first failed rank torchrun reports, with the phase its progress log was in."""
+    found = _ROOT_CAUSE.search(_tail(stderr_path, TORCHRUN_SUMMARY_CHARS))
+    if not found:
+        return None
+    rank, code = int(found.group(1)), int(found.group(2))
+    phase, _ = read_progress(rank_output_path(out_path, rank) + ".progress")
+    tail = _tail(stderr_path)
+    if code < 0:
+        return ReplayError(phase=phase, kind="killed", message=f"rank {rank} killed by {_signal_name(-code)}",
+                           traceback=tail)
+    return ReplayError(phase=phase, kind="crash", message=f"rank {rank} exited with code {code} without a result",
+                       traceback=tail)
+
+
+def _signal_name(number: int) -> str:
+    return signal.Signals(number).name if number in signal.Signals._value2member_map_ else str(number)
+
+
+def _collect(spec, argv, out_path, progress_path, stderr_path, returncode, timed_out, timeout_s, wall,
+             others=()) -> Measurement:
     from dataclasses import replace
 
+    failed = [(rank, m.error) for rank, m in others if m.error is not None]
     unreadable = None
     if os.path.exists(out_path) and not timed_out:
         try:
             with open(out_path, encoding="utf-8") as fh:
                 measurement = Measurement.from_json(fh.read())
-            return replace(measurement, returncode=returncode, command=shlex.join(argv))
         except (ValueError, TypeError, KeyError) as exc:
             unreadable = f"{type(exc).__name__}: {exc}"
+        else:
+            error = measurement.error
+            if error is None and failed:
+                error = _rank_error(*failed[0])
+            elif error is None and spec.launcher == "torchrun" and returncode:
+                error = _torchrun_root_cause(spec, out_path, stderr_path) or ReplayError(
+                    phase=None, kind="crash", message=f"torchrun exited with code {returncode}", traceback=_tail(stderr_path))
+            notes = measurement.notes + tuple(f"rank {r}: {e.kind} in {e.phase}: {e.message.splitlines()[0] if e.message else ''}"
+                                              for r, e in failed)
+            return replace(measurement, returncode=returncode, command=shlex.join(argv), error=error, notes=notes)
     phase, phases = read_progress(progress_path)
     tail = _tail(stderr_path)
-    if unreadable:
+    root = None
+    if not (unreadable or timed_out) and spec.launcher == "torchrun":
+        root = _rank_error(*failed[0]) if failed else _torchrun_root_cause(spec, out_path, stderr_path)
+    if root is not None:
+        error = root
+    elif unreadable:
         error = ReplayError(phase=phase, kind="crash", message=f"unreadable child result: {unreadable}", traceback=tail)
     elif timed_out:
         error = ReplayError(phase=phase, kind="timeout", message=f"replay exceeded {timeout_s:g} s", traceback=tail)
     elif returncode is not None and returncode < 0:
-        name = signal.Signals(-returncode).name if -returncode in signal.Signals._value2member_map_ else str(-returncode)
-        error = ReplayError(phase=phase, kind="killed", message=f"child killed by {name}", traceback=tail)
+        error = ReplayError(phase=phase, kind="killed", message=f"child killed by {_signal_name(-returncode)}",
+                            traceback=tail)
     else:
         error = ReplayError(phase=phase, kind="crash", message=f"child exited with code {returncode} without a result",
                             traceback=tail)
@@ -107,27 +213,85 @@ def _collect(spec, argv, out_path, progress_path, stderr_path, returncode, timed
     )
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the child's process group (its session), then SIGKILL after 5 s."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGTERM the child's process group (its session) and those of all its descendants, then
+    SIGKILL the groups still there after ``KILL_GRACE_S``.
+
+    torchrun starts each worker with ``start_new_session=True`` (torch's ``SubprocessHandler``),
+    so signalling the child's own group would miss them; they are found through /proc before the
+    first signal (once torchrun is gone they are no longer its descendants). A group is killed only
+    while its leader is the very process seen then (same pid and start time).
+    """
+    leaders = {proc.pid: _start_time(proc.pid)}
+    for pid in _descendants(proc.pid):
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
+            pgid = os.getpgid(pid)
         except ProcessLookupError:
-            pass
+            continue
+        leaders.setdefault(pgid, _start_time(pgid))
+    for pgid in leaders:
+        _signal_group(pgid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    deadline = time.monotonic() + KILL_GRACE_S
+    while any(_start_time(g) == t for g, t in leaders.items() if g != proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pgid, started in leaders.items():
+        same = proc.poll() is None if pgid == proc.pid else started is not None and _start_time(pgid) == started
+        if same:
+            _signal_group(pgid, signal.SIGKILL)
 
 
-def _tail(path: str) -> str:
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name (field 3, the state, first); None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    return text.rpartition(")")[2].split()
+
+
+def _start_time(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (proc(5) field 22), None when it is gone."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields and len(fields) > 19 else None
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below ``root`` (through /proc's parent pids; empty where /proc is missing)."""
+    children: dict[int, list[int]] = {}
+    try:
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return []
+    for pid in pids:
+        fields = _stat_fields(pid)
+        if fields and len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(pid)
+    out, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _tail(path: str, chars: int = STDERR_TAIL_CHARS) -> str:
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
             size = fh.tell()
-            fh.seek(max(0, size - STDERR_TAIL_CHARS))
+            fh.seek(max(0, size - chars))
             return fh.read().decode("utf-8", "replace")
     except OSError:
         return ""

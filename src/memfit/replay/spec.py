@@ -25,6 +25,7 @@ from memfit.errors import MemfitError
 ACCELERATORS = ("cpu", "cuda")
 SAVE_MODES = ("auto", "save_16bit_model", "consolidate", "never")
 FAULT_KINDS = ("raise", "oom", "kill", "hang")
+LAUNCHERS = ("fake", "torchrun")
 
 LAYER_COUNT_KEYS: dict[str, tuple[str, ...]] = {
     "gptj": ("n_layer",),
@@ -83,6 +84,15 @@ def override_layers(config: Mapping[str, Any], layers: int) -> dict[str, Any]:
     return out
 
 
+def parse_fault(text: str) -> tuple[str, str, int | None]:
+    """``PHASE:KIND[:RANK]`` as (phase, kind, rank or None for every rank); a bad RANK is -1."""
+    phase, _, rest = text.partition(":")
+    kind, sep, rank = rest.partition(":")
+    if not sep:
+        return phase, kind, None
+    return phase, kind, int(rank) if rank.isdigit() else -1
+
+
 def peft_to_dict(spec: PeftSpec) -> dict[str, Any]:
     """A ``PeftSpec`` as plain JSON types (tuples become lists)."""
     return {f.name: _plain(getattr(spec, f.name)) for f in dataclasses.fields(spec)}
@@ -99,14 +109,16 @@ def peft_from_dict(data: Mapping[str, Any]) -> PeftSpec:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReplaySpec:
-    """One real ``deepspeed.initialize`` plus a few training steps, in one process of a W-rank world.
+    """One real ``deepspeed.initialize`` plus a few training steps, on one rank of a W-rank world.
 
     The child builds the model from ``model_config`` with random weights in ``load_dtype`` (as
     ``from_pretrained(torch_dtype=...)`` would hold it), applies ``peft`` with the real peft
-    library, calls ``deepspeed.initialize(model=..., model_parameters=..., config=deepspeed_config)``
-    on rank ``rank`` of a one-process fake world of ``world_size`` ranks (torch's ``fake`` process
-    group: collectives are no-ops, partition sizes are the real ones), runs ``steps`` optimizer
-    steps on random token batches and saves a 16-bit model.
+    library, calls ``deepspeed.initialize(model=..., model_parameters=..., config=deepspeed_config)``,
+    runs ``steps`` optimizer steps on random token batches and saves a 16-bit model. With the
+    ``fake`` launcher it does so as rank ``rank`` of a one-process fake world of ``world_size``
+    ranks (torch's ``fake`` process group: collectives move no data, partition sizes are the real
+    ones); with ``torchrun`` every one of the ``world_size`` ranks is a real process and rank 0's
+    measurement is the result.
     """
 
     name: str
@@ -131,6 +143,14 @@ class ReplaySpec:
     ``all``: pass ``model.parameters()``."""
     world_size: int = 1
     rank: int = 0
+    """The rank measured (``fake``); with ``torchrun`` the rank of the process that measured it
+    (``run_replay`` takes 0 and returns rank 0's measurement)."""
+    launcher: str = "fake"
+    """``fake``: one child process plays rank ``rank`` of ``world_size`` on torch's fake process
+    group (``memfit.replay.fake_world``); ``torchrun``: ``python -m torch.distributed.run
+    --standalone --nproc_per_node world_size`` starts ``world_size`` children on one host, each
+    joins a real process group (DeepSpeed's backend for the accelerator: gloo on the CPU
+    accelerator without oneCCL, nccl on cuda, where each rank takes the GPU ``LOCAL_RANK``)."""
     accelerator: str = "cpu"
     """``cpu``: DeepSpeed's CPU accelerator (``DS_ACCELERATOR=cpu``), everything in host memory;
     ``cuda``: one GPU plays rank ``rank``."""
@@ -163,7 +183,8 @@ class ReplaySpec:
     fault: str | None = None
     """Harness self-test only: ``PHASE:KIND`` injects a failure when PHASE starts; KIND is
     ``raise`` (RuntimeError), ``oom`` (an impossible allocation on the device), ``kill``
-    (SIGKILL itself) or ``hang`` (sleep until the parent's timeout)."""
+    (SIGKILL itself) or ``hang`` (sleep until the parent's timeout). ``PHASE:KIND:RANK`` injects
+    it on rank RANK only (with ``torchrun``, the other ranks then wait for it in a collective)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_config, Mapping) or "model_type" not in self.model_config:
@@ -178,6 +199,8 @@ class ReplaySpec:
             raise MemfitError(f"replay spec: model_parameters must be 'trainable' or 'all', got {self.model_parameters!r}")
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise MemfitError(f"replay spec: need 0 <= rank < world_size, got rank {self.rank} of {self.world_size}")
+        if self.launcher not in LAUNCHERS:
+            raise MemfitError(f"replay spec: launcher must be 'fake' or 'torchrun', got {self.launcher!r}")
         if self.accelerator not in ACCELERATORS:
             raise MemfitError(f"replay spec: accelerator must be 'cpu' or 'cuda', got {self.accelerator!r}")
         if self.emulate_capacity_bytes is not None:
@@ -197,11 +220,11 @@ class ReplaySpec:
         if self.zero_init and self.zero_stage != 3:
             raise MemfitError("replay spec: zero_init needs ZeRO stage 3 in the DeepSpeed config")
         if self.fault is not None:
-            phase, _, kind = self.fault.partition(":")
-            if phase not in PHASES or kind not in FAULT_KINDS:
+            phase, kind, rank = parse_fault(self.fault)
+            if phase not in PHASES or kind not in FAULT_KINDS or not (rank is None or 0 <= rank < self.world_size):
                 raise MemfitError(
-                    f"replay spec: fault must be PHASE:KIND with PHASE in {', '.join(PHASES)} and KIND in "
-                    f"{', '.join(FAULT_KINDS)}, got {self.fault!r}"
+                    f"replay spec: fault must be PHASE:KIND[:RANK] with PHASE in {', '.join(PHASES)}, KIND in "
+                    f"{', '.join(FAULT_KINDS)} and 0 <= RANK < world_size, got {self.fault!r}"
                 )
 
     @property
@@ -250,13 +273,15 @@ def spec_from_scenario(
     accelerator: str | None = None,
     emulate_capacity_bytes: int | None = None,
     world_size: int | None = None,
+    launcher: str = "fake",
     name: str | None = None,
     **overrides: Any,
 ) -> ReplaySpec:
     """The replay of ``scenario``: its model, PEFT method, DeepSpeed JSON, load and train settings.
 
     ``model_config`` defaults to the config.json ``memfit.core.catalog.resolve_model_config`` finds
-    for ``scenario.model_ref``; ``accelerator`` to the scenario's; ``world_size`` to its GPU count.
+    for ``scenario.model_ref``; ``accelerator`` to the scenario's; ``world_size`` to its GPU count;
+    ``launcher`` is ``fake`` (one process, fake process group) or ``torchrun`` (W real processes).
     ``overrides`` set any other ``ReplaySpec`` field (``save``, ``threads``, ``fault`` ...).
     """
     if model_config is None:
@@ -276,6 +301,7 @@ def spec_from_scenario(
         model_parameters=scenario.train.model_parameters,
         world_size=world_size if world_size is not None else scenario.world_size,
         rank=0,
+        launcher=launcher,
         accelerator=accelerator or scenario.accelerator,
         emulate_capacity_bytes=emulate_capacity_bytes,
         seq_len=scenario.train.seq_len,
