@@ -12,8 +12,9 @@ Tolerances:
   1-byte overflow flag, and a second full copy of the largest trained parameter while ZeRO-3
   gathers each trained parameter to register its gradient hook (stage3.py
   create_reduce_and_remove_grad_hooks). The ledger counts one gathered copy; every ZeRO-3 replay
-  sees two (GPT-J and Llama, W = 1, 2, 4). Whether the second is DeepSpeed's or the fake process
-  group's all-gather output is not settled, so the ledger does not claim it;
+  sees two (GPT-J and Llama, W = 1, 2, 4), with the fake process group and with a real gloo one
+  alike (tests/replay/test_multiprocess.py), so it is DeepSpeed's; its allocation site is not
+  located yet, so the ledger does not claim it;
 - optimizer_step: within TOL_STEP_OPT_REL (the step's small temporaries: norms, loss scaler);
 - forward and backward: within TOL_STEP_REL, because the plan's activations are analytic, computed
   for CUDA kernels, while the CPU replay runs the CPU kernels (`memfit plan --exact` traces them);
