@@ -44,7 +44,11 @@ def _options(attention: str, gc: bool) -> TraceOptions:
 
 
 def _spec(method: str) -> PeftSpec:
-    return PeftSpec(method=method, num_virtual_tokens=5, prefix_projection=True)
+    # the real model (trace_models.real_model) sets encoder_hidden_size to the hidden size (64 in
+    # every TINY config); peft's own default would be token_dim
+    if method == "prefix":
+        return PeftSpec(method=method, num_virtual_tokens=5, prefix_projection=True, encoder_hidden_size=64)
+    return PeftSpec(method=method)
 
 
 def _profiled_peaks(model, inputs) -> tuple[int, int]:
