@@ -56,30 +56,10 @@ def build_model(config: dict[str, Any], *, dtype: str, attention: str = "sdpa"):
 
 
 def apply_peft(model, spec: PeftSpec):
-    """``model`` as trained under ``spec`` (real peft; ``full``/``freeze`` set requires_grad)."""
-    try:
-        from memfit.exact.peft_build import build_peft_meta_model
-    except ImportError:  # pragma: no cover - the exact package ships with memfit
-        build_peft_meta_model = _apply_peft_locally
+    """``model`` as trained under ``spec``: the shared builder the PEFT accounting is tested against."""
+    from memfit.exact.peft_build import build_peft_meta_model
+
     return build_peft_meta_model(model, spec)
-
-
-def _apply_peft_locally(model, spec: PeftSpec):
-    """Minimal stand-in for ``memfit.exact.peft_build`` (full, lora, prefix)."""
-    import peft
-
-    if spec.method == "full":
-        return model
-    if spec.method == "lora":
-        config = peft.LoraConfig(task_type="CAUSAL_LM", r=spec.lora_r, lora_alpha=spec.lora_alpha,
-                                 target_modules=list(spec.target_modules) or None, bias=spec.lora_bias)
-    elif spec.method == "prefix":
-        config = peft.PrefixTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=spec.num_virtual_tokens,
-                                         prefix_projection=spec.prefix_projection,
-                                         encoder_hidden_size=spec.encoder_hidden_size)
-    else:
-        raise MemfitError(f"replay: PEFT method {spec.method!r} needs memfit.exact.peft_build")
-    return peft.get_peft_model(model, config)
 
 
 def num_layers(config) -> int:
