@@ -258,16 +258,7 @@ def record_optimizer(t: Timeline, ctx: RecipeContext, part_key: PartKey) -> list
                   device=Device.GPU, category="buffers", formula=f"2 x ceil(P_max/W) = 2 x {big:,} x {nb} B",
                   source=f"{S3}:__init__ (v0.5.10 lines 869-879)")
         t.alloc(OLD_GPU_TEMPS, 2 * big * nb)
-    # 5. create_reduce_and_remove_grad_hooks: every trained param gathered once, then re-partitioned
-    if new:
-        t.declare(HOOK_GATHER, name="trained param gathered while its grad hook is registered",
-                  device=Device.GPU, category="params", formula="ceil(p/W) x W x B, one param at a time",
-                  source=f"{S3}:create_reduce_and_remove_grad_hooks (param.all_gather(); param.partition())")
-        for p in opt:
-            full = ctx.partition_numel(p) * W * nb
-            t.alloc(HOOK_GATHER, full)
-            t.free(HOOK_GATHER, full)
-    # 6. _setup_for_real_optimizer: IPG bucket and gradient partitions
+    # 5. _setup_for_real_optimizer: IPG bucket and gradient partitions
     if z.contiguous_gradients and sc.ds_version != "0.5":
         t.declare(IPG, name="reduce bucket (IPG buffer)", device=Device.GPU, category="buffers",
                   formula=f"reduce_bucket_size {z.reduce_bucket_size:,} x {ctx.comm_bytes} B",
@@ -279,6 +270,15 @@ def record_optimizer(t: Timeline, ctx: RecipeContext, part_key: PartKey) -> list
                   category="grads", formula=f"{n_part:,} elements x {ga} B",
                   source=f"{S3}:_setup_for_real_optimizer (grad_partitions_flat_buffer)")
         pin(t, GRAD_PARTS, n_part * ga, opt_pin and new)  # 0.6.0: torch.zeros(pin_memory=True), no staging
+    # 6. create_reduce_and_remove_grad_hooks (after _setup_for_real_optimizer in __init__): every trained param gathered once, then re-partitioned
+    if new:
+        t.declare(HOOK_GATHER, name="trained param gathered while its grad hook is registered",
+                  device=Device.GPU, category="params", formula="ceil(p/W) x W x B, one param at a time",
+                  source=f"{S3}:create_reduce_and_remove_grad_hooks (param.all_gather(); param.partition())")
+        for p in opt:
+            full = ctx.partition_numel(p) * W * nb
+            t.alloc(HOOK_GATHER, full)
+            t.free(HOOK_GATHER, full)
     if z.offload_optimizer.device == "nvme":
         _swap_optimizer_to_nvme(t, ctx, groups)
     return groups

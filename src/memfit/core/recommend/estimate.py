@@ -357,11 +357,7 @@ def _zero3_optimizer(t: _Tally, agg, c: Candidate, opt, *, nb: int, ga: int, new
     # 4. 0.5.10's two GPU temporaries
     if ver == "0.5" and off_opt:
         t.gpu(2 * opt.part_max * nbf)
-    # 5. every trained param gathered once while its grad hook is registered
-    if new:
-        t.gpu(opt.part_max * agg.world * nbf)
-        t.g -= opt.part_max * agg.world * nbf
-    # 6. IPG bucket and gradient partitions
+    # 5. IPG bucket and gradient partitions
     if agg.scenario.deepspeed.zero.contiguous_gradients and ver != "0.5":
         t.gpu(c.reduce_bucket_size * nb)
     if ver != "0.5":
@@ -370,6 +366,10 @@ def _zero3_optimizer(t: _Tally, agg, c: Candidate, opt, *, nb: int, ga: int, new
             t.pin(g, opt_pin and new)
         else:
             t.gpu(g)
+    # 6. every trained param gathered once while its grad hook is registered
+    if new:
+        t.gpu(opt.part_max * agg.world * nbf)
+        t.g -= opt.part_max * agg.world * nbf
     # 7. NVMe optimizer: masters, their gradients and the states move to NVMe through a pinned pool
     if nvme_opt:
         t.host(agg.scenario.deepspeed.zero.offload_optimizer.buffer_count * max(opt.groups) * 4)
