@@ -15,7 +15,7 @@ from collections.abc import Callable
 from memfit.core.catalog import resolve_model_config
 from memfit.core.ledger_types import Device, LedgerItem, TracedStep
 from memfit.core.scenario import Scenario
-from memfit.trace.results import MemoryBreakdown, TraceOptions, TracePeak, TraceResult
+from memfit.trace.results import TraceOptions, TracePeak, TraceResult
 
 SRC = "memfit.trace (the model's own forward/backward on fake tensors)"
 
@@ -34,15 +34,11 @@ def trace_scenario(sc: Scenario, *, progress: Callable[[str, int, int], None] | 
     return trace_training_step(source.config_dict(), sc.peft, trace_options_for(sc), progress=progress)
 
 
-def _activation_side(b: MemoryBreakdown) -> int:
-    return b.input_bytes + b.saved_bytes + b.output_bytes + b.held_bytes + b.temporary_bytes
-
-
 def _activations_item(peak: TracePeak, phase: str) -> LedgerItem:
     b = peak.breakdown
     return LedgerItem(
         key="step.activations", name=f"activations at the {phase} peak (traced)", device=Device.GPU,
-        bytes=_activation_side(b), category="activations",
+        bytes=b.activation_side_bytes, category="activations",
         formula=(f"saved {b.saved_bytes:,} + outputs {b.output_bytes:,} + inputs {b.input_bytes:,} + held "
                  f"{b.held_bytes:,} + temporaries {b.temporary_bytes:,} B at op {peak.op} in {peak.module or 'the model'}"),
         source=SRC)

@@ -85,8 +85,3 @@ class RecipeContext:
         """ZeRO-3 partition of one param: ``ceil(p / W)`` (partition_parameters.py `_partition_param`:
         ``tensor_size = ds_numel + _padding_size``; ``partition_size = tensor_size // world``)."""
         return ceil_div(p.numel, self.world)
-
-    def initial_bytes(self, p: ParamView) -> int:
-        """Element size of a param right after the user's load: adapters in fp32, the rest as loaded
-        (``full``/``freeze`` train the loaded weights themselves)."""
-        return 4 if p.adapter else self.load_bytes

@@ -97,8 +97,6 @@ class Timeline:
     def live_bytes(self, key: str) -> int:
         return self._live.get(key, 0)
 
-    def device_live(self, device: Device) -> int:
-        return self._dev_live[device]
 
     def _observe(self) -> None:
         if not self._phases:
