@@ -55,6 +55,11 @@ def plan(
     accelerator: Optional[str] = typer.Option(None, help="cuda (default) or cpu (DeepSpeed's CPU accelerator, as CPU replays run)."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow configs whose model needs remote code (never on by default)."),
     attention: Optional[str] = typer.Option(None, help="Attention implementation: sdpa (default) or eager."),
+    torch_version: Optional[str] = typer.Option(None, "--torch-version", help="torch release whose allocator rules apply, e.g. 2.13 (default) or 1.10 (pinned blocks not rounded to powers of two)."),
+    alloc_conf: Optional[str] = typer.Option(None, "--alloc-conf", help="PYTORCH_CUDA_ALLOC_CONF of the run, e.g. expandable_segments:True (checked against that torch version)."),
+    alloc_conf_from_env: bool = typer.Option(False, "--alloc-conf-from-env", help="Read PYTORCH_CUDA_ALLOC_CONF (then PYTORCH_ALLOC_CONF) from this environment; never done unless asked."),
+    cuda_version: Optional[str] = typer.Option(None, "--cuda-version", help="CUDA of the torch build, e.g. 12.8 (default: the usual one for that torch); lazy kernel loading needs >= 11.7."),
+    pin_memory_backend: Optional[str] = typer.Option(None, "--pin-memory-backend", help="DeepSpeed 0.19's DS_PIN_MEMORY_BACKEND: torch (default) or native (mlock, no torch cache)."),
     report: Optional[Path] = typer.Option(None, "--report", help="Also write a report: .html (charts, self-contained) or .md. Never overwrites a file."),
     exact: bool = typer.Option(False, "--exact", help="Trace forward/backward from the model's code (needs torch, transformers, peft; seconds) instead of the analytic activation estimate."),
     json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON (schema: docs/json-schema.md)."),
@@ -78,7 +83,8 @@ def plan(
         cpu_ram=cpu_ram, nvme=nvme, load_dtype=load_dtype, zero_init=zero_init, low_cpu_mem_usage=low_cpu_mem_usage,
         seq_len=seq_len, micro_batch=micro_batch, gradient_checkpointing=gradient_checkpointing,
         model_parameters=model_parameters, accelerator=accelerator, trust_remote_code=trust_remote_code or None,
-        attention=attention,
+        attention=attention, torch_version=torch_version, alloc_conf=alloc_conf,
+        alloc_conf_from_env=alloc_conf_from_env or None, cuda_version=cuda_version, pin_memory_backend=pin_memory_backend,
     )
     inputs = merge_inputs(read_scenario_file(scenario), flags) if scenario else flags
     sc = build_scenario(inputs)

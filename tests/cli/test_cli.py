@@ -33,8 +33,14 @@ def test_plan_seed_json_schema():
     ph = d["phases"][0]
     assert set(ph) >= {"name", "gpu_peak_bytes", "cpu_peak_bytes", "cpu_pinned_bytes", "node_cpu_peak_bytes", "items"}
     assert set(ph["items"][0]) >= {"name", "device", "bytes", "formula", "source"}
-    assert set(d["peak"]) == {"gpu_bytes", "gpu_phase", "node_cpu_bytes", "cpu_phase"}
-    assert set(d["verdict"]) == {"fits", "failures"}
+    assert set(d["peak"]) == {"gpu_bytes", "gpu_phase", "node_cpu_bytes", "cpu_phase", "gpu_oom_relevant_bytes",
+                              "gpu_oom_relevant_phase", "gpu_reserved_bytes", "cpu_pinned_locked_bytes",
+                              "node_cpu_locked_bytes", "node_cpu_locked_phase"}
+    assert d["schema_version"] == 2
+    for k in ("gpu_allocated_bytes", "gpu_reserved_bytes", "gpu_oom_relevant_bytes", "gpu_nvidia_smi_bytes",
+              "gpu_outside_pytorch_bytes", "cpu_pinned_requested_bytes", "cpu_pinned_locked_bytes"):
+        assert all(isinstance(p[k], int) for p in d["phases"]), k
+    assert set(d["verdict"]) == {"fits", "failures", "gpu_figure", "host_figure"}
     assert all(set(f) == {"id", "severity", "message"} for f in d["findings"])
     for p in d["phases"]:
         for k in ("gpu_peak_bytes", "cpu_peak_bytes", "cpu_pinned_bytes", "node_cpu_peak_bytes"):

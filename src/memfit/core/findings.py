@@ -9,6 +9,7 @@ from __future__ import annotations
 from memfit.core.ledger_types import Device, Finding, PhaseLedger, Verdict
 from memfit.core.scenario import Scenario
 from memfit.core.units import fmt_both, fmt_bytes
+from memfit.core.verdict import gpu_figure, host_figure
 
 
 def _phase(phases: tuple[PhaseLedger, ...], name: str) -> PhaseLedger | None:
@@ -37,8 +38,8 @@ def derive_findings(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: Verd
         parts = "; ".join(f"{i.name} {fmt_bytes(i.bytes)}" for i in top)
         out.append(Finding(id="first-failure", severity="error", message=(
             f"The run first runs out of {where} in phase {first.phase}: it needs {fmt_both(first.needed_bytes)} "
-            f"of {fmt_both(first.available_bytes)}, {fmt_bytes(first.needed_bytes - first.available_bytes)} too much. "
-            f"Largest items: {parts}.")))
+            f"of {fmt_both(first.available_bytes)}, {fmt_bytes(first.needed_bytes - first.available_bytes)} too much"
+            + (f" (compared: {first.figure})" if first.figure else "") + f". Largest items: {parts}.")))
 
     if first is None:
         out.append(_tightest(sc, phases))
@@ -52,8 +53,12 @@ def derive_findings(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: Verd
             f"{model.total_params:,} params x {_elem(ds.precision)} B = {fmt_both(moved)} on each rank's GPU "
             f"(engine.py _configure_distributed_model: self.module.to(self.device)), because the model was not "
             f"built under deepspeed.zero.Init. ZeRO-3 then frees it param by param, but the CUDA caching allocator "
-            f"keeps it reserved. Build the model under zero.Init (with transformers: create "
+            f"keeps it reserved{_still_reserved(phases)}. Build the model under zero.Init (with transformers: create "
             f"HfDeepSpeedConfig(ds_config) before from_pretrained) and no GPU ever holds more than about one module.")))
+
+    alloc = _allocator_finding(sc, phases)
+    if alloc is not None:
+        out.append(alloc)
 
     if model.frozen_params and ds.optimizer.states_per_param == 2:
         out.append(_sixteen_bytes(sc, phases))
@@ -77,7 +82,10 @@ def derive_findings(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: Verd
     out.append(Finding(id="estimates", severity="info", message=(
         "Exact (byte for byte from DeepSpeed's code): parameters, partitions, optimizer buffers and states. "
         "Estimated: activations (analytic; `memfit trace` gives the exact figure), params gathered at a given "
-        "instant, the CUDA context (512 MiB) and the process itself (2 GiB per rank).")))
+        "instant, the GPU memory outside PyTorch (CUDA context, NCCL, cuBLAS: per GPU architecture and torch/CUDA "
+        "version, from published measurements) and the process itself (2 GiB per rank). The allocator figures "
+        "(blocks, segments, pinned rounding and caching) are torch's rules applied to these allocations on one "
+        "stream.")))
     return tuple(out)
 
 
@@ -144,19 +152,22 @@ def _host_findings(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: Verdi
     hw = sc.hardware
     R = hw.gpus_per_node
     out = []
-    peak = max(phases, key=lambda p: p.node_cpu_peak_bytes)
-    pinned_peak = max(phases, key=lambda p: p.cpu_pinned_bytes)
-    head = hw.cpu_ram_bytes - peak.node_cpu_peak_bytes
+    peak = max(phases, key=host_figure)
+    pinned_peak = max(phases, key=lambda p: p.cpu_pinned_locked_bytes)
+    head = hw.cpu_ram_bytes - host_figure(peak)
     if R > 1 or head < hw.cpu_ram_bytes * 0.2:
         out.append(Finding(id="host-ram-per-node", severity="warning" if head < hw.cpu_ram_bytes * 0.1 else "info", message=(
             f"{R} rank(s) on one node each run their own process with their own copy: host memory peaks in phase "
-            f"{peak.name} at {fmt_bytes(peak.node_cpu_peak_bytes, 'GB')} per node of {fmt_bytes(hw.cpu_ram_bytes, 'GB')} "
-            f"({fmt_bytes(peak.cpu_pageable_bytes, 'GB')} pageable + {fmt_bytes(peak.cpu_pinned_bytes, 'GB')} pinned per rank), "
-            f"leaving {fmt_bytes(head, 'GB')} for the OS, page cache and everything else.")))
-    if pinned_peak.cpu_pinned_bytes:
+            f"{peak.name} at {fmt_bytes(host_figure(peak), 'GB')} per node of {fmt_bytes(hw.cpu_ram_bytes, 'GB')} "
+            f"({fmt_bytes(peak.cpu_pageable_bytes, 'GB')} pageable + {fmt_bytes(peak.cpu_pinned_locked_bytes, 'GB')} "
+            f"page-locked per rank), leaving {fmt_bytes(head, 'GB')} for the OS, page cache and everything else.")))
+    if pinned_peak.cpu_pinned_locked_bytes:
+        locked, asked = pinned_peak.cpu_pinned_locked_bytes, pinned_peak.cpu_pinned_requested_bytes
+        why = (f" (the tensors ask for {fmt_bytes(asked, 'GB')}; torch's pinned allocator rounds each block up to a "
+               f"power of two and keeps freed blocks locked)" if locked > asked else "")
         out.append(Finding(id="pinned-oom-is-reported-as-cuda-oom", severity="info", message=(
-            f"Pinned (page-locked) host memory reaches {fmt_bytes(pinned_peak.cpu_pinned_bytes, 'GB')} per rank, "
-            f"{fmt_bytes(pinned_peak.cpu_pinned_bytes * R, 'GB')} per node (phase {pinned_peak.name}). A pinned "
+            f"Pinned (page-locked) host memory reaches {fmt_bytes(locked, 'GB')} per rank{why}, "
+            f"{fmt_bytes(locked * R, 'GB')} per node (phase {pinned_peak.name}). A pinned "
             f"allocation that fails is reported as 'RuntimeError: CUDA error: out of memory' without 'Tried to allocate': "
             f"it is host memory running out, not GPU memory. Setting pin_memory false trades speed for that.")))
     return out
@@ -164,17 +175,44 @@ def _host_findings(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: Verdi
 
 def _tightest(sc: Scenario, phases: tuple[PhaseLedger, ...]) -> Finding:
     hw = sc.hardware
-    gpu = max(phases, key=lambda p: p.gpu_peak_bytes)
-    cpu = max(phases, key=lambda p: p.node_cpu_peak_bytes)
-    g_frac = gpu.gpu_peak_bytes / hw.gpu.total_bytes
-    c_frac = cpu.node_cpu_peak_bytes / hw.cpu_ram_bytes
+    gpu = max(phases, key=gpu_figure)
+    cpu = max(phases, key=host_figure)
+    g_frac = gpu_figure(gpu) / hw.gpu.total_bytes
+    c_frac = host_figure(cpu) / hw.cpu_ram_bytes
     if g_frac >= c_frac:
-        where = (f"the GPU in phase {gpu.name}: {fmt_bytes(gpu.gpu_peak_bytes)} of {fmt_bytes(hw.gpu.total_bytes)} "
+        where = (f"the GPU in phase {gpu.name}: {fmt_bytes(gpu_figure(gpu))} of {fmt_bytes(hw.gpu.total_bytes)} "
                  f"({g_frac:.0%}) per rank")
     else:
-        where = (f"host RAM in phase {cpu.name}: {fmt_bytes(cpu.node_cpu_peak_bytes)} of {fmt_bytes(hw.cpu_ram_bytes)} "
+        where = (f"host RAM in phase {cpu.name}: {fmt_bytes(host_figure(cpu))} of {fmt_bytes(hw.cpu_ram_bytes)} "
                  f"({c_frac:.0%}) per node")
     sev = "warning" if max(g_frac, c_frac) > 0.9 else "info"
     return Finding(id="tightest-margin", severity=sev, message=(
         f"It fits; the smallest margin is {where}. Allocator fragmentation, other processes and the OS need "
         f"room too, so under about 10% of headroom a real run can still fail there."))
+
+
+def _still_reserved(phases: tuple[PhaseLedger, ...]) -> str:
+    part = _phase(phases, "initialize.partition")
+    if part is None or not part.allocators_simulated:
+        return ""
+    return f" (the simulated allocator still holds {fmt_bytes(part.gpu_reserved_bytes)} reserved after partitioning)"
+
+
+def _allocator_finding(sc: Scenario, phases: tuple[PhaseLedger, ...]) -> Finding | None:
+    """What torch's allocators add to the tensors' bytes at the GPU-verdict peak phase."""
+    if not any(p.allocators_simulated for p in phases):
+        return None
+    ph = max(phases, key=gpu_figure)
+    rt = sc.runtime
+    conf = f", PYTORCH_CUDA_ALLOC_CONF={rt.alloc_conf}" if rt.alloc_conf else ""
+    stranded = ph.gpu_oom_relevant_bytes - ph.gpu_outside_pytorch_bytes - ph.gpu_allocated_bytes
+    retries = sum(p.gpu_alloc_retries for p in phases)
+    return Finding(id="allocator-figures", severity="info", message=(
+        f"With torch {rt.torch_version}'s caching allocator{conf}, phase {ph.name} peaks at "
+        f"{fmt_bytes(ph.gpu_allocated_bytes)} allocated (blocks) and {fmt_bytes(ph.gpu_reserved_bytes)} reserved "
+        f"per rank. What a failing cudaMalloc cannot get back is {fmt_bytes(ph.gpu_oom_relevant_bytes)}: "
+        f"allocated plus {fmt_bytes(max(stranded, 0))} of free space stranded in segments that still hold a live "
+        f"block (or just cudaMalloc'ed for a request), plus {fmt_bytes(ph.gpu_outside_pytorch_bytes)} outside "
+        f"PyTorch (CUDA context, NCCL); that is the figure the verdict uses. nvidia-smi would show about "
+        f"{fmt_bytes(ph.gpu_nvidia_smi_bytes)}. Cached segments are released and the allocation retried "
+        f"{retries} time(s) over the run."))

@@ -53,6 +53,12 @@ class LedgerItem:
     """False for estimates (activations without a trace, CUDA context, allocator slack)."""
     rank0_only: bool = False
     """Held by rank 0 alone (e.g. the consolidated state dict on save), not by every rank."""
+    block_bytes: int | None = None
+    """GPU: what the caching allocator gave its tensors (blocks, >= ``bytes``); None when not simulated."""
+    locked_bytes: int | None = None
+    """Pinned: bytes page-locked for it (power-of-two blocks since torch 1.11); None when not simulated."""
+    outside_allocator: bool = False
+    """GPU memory PyTorch's caching allocator never sees (CUDA context, NCCL, cuBLAS before 1.13)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,6 +83,34 @@ class PhaseLedger:
     node_cpu_peak_bytes: int = 0
     """All ranks on one node together: each rank is its own process with its own copy, except
     items held by rank 0 alone."""
+    allocators_simulated: bool = False
+    """The figures below come from the allocator simulators (``core/alloc``); without them (CPU
+    accelerator) they repeat the requested figures."""
+    gpu_allocated_bytes: int = 0
+    """Per rank, peak of torch's ``allocated_bytes`` in the phase (blocks: 512-B multiples, unsplit
+    remainders) = ``max_memory_allocated`` after a reset at the phase start."""
+    gpu_reserved_bytes: int = 0
+    """Per rank, peak ``reserved_bytes`` (``max_memory_reserved``): segments cudaMalloc'ed and cached."""
+    gpu_oom_relevant_bytes: int = 0
+    """Per rank, peak of what a failing cudaMalloc cannot get back: every segment holding a live block
+    (allocated + stranded free space + the segment a request just needed) + memory outside PyTorch.
+    The run OOMs in this phase iff it exceeds the card (see ``core/alloc/cuda_caching.py``)."""
+    gpu_outside_pytorch_bytes: int = 0
+    """Per rank, CUDA context + NCCL buffers (+ cuBLAS workspace before torch 1.13), estimated."""
+    gpu_nvidia_smi_bytes: int = 0
+    """Per rank, peak reserved + outside PyTorch: what nvidia-smi would show (estimate)."""
+    gpu_alloc_retries: int = 0
+    """cudaMalloc failures that flushed the cache and retried (``num_alloc_retries``) in the phase."""
+    gpu_ooms: int = 0
+    """Allocations that failed even after the flush (``num_ooms``) in the phase."""
+    cpu_pinned_requested_bytes: int = 0
+    """Per process, peak of pinned bytes the live tensors asked for."""
+    cpu_pinned_locked_bytes: int = 0
+    """Per process, peak page-locked bytes: rounded blocks, freed blocks kept cached, outside pins."""
+    cpu_locked_peak_bytes: int = 0
+    """Per process, peak of pageable + page-locked bytes."""
+    node_cpu_locked_peak_bytes: int = 0
+    """All ranks of a node, with page-locked pinned bytes (rank-0-only items once)."""
 
     @property
     def cpu_peak_bytes(self) -> int:
@@ -90,6 +124,8 @@ class Failure:
     """``gpu``, ``cpu`` (per node) or ``nvme``."""
     needed_bytes: int
     available_bytes: int
+    figure: str = ""
+    """Which figure was compared (e.g. the OOM-relevant GPU bytes), in words."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,6 +133,10 @@ class Verdict:
     fits: bool
     failures: tuple[Failure, ...]
     """In run order; the first is where the run dies."""
+    gpu_figure: str = ""
+    """The GPU figure the verdict used, in words."""
+    host_figure: str = ""
+    """The host figure the verdict used, in words."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from memfit.core.findings import derive_findings
-from memfit.core.ledger.build import build_ledger
+from memfit.core.ledger.build import build_timeline
 from memfit.core.ledger_types import ParamCounts, Plan, TracedStep
 from memfit.core.scenario import Scenario
 from memfit.core.verdict import judge
@@ -19,14 +19,38 @@ def count_params(sc: Scenario) -> ParamCounts:
 def make_plan(sc: Scenario, traced: TracedStep | None = None) -> Plan:
     """The plan; with ``traced`` (from ``memfit.trace.ledger_step``) the forward/backward phases use
     the traced step memory instead of the analytic estimate."""
-    phases = build_ledger(sc, traced)
+    timeline = build_timeline(sc, traced)
+    phases = timeline.phases()
     verdict = judge(phases, sc.hardware)
     notes = (
         traced.note if traced is not None else
         "Activations are analytic (Korthikanti-style, corrected for frozen weights and PEFT); "
         "`memfit plan --exact` traces them from the model's code.",
-        f"Allocation behaviour of DeepSpeed {sc.ds_version}.x; GPU bytes are what tensors hold (the caching "
-        "allocator may reserve more).",
+        f"Allocation behaviour of DeepSpeed {sc.ds_version}.x. " + allocator_note(sc),
+        *timeline.granularity_notes,
     )
     return Plan(scenario_name=sc.name, params=count_params(sc), phases=phases, verdict=verdict,
                 findings=derive_findings(sc, phases, verdict), notes=notes)
+
+
+def allocator_note(sc: Scenario) -> str:
+    """Which allocator rules the figures follow, said out loud (defaults included)."""
+    from memfit.core.alloc.conf import parse_alloc_conf
+    from memfit.core.alloc.versions import DEFAULT_TORCH, resolve_torch_version
+
+    if sc.accelerator != "cuda":
+        return "DeepSpeed's CPU accelerator: no CUDA or pinned allocator to simulate; GPU bytes are what tensors hold."
+    rt = sc.runtime
+    v = resolve_torch_version(rt.torch_version)
+    parts = [f"Allocator figures follow torch {v.name}'s caching allocators"
+             + (" (the default; --torch-version changes it)" if v.name == DEFAULT_TORCH else "")]
+    if not v.rules_read:
+        parts.append(f"torch {v.name}'s allocator source was not read here: torch {DEFAULT_TORCH}'s rules are used")
+    parts.append(f"PYTORCH_CUDA_ALLOC_CONF={rt.alloc_conf}" if rt.alloc_conf else "PYTORCH_CUDA_ALLOC_CONF unset (torch's defaults)")
+    if rt.alloc_conf_source:
+        parts.append(rt.alloc_conf_source)
+    parts.extend(parse_alloc_conf(rt.alloc_conf, v).notes)
+    if rt.pin_memory_backend == "native":
+        parts.append("DS_PIN_MEMORY_BACKEND=native: DeepSpeed mlocks pinned tensors itself (exact, freed on GC)")
+    parts.append(f"CUDA {rt.cuda_version or v.default_cuda}")
+    return "; ".join(parts) + "."

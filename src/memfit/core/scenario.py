@@ -67,6 +67,39 @@ class TrainSettings:
             raise MemfitError(f"attention must be 'eager' or 'sdpa', got {self.attention!r}")
 
 
+PIN_MEMORY_BACKENDS = ("torch", "native")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuntimeSettings:
+    """The software stack under DeepSpeed: which allocator rules apply (see ``core/alloc``)."""
+
+    torch_version: str = "2.13"
+    """torch release line (``core/alloc/versions.py``); the default is the release whose source was read."""
+    alloc_conf: str = ""
+    """``PYTORCH_CUDA_ALLOC_CONF`` as the run sets it (empty: torch's defaults)."""
+    cuda_version: str | None = None
+    """CUDA of the torch build (None: the usual one for that torch release)."""
+    pin_memory_backend: str = "torch"
+    """DeepSpeed 0.19's ``DS_PIN_MEMORY_BACKEND``: ``torch`` (tensor.pin_memory()) or ``native`` (mlock)."""
+    alloc_conf_source: str = ""
+    """Where ``alloc_conf`` came from when not typed in (e.g. the environment, on request)."""
+
+    def __post_init__(self) -> None:
+        from memfit.core.alloc.conf import parse_alloc_conf
+        from memfit.core.alloc.versions import resolve_torch_version
+
+        version = resolve_torch_version(self.torch_version)
+        parse_alloc_conf(self.alloc_conf, version)
+        if self.cuda_version is not None:
+            parts = str(self.cuda_version).split(".")
+            if not (1 <= len(parts) <= 3 and all(p.isdigit() for p in parts)):
+                raise MemfitError(f"--cuda-version: expected e.g. 12.8 or 11.3, got {self.cuda_version!r}")
+        if self.pin_memory_backend not in PIN_MEMORY_BACKENDS:
+            raise MemfitError(f"--pin-memory-backend must be one of {', '.join(PIN_MEMORY_BACKENDS)}, "
+                              f"got {self.pin_memory_backend!r}")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Scenario:
     """Everything a plan needs."""
@@ -88,12 +121,16 @@ class Scenario:
     accelerator: str = "cuda"
     """``cuda``: GPU plus host memory; ``cpu``: DeepSpeed's CPU accelerator, where the "device" is
     host memory, moves to it are no-ops and nothing is pinned (what CPU replays run)."""
+    runtime: RuntimeSettings = RuntimeSettings()
+    """torch version, PYTORCH_CUDA_ALLOC_CONF, CUDA version, DeepSpeed's pinning backend."""
 
     def __post_init__(self) -> None:
         if self.ds_version not in DS_VERSIONS:
             raise MemfitError(f"--deepspeed-version must be one of {', '.join(DS_VERSIONS)}, got {self.ds_version!r}")
         if self.accelerator not in ("cuda", "cpu"):
             raise MemfitError(f"accelerator must be 'cuda' or 'cpu', got {self.accelerator!r}")
+        if self.runtime.pin_memory_backend == "native" and self.ds_version != "0.19":
+            raise MemfitError("--pin-memory-backend native (DS_PIN_MEMORY_BACKEND) exists in DeepSpeed 0.19 only")
 
     @property
     def world_size(self) -> int:

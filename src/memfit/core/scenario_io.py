@@ -10,6 +10,8 @@ The YAML file (see examples/*.yaml) has the same names as the flags::
     hardware: {gpus: 2xrtx3090, nodes: 1, cpu_ram: 64GB}
     load: {dtype: fp32, zero_init: false, low_cpu_mem_usage: true}
     train: {seq_len: 512, micro_batch: 1, gradient_checkpointing: false, model_parameters: trainable}
+    runtime: {torch_version: "2.13", alloc_conf: "expandable_segments:True", cuda_version: "12.8",
+              pin_memory_backend: torch, alloc_conf_from_env: false}
 
 Flags override the file; anything left unset takes the documented default.
 """
@@ -25,7 +27,8 @@ from memfit.core.scenario import Scenario
 from memfit.errors import MemfitError
 
 _TOP = {"name", "model", "peft", "deepspeed", "deepspeed_version", "hardware", "load", "train",
-        "trust_remote_code", "accelerator"}
+        "trust_remote_code", "accelerator", "runtime"}
+_RUNTIME = {"torch_version", "alloc_conf", "cuda_version", "pin_memory_backend", "alloc_conf_from_env"}
 _HW = {"gpus", "nodes", "cpu_ram", "nvme"}
 _LOAD = {"dtype", "zero_init", "low_cpu_mem_usage"}
 _TRAIN = {"seq_len", "micro_batch", "gradient_checkpointing", "model_parameters", "attention"}
@@ -59,6 +62,12 @@ class ScenarioInputs:
     attention: str | None = None
     trust_remote_code: bool | None = None
     accelerator: str | None = None
+    torch_version: str | None = None
+    alloc_conf: str | None = None
+    alloc_conf_from_env: bool | None = None
+    """Read PYTORCH_CUDA_ALLOC_CONF (then PYTORCH_ALLOC_CONF) from the environment: only when asked."""
+    cuda_version: str | None = None
+    pin_memory_backend: str | None = None
 
 
 def merge_inputs(base: ScenarioInputs, override: ScenarioInputs) -> ScenarioInputs:
@@ -111,6 +120,7 @@ def read_scenario_file(path: str | Path) -> ScenarioInputs:
     hw = _section(raw.get("hardware"), "hardware", _HW, p)
     load = _section(raw.get("load"), "load", _LOAD, p)
     train = _section(raw.get("train"), "train", _TRAIN, p)
+    rt = _section(raw.get("runtime"), "runtime", _RUNTIME, p)
     peft = raw.get("peft")
     method, options = None, {}
     if isinstance(peft, str):
@@ -147,6 +157,11 @@ def read_scenario_file(path: str | Path) -> ScenarioInputs:
         gradient_checkpointing=train.get("gradient_checkpointing"), model_parameters=train.get("model_parameters"),
         attention=train.get("attention"), trust_remote_code=raw.get("trust_remote_code"),
         accelerator=raw.get("accelerator"),
+        torch_version=None if rt.get("torch_version") is None else str(rt["torch_version"]),
+        alloc_conf=None if rt.get("alloc_conf") is None else str(rt["alloc_conf"]),
+        alloc_conf_from_env=rt.get("alloc_conf_from_env"),
+        cuda_version=None if rt.get("cuda_version") is None else str(rt["cuda_version"]),
+        pin_memory_backend=rt.get("pin_memory_backend"),
     )
 
 
@@ -278,11 +293,39 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
     )
     return Scenario(name=inputs.name or f"{source.name} ({spec.method})", model_ref=source.name, model=model,
                     peft=spec, deepspeed=ds, deepspeed_json=ds_json, hardware=hw, load=load, train=train,
-                    ds_version=str(inputs.ds_version or "0.19"), accelerator=inputs.accelerator or "cuda")
+                    ds_version=str(inputs.ds_version or "0.19"), accelerator=inputs.accelerator or "cuda",
+                    runtime=runtime_settings(inputs))
+
+
+def runtime_settings(inputs: ScenarioInputs):  # -> RuntimeSettings
+    """torch version, PYTORCH_CUDA_ALLOC_CONF (from the environment only when asked), CUDA version and
+    DeepSpeed's pinning backend, validated (a bad value is one MemfitError line)."""
+    import os
+
+    from memfit.core.alloc.versions import DEFAULT_TORCH, resolve_torch_version
+    from memfit.core.scenario import RuntimeSettings
+
+    if inputs.alloc_conf_from_env is not None and not isinstance(inputs.alloc_conf_from_env, bool):
+        raise MemfitError(f"alloc_conf_from_env must be true or false, got {inputs.alloc_conf_from_env!r}")
+    version = resolve_torch_version(inputs.torch_version or DEFAULT_TORCH)
+    conf, source = inputs.alloc_conf or "", ""
+    if inputs.alloc_conf_from_env:
+        if inputs.alloc_conf:
+            raise MemfitError("give the allocator config either as --alloc-conf or from the environment, not both")
+        for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF") if version.at_least("2.9") else ("PYTORCH_CUDA_ALLOC_CONF",):
+            if os.environ.get(var):
+                conf, source = os.environ[var], f"{var} from the environment"
+                break
+        else:
+            source = "asked to read PYTORCH_CUDA_ALLOC_CONF from the environment: not set, torch's defaults"
+    return RuntimeSettings(torch_version=version.name, alloc_conf=conf, alloc_conf_source=source,
+                           cuda_version=inputs.cuda_version, pin_memory_backend=inputs.pin_memory_backend or "torch")
 
 
 def describe_scenario(sc: Scenario) -> dict[str, Any]:
     """The resolved scenario, for JSON output and fixtures."""
+    from memfit.core.alloc.versions import resolve_torch_version
+
     z = sc.deepspeed.zero
     return {
         "name": sc.name,
@@ -306,4 +349,8 @@ def describe_scenario(sc: Scenario) -> dict[str, Any]:
         "micro_batch": sc.train.micro_batch,
         "gradient_checkpointing": sc.train.gradient_checkpointing,
         "accelerator": sc.accelerator,
+        "torch_version": sc.runtime.torch_version,
+        "alloc_conf": sc.runtime.alloc_conf,
+        "cuda_version": sc.runtime.cuda_version or resolve_torch_version(sc.runtime.torch_version).default_cuda,
+        "pin_memory_backend": sc.runtime.pin_memory_backend,
     }

@@ -1,6 +1,7 @@
 """The stable JSON schema of ``memfit plan --json`` (documented in docs/json-schema.md).
 
-Schema version 1. Byte counts are integers; nothing is rounded.
+Schema version 2 (2 added the allocator figures; docs/json-schema.md lists the changes). Byte counts are
+integers named ``*_bytes``; nothing is rounded.
 """
 
 from __future__ import annotations
@@ -9,13 +10,16 @@ from typing import Any
 
 from memfit import __version__
 from memfit.core.ledger_types import Plan
+from memfit.core.verdict import gpu_figure, host_figure
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def plan_to_dict(plan: Plan, *, scenario: dict[str, Any] | None = None) -> dict[str, Any]:
     gpu_peak = max(plan.phases, key=lambda p: p.gpu_peak_bytes)
     cpu_peak = max(plan.phases, key=lambda p: p.node_cpu_peak_bytes)
+    gpu_verdict = max(plan.phases, key=gpu_figure)
+    host_verdict = max(plan.phases, key=host_figure)
     return {
         "schema_version": SCHEMA_VERSION,
         "memfit_version": __version__,
@@ -37,6 +41,18 @@ def plan_to_dict(plan: Plan, *, scenario: dict[str, Any] | None = None) -> dict[
                 "cpu_pageable_bytes": ph.cpu_pageable_bytes,
                 "node_cpu_peak_bytes": ph.node_cpu_peak_bytes,
                 "nvme_bytes": ph.nvme_bytes,
+                "allocators_simulated": ph.allocators_simulated,
+                "gpu_allocated_bytes": ph.gpu_allocated_bytes,
+                "gpu_reserved_bytes": ph.gpu_reserved_bytes,
+                "gpu_oom_relevant_bytes": ph.gpu_oom_relevant_bytes,
+                "gpu_outside_pytorch_bytes": ph.gpu_outside_pytorch_bytes,
+                "gpu_nvidia_smi_bytes": ph.gpu_nvidia_smi_bytes,
+                "gpu_alloc_retries": ph.gpu_alloc_retries,
+                "gpu_ooms": ph.gpu_ooms,
+                "cpu_pinned_requested_bytes": ph.cpu_pinned_requested_bytes,
+                "cpu_pinned_locked_bytes": ph.cpu_pinned_locked_bytes,
+                "cpu_locked_peak_bytes": ph.cpu_locked_peak_bytes,
+                "node_cpu_locked_peak_bytes": ph.node_cpu_locked_peak_bytes,
                 "items": [
                     {
                         "key": it.key,
@@ -48,6 +64,9 @@ def plan_to_dict(plan: Plan, *, scenario: dict[str, Any] | None = None) -> dict[
                         "category": it.category,
                         "exact": it.exact,
                         "rank0_only": it.rank0_only,
+                        "block_bytes": it.block_bytes,
+                        "locked_bytes": it.locked_bytes,
+                        "outside_allocator": it.outside_allocator,
                     }
                     for it in ph.items
                 ],
@@ -59,12 +78,20 @@ def plan_to_dict(plan: Plan, *, scenario: dict[str, Any] | None = None) -> dict[
             "gpu_phase": gpu_peak.name,
             "node_cpu_bytes": cpu_peak.node_cpu_peak_bytes,
             "cpu_phase": cpu_peak.name,
+            "gpu_oom_relevant_bytes": gpu_figure(gpu_verdict),
+            "gpu_oom_relevant_phase": gpu_verdict.name,
+            "gpu_reserved_bytes": max(p.gpu_reserved_bytes for p in plan.phases),
+            "cpu_pinned_locked_bytes": max(p.cpu_pinned_locked_bytes for p in plan.phases),
+            "node_cpu_locked_bytes": host_figure(host_verdict),
+            "node_cpu_locked_phase": host_verdict.name,
         },
         "verdict": {
             "fits": plan.verdict.fits,
+            "gpu_figure": plan.verdict.gpu_figure,
+            "host_figure": plan.verdict.host_figure,
             "failures": [
                 {"phase": f.phase, "device": f.device, "needed_bytes": f.needed_bytes,
-                 "available_bytes": f.available_bytes}
+                 "available_bytes": f.available_bytes, "figure": f.figure}
                 for f in plan.verdict.failures
             ],
         },

@@ -8,6 +8,7 @@ from memfit.core.ledger_types import Plan
 from memfit.core.scenario import Scenario
 from memfit.core.units import fmt_bytes
 from memfit.render.charts import phase_chart_svg
+from memfit.core.verdict import gpu_figure, host_figure
 from memfit.render.terminal import scenario_summary
 
 GiB = 2**30
@@ -55,8 +56,10 @@ def html_report(plan: Plan, sc: Scenario, *, sections: tuple[tuple[str, str], ..
     extra = "".join(f"<h2>{escape(h)}</h2>{frag}" for h, frag in sections)
     hw = sc.hardware
     rows = "".join(
-        f"<tr><td>{escape(p.name)}</td><td class=n>{p.gpu_peak_bytes / GiB:.2f}</td><td class=n>{p.cpu_pinned_bytes / GiB:.2f}</td>"
-        f"<td class=n>{p.cpu_pageable_bytes / GiB:.2f}</td><td class=n>{p.node_cpu_peak_bytes / GiB:.2f}</td></tr>"
+        f"<tr><td>{escape(p.name)}</td><td class=n>{p.gpu_allocated_bytes / GiB:.2f}</td>"
+        f"<td class=n>{p.gpu_reserved_bytes / GiB:.2f}</td><td class=n>{gpu_figure(p) / GiB:.2f}</td>"
+        f"<td class=n>{p.cpu_pinned_locked_bytes / GiB:.2f}</td>"
+        f"<td class=n>{p.cpu_pageable_bytes / GiB:.2f}</td><td class=n>{host_figure(p) / GiB:.2f}</td></tr>"
         for p in plan.phases)
     ledgers = []
     for p in plan.phases:
@@ -79,7 +82,7 @@ def html_report(plan: Plan, sc: Scenario, *, sections: tuple[tuple[str, str], ..
 <figure id="gpu-chart">{phase_chart_svg(plan, "gpu", hw.gpu.total_bytes, f"GPU per rank ({hw.gpu.name})")}</figure>
 <figure id="host-chart">{phase_chart_svg(plan, "host", hw.cpu_ram_bytes, f"Host RAM per node ({hw.gpus_per_node} rank(s))")}</figure>
 <h2>Peaks per phase (GiB = 2<sup>30</sup> bytes)</h2>
-<table><tr><th>phase</th><th>GPU / rank</th><th>pinned / rank</th><th>pageable / rank</th><th>host / node</th></tr>{rows}</table>
+<table><tr><th>phase</th><th>GPU allocated / rank</th><th>GPU reserved / rank</th><th>GPU OOM-relevant / rank</th><th>pinned locked / rank</th><th>pageable / rank</th><th>host / node</th></tr>{rows}</table>
 <h2>Findings</h2><ul>{findings}</ul>
 <h2>Ledger: what is live at each phase's peak</h2>{''.join(ledgers)}
 <h2>Notes</h2><ul>{notes}</ul>
@@ -98,10 +101,12 @@ def markdown_report(plan: Plan | None, sc: Scenario | None, *, sections: tuple[t
     verdict, _ = _verdict(plan)
     lines = head + [f"## The plan: {plan.scenario_name}", "", "```", scenario_summary(sc).plain, "```", "",
              f"**{verdict}**", "", "## Peaks per phase (GiB = 2^30 bytes)", "",
-             "| phase | GPU / rank | pinned / rank | pageable / rank | host / node |", "|---|---:|---:|---:|---:|"]
+             "| phase | GPU allocated / rank | GPU reserved / rank | GPU OOM-relevant / rank | pinned locked / rank "
+             "| pageable / rank | host / node |", "|---|---:|---:|---:|---:|---:|---:|"]
     for p in plan.phases:
-        lines.append(f"| {p.name} | {p.gpu_peak_bytes / GiB:.2f} | {p.cpu_pinned_bytes / GiB:.2f} | "
-                     f"{p.cpu_pageable_bytes / GiB:.2f} | {p.node_cpu_peak_bytes / GiB:.2f} |")
+        lines.append(f"| {p.name} | {p.gpu_allocated_bytes / GiB:.2f} | {p.gpu_reserved_bytes / GiB:.2f} | "
+                     f"{gpu_figure(p) / GiB:.2f} | {p.cpu_pinned_locked_bytes / GiB:.2f} | "
+                     f"{p.cpu_pageable_bytes / GiB:.2f} | {host_figure(p) / GiB:.2f} |")
     lines += ["", "## Findings", ""] + [f"- **{f.severity}**: {f.message}" for f in plan.findings]
     lines += ["", "## Ledger", ""]
     for p in plan.phases:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
@@ -10,6 +11,7 @@ from rich.text import Text
 from memfit.core.ledger_types import Device, PhaseLedger, Plan
 from memfit.core.scenario import Scenario
 from memfit.core.units import fmt_bytes
+from memfit.core.verdict import gpu_figure, host_figure
 
 GiB = 2**30
 _SEV = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -57,21 +59,30 @@ def scenario_summary(sc: Scenario) -> Text:
 def phase_table(plan: Plan, sc: Scenario, *, width: int = 120) -> Table:
     hw = sc.hardware
     failed = {(f.phase, f.device) for f in plan.verdict.failures}
-    t = Table(title="Peak memory per phase, GiB (2^30 bytes); GPU, pinned and pageable per rank",
-              title_justify="left")
+    wide = width >= 120
+    t = Table(title=f"Peak memory per phase, GiB (2^30 bytes). GPU per rank (of {hw.gpu.total_bytes / GiB:.2f}): "
+                    "allocated (blocks), reserved, OOM-relevant (what the verdict compares); pinned page-locked and "
+                    f"pageable per rank; host per node (of {hw.cpu_ram_bytes / GiB:.2f})",
+              title_justify="left", box=box.SIMPLE_HEAVY if wide else box.SIMPLE, padding=(0, 1), pad_edge=False)
     t.add_column("phase", no_wrap=True)
-    t.add_column("GPU\n/rank", justify="right", no_wrap=True)
-    t.add_column(f"of\n{hw.gpu.total_bytes / GiB:.2f}", no_wrap=True)
-    t.add_column("pinned", justify="right", no_wrap=True)
-    t.add_column("page-\nable", justify="right", no_wrap=True)
-    t.add_column("host\n/node", justify="right", no_wrap=True)
-    t.add_column(f"of\n{hw.cpu_ram_bytes / GiB:.2f}", no_wrap=True)
-    bar = 10 if width >= 110 else 0
+    t.add_column("GPU\nalloc", justify="right", no_wrap=True)
+    t.add_column("GPU\nresv", justify="right", no_wrap=True)
+    t.add_column("GPU\nOOM", justify="right", no_wrap=True)
+    if wide:
+        t.add_column("", no_wrap=True)
+    t.add_column("pin\nlock", justify="right", no_wrap=True)
+    t.add_column("page\nable", justify="right", no_wrap=True)
+    t.add_column("host\nnode", justify="right", no_wrap=True)
+    if wide:
+        t.add_column("", no_wrap=True)
     for ph in plan.phases:
-        gpu = Text(_gib(ph.gpu_peak_bytes), style="bold red" if (ph.name, "gpu") in failed else "")
-        node = Text(_gib(ph.node_cpu_peak_bytes), style="bold red" if (ph.name, "cpu") in failed else "")
-        t.add_row(ph.name, gpu, _bar(ph.gpu_peak_bytes, hw.gpu.total_bytes, bar), _gib(ph.cpu_pinned_bytes),
-                  _gib(ph.cpu_pageable_bytes), node, _bar(ph.node_cpu_peak_bytes, hw.cpu_ram_bytes, bar))
+        g, h = gpu_figure(ph), host_figure(ph)
+        gpu = Text(_gib(g), style="bold red" if (ph.name, "gpu") in failed else "")
+        node = Text(_gib(h), style="bold red" if (ph.name, "cpu") in failed else "")
+        gbar = [_bar(g, hw.gpu.total_bytes)] if wide else []
+        hbar = [_bar(h, hw.cpu_ram_bytes)] if wide else []
+        t.add_row(ph.name, _gib(ph.gpu_allocated_bytes), _gib(ph.gpu_reserved_bytes), gpu, *gbar,
+                  _gib(ph.cpu_pinned_locked_bytes), _gib(ph.cpu_pageable_bytes), node, *hbar)
     return t
 
 
@@ -80,23 +91,27 @@ def items_table(ph: PhaseLedger) -> Table:
     t.add_column("item")
     t.add_column("where")
     t.add_column("GiB", justify="right")
-    t.add_column("bytes", justify="right")
+    t.add_column("bytes\n(held: block / locked)", justify="right")
     t.add_column("formula / DeepSpeed code", overflow="fold")
     for it in sorted(ph.items, key=lambda i: (i.device.value, -i.bytes)):
         name = it.name + ("" if it.exact else " (estimate)")
-        t.add_row(name, _DEV[it.device], _gib(it.bytes), f"{it.bytes:,}",
+        held = it.block_bytes if it.block_bytes is not None else it.locked_bytes
+        nbytes = f"{it.bytes:,}" + (f"\n({held:,})" if held is not None and held != it.bytes else "")
+        t.add_row(name, _DEV[it.device], _gib(it.bytes), nbytes,
                   Text(it.formula) + Text("\n" + it.source, style="dim"))
     return t
 
 
 def verdict_text(plan: Plan) -> Text:
     if plan.verdict.fits:
-        return Text("FITS: every phase stays within GPU and host memory.", style="bold green")
+        return Text("FITS: every phase stays within GPU and host memory"
+                    + (f" (compared: {plan.verdict.gpu_figure}; {plan.verdict.host_figure})" if plan.verdict.gpu_figure else "")
+                    + ".", style="bold green")
     f = plan.verdict.failures[0]
     dev = {"gpu": "GPU memory (per rank)", "cpu": "host RAM (per node)", "nvme": "NVMe"}[f.device]
     return Text(f"DOES NOT FIT: phase {f.phase} needs {fmt_bytes(f.needed_bytes)} of {dev}, "
-                f"{fmt_bytes(f.available_bytes)} available ({fmt_bytes(f.needed_bytes - f.available_bytes)} short).",
-                style="bold red")
+                f"{fmt_bytes(f.available_bytes)} available ({fmt_bytes(f.needed_bytes - f.available_bytes)} short)"
+                + (f"; compared: {f.figure}" if f.figure else "") + ".", style="bold red")
 
 
 def render_plan(plan: Plan, sc: Scenario, console: Console, *, all_items: bool = False) -> None:
@@ -108,8 +123,8 @@ def render_plan(plan: Plan, sc: Scenario, console: Console, *, all_items: bool =
     if all_items:
         show = {p.name for p in plan.phases}
     else:
-        show.add(max(plan.phases, key=lambda p: p.gpu_peak_bytes).name)
-        show.add(max(plan.phases, key=lambda p: p.node_cpu_peak_bytes).name)
+        show.add(max(plan.phases, key=gpu_figure).name)
+        show.add(max(plan.phases, key=host_figure).name)
         show.update(f.phase for f in plan.verdict.failures[:1])
     for ph in plan.phases:
         if ph.name in show:

@@ -70,6 +70,8 @@ class PhaseMeasurement:
     device_allocated_end_bytes: int | None = None
     device_peak_allocated_bytes: int | None = None
     device_peak_reserved_bytes: int | None = None
+    device_reserved_end_bytes: int | None = None
+    """cuda: ``torch.cuda.memory_reserved()`` at the phase end."""
     device_num_ooms: int | None = None
     """Allocator OOMs during the phase (``memory_stats()["num_ooms"]`` difference)."""
     device_num_alloc_retries: int | None = None
@@ -80,7 +82,9 @@ class PhaseMeasurement:
     other process)."""
     cuda_host_peak_bytes: int | None = None
     """cuda: peak of torch's pinned-memory caching allocator (``torch.cuda.host_memory_stats``,
-    ``allocated_bytes.all.peak``; block sizes, rounded up by that allocator)."""
+    ``allocated_bytes.peak``: blocks in use plus cached, at their rounded size)."""
+    cuda_host_end_bytes: int | None = None
+    """cuda: ``host_memory_stats()["allocated_bytes.current"]`` at the phase end."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -120,12 +120,18 @@ class CudaStats:
         except RuntimeError:
             pass  # a device fault: report what the allocator still knows
         stats = cuda.memory_stats()
-        host_peak = None
+        host_peak = host_end = None
         if self.has_host_stats:
+            # allocated_bytes: pinned blocks held (in use + cached) at their rounded size, what is page-locked
+            # (CachingHostAllocator.h getStats); active_bytes leaves the cache out and its peak is a per-bucket sum
             host = cuda.host_memory_stats()
-            for key in ("active_bytes.peak", "allocated_bytes.peak", "allocated_bytes.all.peak"):
+            for key in ("allocated_bytes.peak", "allocated_bytes.all.peak"):
                 if key in host:
                     host_peak = int(host[key])
+                    break
+            for key in ("allocated_bytes.current", "allocated_bytes.all.current"):
+                if key in host:
+                    host_end = int(host[key])
                     break
         free, total = cuda.mem_get_info()
         return {
@@ -134,9 +140,11 @@ class CudaStats:
             "device_allocated_end_bytes": cuda.memory_allocated(),
             "device_peak_allocated_bytes": cuda.max_memory_allocated(),
             "device_peak_reserved_bytes": cuda.max_memory_reserved(),
+            "device_reserved_end_bytes": cuda.memory_reserved(),
             "device_num_ooms": int(stats.get("num_ooms", 0)) - start["num_ooms"],
             "device_num_alloc_retries": int(stats.get("num_alloc_retries", 0)) - start["num_alloc_retries"],
             "cuda_host_peak_bytes": host_peak,
+            "cuda_host_end_bytes": host_end,
         }
 
 

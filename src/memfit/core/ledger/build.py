@@ -5,7 +5,8 @@ from __future__ import annotations
 from memfit.core.ledger.context import RecipeContext
 from memfit.core.ledger.load import (HOST_ADAPTERS, record_cast, record_load, record_load_zero_init,
                                      record_move)
-from memfit.core.ledger.runtime import record_cuda_context, record_process_baseline
+from memfit.core.alloc.non_pytorch import record_cublas_workspace, record_cuda_context
+from memfit.core.ledger.runtime import record_process_baseline
 from memfit.core.ledger.step import record_step
 from memfit.core.ledger.timeline import Timeline
 from memfit.core.ledger.zero012 import record_zero012
@@ -15,8 +16,14 @@ from memfit.core.scenario import Scenario
 
 
 def build_ledger(sc: Scenario, traced: TracedStep | None = None) -> tuple[PhaseLedger, ...]:
+    return build_timeline(sc, traced).phases()
+
+
+def build_timeline(sc: Scenario, traced: TracedStep | None = None) -> Timeline:
+    """Every recipe run, in the order of the real code; the timeline keeps the event log."""
     ctx = RecipeContext.from_scenario(sc)
-    t = Timeline(ranks_per_node=sc.hardware.gpus_per_node, accelerator=sc.accelerator)
+    t = Timeline(ranks_per_node=sc.hardware.gpus_per_node, accelerator=sc.accelerator, tracker=memory_tracker(sc))
+    t.at_phase("forward", lambda: record_cublas_workspace(t, sc))
     stage3 = sc.deepspeed.zero.stage == 3
     if ctx.zero_init:
         t.phase("load", "from_pretrained under zero.Init: params partitioned as each module is built")
@@ -24,14 +31,14 @@ def build_ledger(sc: Scenario, traced: TracedStep | None = None) -> tuple[PhaseL
         part_key = record_load_zero_init(t, ctx)
         where = {p.name: (HOST_ADAPTERS, "fp32") for p in ctx.params if p.adapter}
         t.phase("initialize.cast", "skipped: the model was built under zero.Init")
-        record_cuda_context(t)
+        record_cuda_context(t, sc)
         t.phase("initialize.move", "skipped: the model was built under zero.Init")
     else:
         t.phase("load", "from_pretrained and the PEFT wrap, in each rank's process")
         record_process_baseline(t)
         where = record_load(t, ctx)
         t.phase("initialize.cast", "DeepSpeed casts every parameter to the training dtype where it sits")
-        record_cuda_context(t)
+        record_cuda_context(t, sc)
         record_cast(t, ctx, where)
         record_move(t, ctx, where)
         part_key = {}
@@ -42,4 +49,19 @@ def build_ledger(sc: Scenario, traced: TracedStep | None = None) -> tuple[PhaseL
     else:
         opt_numel = record_zero012(t, ctx, where)
     record_step(t, ctx, opt_numel=opt_numel, traced=traced)
-    return t.phases()
+    return t
+
+
+def memory_tracker(sc: Scenario):  # -> MemoryTracker | None
+    """The allocator simulators for this scenario's torch version, PYTORCH_CUDA_ALLOC_CONF, card and
+    DeepSpeed pinning backend (None on DeepSpeed's CPU accelerator: nothing to simulate)."""
+    if sc.accelerator != "cuda":
+        return None
+    from memfit.core.alloc.conf import parse_alloc_conf
+    from memfit.core.alloc.tracker import MemoryTracker
+    from memfit.core.alloc.versions import resolve_torch_version
+
+    version = resolve_torch_version(sc.runtime.torch_version)
+    return MemoryTracker(version=version, conf=parse_alloc_conf(sc.runtime.alloc_conf, version),
+                         gpu_total_bytes=sc.hardware.gpu.total_bytes,
+                         pin_native=sc.runtime.pin_memory_backend == "native")

@@ -1,9 +1,7 @@
-"""Memory that no tensor accounts for: the CUDA context and the process itself.
+"""Memory that no tensor accounts for: the process itself (host).
 
-These are not functions of the config and are not byte-exact; they are listed (``exact=False``)
-so that a verdict against a real card is not optimistic. Figures are typical for PyTorch 2.x on
-Ampere/Hopper with lazy CUDA module loading; replays on a real GPU measure them
-(``torch.cuda.mem_get_info`` minus the allocator's reserved bytes).
+Not a function of the config and not byte-exact; listed (``exact=False``) so that a verdict is not
+optimistic. The GPU side (CUDA context, NCCL, cuBLAS) moved to ``core/alloc/non_pytorch.py``.
 """
 
 from __future__ import annotations
@@ -11,8 +9,6 @@ from __future__ import annotations
 from memfit.core.ledger.timeline import Timeline
 from memfit.core.ledger_types import Device
 
-CUDA_CONTEXT_BYTES = 512 * 2**20
-"""CUDA context, cuBLAS workspace and NCCL buffers per process (typical: 300-700 MiB)."""
 PROCESS_BASELINE_BYTES = 2 * 2**30
 """Python, torch, CUDA libraries, transformers and DeepSpeed resident in host memory per process."""
 
@@ -24,12 +20,3 @@ def record_process_baseline(t: Timeline) -> None:
               source="process RSS before any tensor (measured by replays)")
     t.alloc("runtime.process", PROCESS_BASELINE_BYTES)
 
-
-def record_cuda_context(t: Timeline) -> None:
-    if t.accelerator != "cuda":
-        return
-    t.declare("runtime.cuda_context", name="CUDA context, cuBLAS workspace, NCCL buffers",
-              device=Device.GPU, category="runtime", exact=False,
-              formula="about 512 MiB per process (estimate; outside torch's allocator)",
-              source="torch.cuda init / deepspeed.comm.init_distributed (NCCL)")
-    t.alloc("runtime.cuda_context", CUDA_CONTEXT_BYTES)

@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memfit.core.ledger.context import DTYPE_BYTES, optimizer_offload
-from memfit.core.ledger.runtime import CUDA_CONTEXT_BYTES, PROCESS_BASELINE_BYTES
+from memfit.core.alloc.non_pytorch import non_pytorch_for
+from memfit.core.ledger.runtime import PROCESS_BASELINE_BYTES
 from memfit.core.ledger_types import PHASES
 from memfit.core.recommend.aggregates import ScenarioAggregates
 from memfit.core.recommend.space import Candidate
@@ -156,7 +157,7 @@ def _initialize(agg: ScenarioAggregates, c: Candidate) -> tuple:
         t.host(agg.buffer_bytes)  # module buffers, in their own dtypes; they stay on the host
         t.host(agg.n_adapter * 4)
         t.phase()  # initialize.cast: skipped
-        t.gpu(CUDA_CONTEXT_BYTES)
+        t.gpu(_context_bytes(sc))
         t.phase()  # initialize.move: skipped
     else:
         if not c.low_cpu_mem_usage and sc.load.from_checkpoint:
@@ -168,7 +169,7 @@ def _initialize(agg: ScenarioAggregates, c: Candidate) -> tuple:
         t.host(agg.buffer_bytes)  # module buffers, in their own dtypes
         t.host(agg.n_adapter * 4)
         t.phase()  # initialize.cast: per-param .to(precision) where the model sits
-        t.gpu(CUDA_CONTEXT_BYTES)
+        t.gpu(_context_bytes(sc))
         buffers = agg.buffer_bytes
         if c.precision != "fp32":
             t.loop(agg.cast_loop(c.load_dtype, c.precision))
@@ -206,6 +207,12 @@ def _initialize(agg: ScenarioAggregates, c: Candidate) -> tuple:
     return t.peaks(agg.ranks_per_node), t.g, t.h, t.n, opt_numel, _states_at_init(agg, c, opt, new=new, off_opt=off_opt)
 
 
+def _context_bytes(sc) -> int:  # noqa: ANN001
+    """``non_pytorch.record_cuda_context``: CUDA context + NCCL buffers per rank."""
+    np = non_pytorch_for(sc)
+    return np.context_bytes + np.nccl_bytes
+
+
 def _step(agg: ScenarioAggregates, c: Candidate, g: int, h: int, n: int, opt_numel: int, opt_states_at_init: bool
           ) -> tuple[tuple[int, int, int, int], ...]:
     """Phases forward .. save (step.record_step), from ``g``/``h``/``n`` bytes live after initialize."""
@@ -220,6 +227,7 @@ def _step(agg: ScenarioAggregates, c: Candidate, g: int, h: int, n: int, opt_num
     t = _Tally()
     t.g, t.h, t.n = g, h, n
     t.phase()  # forward
+    t.gpu(non_pytorch_for(sc).cublas_workspace_bytes)  # non_pytorch.record_cublas_workspace at the first forward op
     mel = stage3 and z.memory_efficient_linear
     gathered = 0
     if stage3:

@@ -268,8 +268,11 @@ def _limits(hw: Hardware, headroom: float) -> tuple[int, int, float]:
 
 
 def _fits(plan: Plan, hw: Hardware, headroom: float) -> bool:
+    """The exact plan's verdict figures (OOM-relevant GPU bytes, page-locked host bytes) with headroom."""
+    from memfit.core.verdict import gpu_figure, host_figure
+
     gpu_limit, host_limit, nvme_limit = _limits(hw, headroom)
-    return all(p.gpu_peak_bytes <= gpu_limit and p.node_cpu_peak_bytes <= host_limit
+    return all(gpu_figure(p) <= gpu_limit and host_figure(p) <= host_limit
                and p.nvme_bytes * hw.gpus_per_node <= nvme_limit for p in plan.phases)
 
 
