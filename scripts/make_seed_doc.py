@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from memfit.core.plan import make_plan  # noqa: E402
 from memfit.core.scenario_io import build_scenario, read_scenario_file  # noqa: E402
 from memfit.core.units import fmt_bytes  # noqa: E402
+from memfit.core.verdict import gpu_figure, host_figure  # noqa: E402
 
 SEED = ROOT / "examples" / "kogpt-prefix-zero3-offload.yaml"
 TRACES = ROOT / "tests" / "fixtures" / "trace" / "seed_activations.json"
@@ -39,10 +40,12 @@ def gib(n: int) -> str:
 
 
 def phase_table(plan) -> list[str]:
-    rows = ["| phase | GPU / rank | pinned / rank | pageable / rank | host / node |", "|---|---:|---:|---:|---:|"]
+    rows = ["| phase | GPU allocated | GPU reserved | GPU OOM-relevant | nvidia-smi (est.) | pinned requested | "
+            "pinned locked | pageable | host / node |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for p in plan.phases:
-        rows.append(f"| {p.name} | {gib(p.gpu_peak_bytes)} | {gib(p.cpu_pinned_bytes)} | {gib(p.cpu_pageable_bytes)} | "
-                    f"{gib(p.node_cpu_peak_bytes)} |")
+        rows.append(f"| {p.name} | {gib(p.gpu_allocated_bytes)} | {gib(p.gpu_reserved_bytes)} | {gib(gpu_figure(p))} | "
+                    f"{gib(p.gpu_nvidia_smi_bytes)} | {gib(p.cpu_pinned_requested_bytes)} | "
+                    f"{gib(p.cpu_pinned_locked_bytes)} | {gib(p.cpu_pageable_bytes)} | {gib(host_figure(p))} |")
     return rows
 
 
@@ -51,9 +54,56 @@ def resident(plan, phase, key):
 
 
 def peaks(plan):
-    g = max(plan.phases, key=lambda p: p.gpu_peak_bytes)
-    h = max(plan.phases, key=lambda p: p.node_cpu_peak_bytes)
+    """The phases where the verdict's figures peak (OOM-relevant GPU bytes, page-locked host bytes)."""
+    g = max(plan.phases, key=gpu_figure)
+    h = max(plan.phases, key=host_figure)
     return g, h
+
+
+def allocator_section(sc, plan, sc19, plan19) -> list[str]:
+    """What PyTorch's caching allocators add to the tensors' bytes, for both stacks."""
+    def ph(p, name):
+        return p.phase(name)
+
+    mv, part, bw = ph(plan19, "initialize.move"), ph(plan19, "initialize.partition"), ph(plan19, "backward")
+    lk = max(plan.phases, key=lambda p: p.cpu_pinned_locked_bytes)
+    lk19 = max(plan19.phases, key=lambda p: p.cpu_pinned_locked_bytes)
+    ctx = next(i for i in ph(plan, "initialize.cast").items if i.key == "runtime.cuda_context")
+    ctx19 = next(i for i in ph(plan19, "initialize.cast").items if i.key == "runtime.cuda_context")
+    return [
+        "## What PyTorch's allocators add",
+        "",
+        "memfit replays every GPU and pinned allocation of the ledger, one tensor at a time, through simulations "
+        "of torch's CUDA caching allocator and pinned host allocator (`src/memfit/core/alloc/`, each rule citing "
+        "the torch source it mirrors), under the torch version of the stack:",
+        "",
+        f"- **The move is allocator-exact.** Every kogpt weight is a multiple of 2 MiB, so the whole-model copy "
+        f"reserves almost exactly what it allocates: {mv.gpu_allocated_bytes:,} B allocated, "
+        f"{mv.gpu_reserved_bytes:,} B reserved (DeepSpeed 0.19, torch {sc19.runtime.torch_version}).",
+        f"- **Partitioning frees the tensors, not the memory.** After `initialize.partition` the allocator still "
+        f"holds {fmt_bytes(part.gpu_reserved_bytes)} reserved: the pattern DeepSpeed#4700 measured (MA 0.58 GB, "
+        f"CA 26.71 GB after partitioning). It is all releasable (whole free segments), so it does not count "
+        f"towards an OOM; nvidia-smi shows it.",
+        f"- **What decides a CUDA OOM** is what `release_cached_blocks` cannot give back, plus the new segment, plus "
+        f"memory outside PyTorch: in backward (DeepSpeed 0.19) {fmt_bytes(gpu_figure(bw))} against "
+        f"{fmt_bytes(bw.gpu_allocated_bytes)} allocated and {fmt_bytes(bw.gpu_reserved_bytes)} reserved. "
+        f"The verdict compares that figure with the card.",
+        f"- **Outside PyTorch**: the CUDA context and NCCL buffers, estimated per GPU architecture and torch/CUDA "
+        f"version: {fmt_bytes(ctx.bytes)} for the 2021 stack ({ctx.formula}; {ctx.source}) and "
+        f"{fmt_bytes(ctx19.bytes)} today ({ctx19.formula}).",
+        f"- **Pinned memory is locked in power-of-two blocks since torch 1.11, and freed blocks stay locked.** "
+        f"Torch {sc.runtime.torch_version} (2021) pinned exact sizes and reused a freed block for any smaller "
+        f"request: {fmt_bytes(lk.cpu_pinned_locked_bytes, 'GB')} locked per rank for "
+        f"{fmt_bytes(lk.cpu_pinned_requested_bytes, 'GB')} requested (DeepSpeed 0.5, phase {lk.name}; the freed "
+        f"per-parameter partitions stay cached). Torch {sc19.runtime.torch_version} rounds every block up to a power "
+        f"of two: {fmt_bytes(lk19.cpu_pinned_locked_bytes, 'GB')} locked for "
+        f"{fmt_bytes(lk19.cpu_pinned_requested_bytes, 'GB')} requested (DeepSpeed 0.19, phase {lk19.name}).",
+        "",
+        "Not modelled: side streams (ZeRO-3's all-gathers allocate on their own stream and free through "
+        "`record_stream`), lumps the ledger books as one tensor, and where cudaMalloc puts a segment (best-fit "
+        "ties are broken by address). `memfit compare` replays a real run's `torch.cuda.memory._snapshot()` "
+        "through the same simulator to check it.",
+    ]
 
 
 def retrace() -> None:
@@ -128,30 +178,30 @@ def recommendations() -> list[str]:
     out = [f"`memfit recommend examples/kogpt-prefix-zero3-offload.yaml --deepspeed-version 0.19` searched "
            f"{res.candidates_searched:,} configurations ({res.candidates_fitting:,} fit with "
            f"{res.headroom:.0%} headroom on GPU and host); the best by estimated step time, each confirmed by the "
-           "exact ledger:", "", "| rank | changes | GPU peak / rank | host peak / node |", "|---:|---|---:|---:|"]
+           "exact ledger:", "", "| rank | changes | GPU OOM-relevant / rank | host peak / node |", "|---:|---|---:|---:|"]
     for r in res.recommendations:
         g, h = peaks(r.plan)
         ch = "; ".join(f"{c.setting}: {c.before} -> {c.after}" for c in r.changes) or "(none)"
-        out.append(f"| {r.rank} | {ch} | {gib(g.gpu_peak_bytes)} GiB ({g.name}) | {gib(h.node_cpu_peak_bytes)} GiB ({h.name}) |")
+        out.append(f"| {r.rank} | {ch} | {gib(gpu_figure(g))} GiB ({g.name}) | {gib(host_figure(h))} GiB ({h.name}) |")
     if res.recommendations:
         out += ["", "The first one's change to the training script:", "", "```diff", res.recommendations[0].script_diff.rstrip(), "```"]
     return out
 
 
 def build() -> str:
-    sc, plan = plan_for()                                   # the case as run in 2022 (DeepSpeed 0.5.x)
-    sc19, plan19 = plan_for(ds_version="0.19")              # the same with today's DeepSpeed
+    sc, plan = plan_for(torch_version="1.10")               # the case as run: DeepSpeed 0.5.x, torch 1.10 (2021)
+    sc19, plan19 = plan_for(ds_version="0.19")              # the same with today's DeepSpeed and torch
     _, fix16 = plan_for(ds_version="0.19", load_dtype="fp16")
     _, fixzi = plan_for(ds_version="0.19", zero_init=True)
     _, fixboth = plan_for(ds_version="0.19", zero_init=True, load_dtype="fp16")
-    _, old_tf = plan_for(low_cpu_mem_usage=False)          # transformers' from_pretrained default in early 2022
+    _, old_tf = plan_for(torch_version="1.10", low_cpu_mem_usage=False)  # transformers' early-2022 default
     m = sc.model
     W = sc.world_size
     move = plan.phase("initialize.move")
     moved = sum(i.bytes for i in move.items if i.key == "move.params")
     g, h = peaks(plan)
-    pinned = max(p.cpu_pinned_bytes for p in plan.phases)
-    pinned19 = max(p.cpu_pinned_bytes for p in plan19.phases)
+    pinned = max(p.cpu_pinned_locked_bytes for p in plan.phases)
+    pinned19 = max(p.cpu_pinned_locked_bytes for p in plan19.phases)
     f = {x.id: x.message for x in plan.findings}
     out = [
         "# Prefix-tuning kogpt 6B under ZeRO-3 with CPU offload: the memory accounting",
@@ -178,27 +228,29 @@ def build() -> str:
         f"- **The GPU peak is inside `initialize`, before ZeRO-3 does anything.** The model was not built under "
         f"`deepspeed.zero.Init`, so DeepSpeed casts it to fp16 and moves **all of it** onto every GPU "
         f"(`engine.py _configure_distributed_model: self.module.to(self.device)`): {fmt_bytes(moved)} "
-        f"({moved:,} B) per GPU in phase `initialize.move`, {gib(move.gpu_peak_bytes)} GiB with the CUDA context. "
+        f"({moved:,} B) per GPU in phase `initialize.move`, {gib(gpu_figure(move))} GiB with the CUDA context. "
         f"Only then does ZeRO-3 partition it, parameter by parameter, and the freed memory stays reserved by "
         f"PyTorch's caching allocator. \"Each GPU takes 13 GB\" is right, but as the whole model on each GPU, not "
         f"half of it.",
         f"- **The 16 bytes per trained parameter.** {f.get('sixteen-bytes-per-trainable-param', '')}",
         f"- **Host memory is the tight resource.** {f.get('host-ram-per-node', '')} "
-        f"Pinned (page-locked) memory reaches {fmt_bytes(pinned, 'GB')} per rank with DeepSpeed 0.5 "
-        f"({fmt_bytes(pinned19, 'GB')} with 0.19), every parameter's 1/{W} partition (frozen ones too) plus the "
-        f"optimizer's buffers.",
+        f"Pinned (page-locked) memory reaches {fmt_bytes(pinned, 'GB')} per rank with DeepSpeed 0.5 on torch "
+        f"{sc.runtime.torch_version} ({fmt_bytes(pinned19, 'GB')} with DeepSpeed 0.19 on torch "
+        f"{sc19.runtime.torch_version}, whose pinned allocator rounds blocks up to powers of two), every "
+        f"parameter's 1/{W} partition (frozen ones too) plus the optimizer's buffers.",
         f"- **Why the error says CUDA.** {f.get('pinned-oom-is-reported-as-cuda-oom', '')}",
         "",
         "## Why initialization fails",
         "",
         f"With the numbers above, no phase of `initialize` exceeds the GPU: its peak is the whole-model copy, "
-        f"{gib(move.gpu_peak_bytes)} GiB of {gib(sc.hardware.gpu.total_bytes)}. What is close to the limit is "
-        f"**host memory on the one 64 GB node that both ranks share**: {gib(h.node_cpu_peak_bytes)} GiB at "
+        f"{gib(gpu_figure(move))} GiB of {gib(sc.hardware.gpu.total_bytes)} (what a CUDA OOM depends on; see below). "
+        f"What is close to the limit is "
+        f"**host memory on the one 64 GB node that both ranks share**: {gib(host_figure(h))} GiB at "
         f"{h.name}, before the operating system and anything else. Small changes push it over:",
         "",
         "| variant | host peak / node | phase | verdict |",
         "|---|---:|---|---|",
-        *[f"| {label} | {gib(peaks(p)[1].node_cpu_peak_bytes)} GiB | {peaks(p)[1].name} | "
+        *[f"| {label} | {gib(host_figure(peaks(p)[1]))} GiB | {peaks(p)[1].name} | "
           + ("fits" if p.verdict.fits else f"**fails** in {p.verdict.failures[0].phase} ({p.verdict.failures[0].device})") + " |"
           for label, p in (("as given (fp32 load, low_cpu_mem_usage)", plan),
                            ("from_pretrained without low_cpu_mem_usage (the 2022 default)", old_tf))],
@@ -213,20 +265,27 @@ def build() -> str:
         "`deepspeed.initialize` that is not about GPU memory. `memfit diagnose --log` reads such a traceback and "
         "names the phase; the configurations below keep the host well inside 64 GB.",
         "",
-        "## Per phase, as the case ran (DeepSpeed 0.5.x; GiB = 2^30 bytes)",
+        f"## Per phase, as the case ran (DeepSpeed 0.5.x, torch {sc.runtime.torch_version}; GiB = 2^30 bytes)",
+        "",
+        "GPU figures per rank, peaks within the phase: allocated (torch's blocks), reserved (segments), "
+        "OOM-relevant (segments holding a live block + memory outside PyTorch: what the verdict compares), and "
+        "an nvidia-smi estimate (reserved + outside PyTorch). Pinned per rank: what the tensors ask for, and what "
+        "is page-locked. Host per node: pageable + page-locked.",
         "",
         *phase_table(plan),
         "",
-        f"Highest GPU: {g.name} ({gib(g.gpu_peak_bytes)} GiB of {gib(sc.hardware.gpu.total_bytes)}); highest host: "
-        f"{h.name} ({gib(h.node_cpu_peak_bytes)} GiB per node of {gib(sc.hardware.cpu_ram_bytes)}). "
+        f"Highest GPU: {g.name} ({gib(gpu_figure(g))} GiB of {gib(sc.hardware.gpu.total_bytes)}); highest host: "
+        f"{h.name} ({gib(host_figure(h))} GiB per node of {gib(sc.hardware.cpu_ram_bytes)}). "
         f"Verdict: {'fits' if plan.verdict.fits else 'does not fit'}"
         + ("" if plan.verdict.fits else f" (first failure: {plan.verdict.failures[0].phase} on {plan.verdict.failures[0].device})")
         + ".",
         "",
-        "The same with DeepSpeed 0.19 (Adam states are created at the first step, not inside initialize; "
-        "no 1 GiB of pinned CPU-Adam tiles):",
+        f"The same with DeepSpeed 0.19 and torch {sc19.runtime.torch_version} (Adam states are created at the "
+        "first step, not inside initialize; no 1 GiB of pinned CPU-Adam tiles):",
         "",
         *phase_table(plan19),
+        "",
+        *allocator_section(sc, plan, sc19, plan19),
         "",
         "## The accounting, line by line",
         "",
@@ -244,14 +303,14 @@ def build() -> str:
         "",
         "## A configuration that fits",
         "",
-        "| change (DeepSpeed 0.19) | GPU peak / rank | phase | host peak / node | phase |",
+        "| change (DeepSpeed 0.19) | GPU OOM-relevant / rank | phase | host peak / node | phase |",
         "|---|---:|---|---:|---|",
     ]
     for label, p in (("as given", plan19), ("`from_pretrained(..., torch_dtype=torch.float16)`", fix16),
                      ("build under `zero.Init` (HfDeepSpeedConfig before from_pretrained)", fixzi),
                      ("both", fixboth)):
         gg, hh = peaks(p)
-        out.append(f"| {label} | {gib(gg.gpu_peak_bytes)} GiB | {gg.name} | {gib(hh.node_cpu_peak_bytes)} GiB | {hh.name} |")
+        out.append(f"| {label} | {gib(gpu_figure(gg))} GiB | {gg.name} | {gib(host_figure(hh))} GiB | {hh.name} |")
     out += [
         "",
         *recommendations(),
@@ -285,9 +344,10 @@ def build() -> str:
         "",
         *replay_evidence(),
         "",
-        "What the replays cannot show here (no GPU in this environment): the CUDA context and caching-allocator "
-        "overheads on a real RTX 3090. The GPU path of `memfit replay` (`--accelerator cuda --emulate rtx3090`) "
-        "records them when a GPU is available.",
+        "What the replays cannot show here (no GPU in this environment): the CUDA context and the caching "
+        "allocators on a real RTX 3090. Their figures above come from the simulators, checked against hand-derived "
+        "expectations from torch's source and published measurements (`tests/core/test_alloc_*.py`); the GPU "
+        "path of `memfit replay` (`--accelerator cuda --emulate rtx3090`) records them when a GPU is available.",
         "",
     ]
     return "\n".join(out)

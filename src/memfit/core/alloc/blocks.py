@@ -9,7 +9,7 @@ Mirrors pytorch/pytorch ``c10/cuda/CUDACachingAllocator.cpp`` @001074d2 (``Block
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from memfit.core.alloc.conf import AllocConf
 
@@ -21,8 +21,7 @@ K_MIN_LARGE_ALLOC = 10 * MiB  # kMinLargeAlloc: 1-10 MiB requests get a large_se
 K_ROUND_LARGE = 2 * MiB    # kRoundLarge: larger segments rounded to 2 MiB
 
 
-@dataclass(frozen=True, slots=True)
-class TraceEvent:
+class TraceEvent(NamedTuple):
     """One entry of ``torch.cuda.memory._snapshot()["device_traces"][device]`` (``TraceEntry``):
     ``action`` in alloc, free_requested, free_completed, segment_alloc, segment_free, segment_map,
     segment_unmap, oom (and snapshot, ignored). For ``oom``, ``addr`` is the free device memory CUDA
@@ -147,10 +146,17 @@ class Pool:
         return [self.unmapped[k] for k in sorted(self.unmapped) if k[0] == stream]
 
 
-@dataclass
 class Stat:
-    current: int = 0
-    peak: int = 0
+    """A torch ``Stat``: current value and peak (plain class: a dataclass costs import time in the plan)."""
+
+    __slots__ = ("current", "peak")
+
+    def __init__(self) -> None:
+        self.current = 0
+        self.peak = 0
+
+    def __repr__(self) -> str:
+        return f"Stat(current={self.current}, peak={self.peak})"
 
     def add(self, n: int) -> None:
         self.current += n
@@ -158,23 +164,20 @@ class Stat:
             self.peak = self.current
 
 
-@dataclass
 class DeviceStats:
-    """``DeviceStats`` (aggregate pool), named as ``torch.cuda.memory_stats()`` names them."""
+    """``DeviceStats`` (aggregate pool), named as ``torch.cuda.memory_stats()`` names them.
+    ``nonreleasable_bytes`` is not a torch stat: bytes of every segment (expandable: every mapped page)
+    holding a live block, i.e. what ``release_cached_blocks`` cannot give back."""
 
-    allocated_bytes: Stat = field(default_factory=Stat)
-    reserved_bytes: Stat = field(default_factory=Stat)
-    active_bytes: Stat = field(default_factory=Stat)
-    requested_bytes: Stat = field(default_factory=Stat)
-    segment: Stat = field(default_factory=Stat)
-    nonreleasable_bytes: Stat = field(default_factory=Stat)
-    """Not a torch stat: bytes of every segment (expandable: every mapped page) holding a live block,
-    i.e. what ``release_cached_blocks`` cannot give back (see ``CudaCachingAllocator``)."""
-    num_alloc_retries: int = 0
-    num_ooms: int = 0
-    num_device_alloc: int = 0
-    num_device_free: int = 0
-    num_sync_all_streams: int = 0
+    __slots__ = ("allocated_bytes", "reserved_bytes", "active_bytes", "requested_bytes", "segment",
+                 "nonreleasable_bytes", "num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free",
+                 "num_sync_all_streams")
+
+    def __init__(self) -> None:
+        self.allocated_bytes, self.reserved_bytes, self.active_bytes = Stat(), Stat(), Stat()
+        self.requested_bytes, self.segment, self.nonreleasable_bytes = Stat(), Stat(), Stat()
+        self.num_alloc_retries = self.num_ooms = self.num_device_alloc = self.num_device_free = 0
+        self.num_sync_all_streams = 0
 
     def reset_peaks(self) -> None:
         """``resetPeakStats``."""

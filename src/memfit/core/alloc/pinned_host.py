@@ -31,7 +31,6 @@ never freed (``PinnedReserveSegment``, h:58-97; ``get_reserve_segment`` in the .
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from dataclasses import dataclass, field
 
 from memfit.core.alloc.blocks import Stat
 from memfit.core.alloc.conf import AllocConf
@@ -64,20 +63,17 @@ class HostBlock:
         self.event_count = 0
 
 
-@dataclass
 class HostStats:
-    """``HostStats`` names (``torch.cuda.host_memory_stats()``), plus memfit's requested and locked."""
+    """``HostStats`` names (``torch.cuda.host_memory_stats()``), plus memfit's ``requested_bytes`` (what
+    the live tensors asked for), ``locked_bytes`` (page-locked in RAM: held cudaHostAlloc blocks + the
+    reserve segment) and ``hazards`` (requests handed a cached block smaller than asked)."""
 
-    allocated_bytes: Stat = field(default_factory=Stat)
-    allocations: Stat = field(default_factory=Stat)
-    requested_bytes: Stat = field(default_factory=Stat)
-    """Bytes the live tensors asked for (memfit's ledger figure)."""
-    locked_bytes: Stat = field(default_factory=Stat)
-    """Bytes page-locked in RAM (held cudaHostAlloc blocks + the reserve segment)."""
-    num_host_alloc: int = 0
-    num_host_free: int = 0
-    hazards: int = 0
-    """Requests handed a cached block smaller than they asked for (bucket reuse without rounding)."""
+    __slots__ = ("allocated_bytes", "allocations", "requested_bytes", "locked_bytes", "num_host_alloc",
+                 "num_host_free", "hazards")
+
+    def __init__(self) -> None:
+        self.allocated_bytes, self.allocations, self.requested_bytes, self.locked_bytes = Stat(), Stat(), Stat(), Stat()
+        self.num_host_alloc = self.num_host_free = self.hazards = 0
 
     def reset_peaks(self) -> None:
         for s in (self.allocated_bytes, self.allocations, self.requested_bytes, self.locked_bytes):
