@@ -348,7 +348,7 @@ class CudaCachingAllocator(ExpandableSegments):
             return
         target = self.total_allocated_memory - threshold
         pool = self.large
-        cands = [b for b in pool.by_key.values() if not b.is_split and b.es is None]
+        cands = [b for b in pool.by_key.values() if not b.is_split]  # the average counts expandable blocks too
         total_age = sum(pool.gc_calls - b.gc_base for b in cands)
         count = len(cands)
         reclaimed, freed = 0, True
