@@ -138,3 +138,24 @@ def test_cpu_accelerator_has_no_simulation():
         assert not ph.allocators_simulated and ph.gpu_reserved_bytes == 0
         assert ph.node_cpu_locked_peak_bytes == ph.node_cpu_peak_bytes
     assert "CPU accelerator" in p.notes[1]
+
+
+def test_llama2_7b_zero3_full_offload_w8_pinned():
+    """Issue 8's second example: Llama-2-7B full fine-tuning, ZeRO-3 with param and optimizer offload
+    (pinned), 8 GPUs. Every param's ceil(p/8) bf16 partition is pinned (PowerOf2Ceil each) and then
+    freed into the flat buffer, staying cached (no later request lands in their buckets); the flat
+    buffer and the gradient partitions (842,301,952 x 2 B -> 2^31 each) and the fp32 gradients (one sub
+    group, x 4 B -> 2^32) are new blocks."""
+    ds = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-5}},
+          "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+                                "offload_param": {"device": "cpu", "pin_memory": True}}}
+    sc = build_scenario(ScenarioInputs(model="meta-llama/Llama-2-7b-hf", deepspeed_inline=ds, gpus="8xa100-80gb"))
+    parts = [-(-p.numel // 8) * 2 for p in sc.model.params]
+    n_part = sum(-(-p.numel // 8) for p in sc.model.params)
+    assert n_part == 842_301_952
+    expected = sum(pow2(b) for b in parts) + pow2(n_part * 2) * 2 + pow2(n_part * 4)
+    p = make_plan(sc)
+    # requested peaks once the partitions are freed: flat (2 B) + fp32 grads (4 B) + grad partitions (2 B)
+    assert max(x.cpu_pinned_requested_bytes for x in p.phases) == n_part * 8 == 6_738_415_616
+    assert max(x.cpu_pinned_locked_bytes for x in p.phases) == expected == 10_804_593_664
