@@ -50,8 +50,10 @@ def section_page(title: str, sections: tuple[tuple[str, str], ...]) -> str:
             f"<style>{_CSS}</style></head><body><h1>{escape(title)}</h1>{body}</body></html>")
 
 
-def html_report(plan: Plan, sc: Scenario, *, sections: tuple[tuple[str, str], ...] = (), title: str | None = None) -> str:
-    """The plan's page; ``sections`` (heading, HTML) come first (a diagnosis, recommendations)."""
+def html_report(plan: Plan, sc: Scenario, *, sections: tuple[tuple[str, str], ...] = (), title: str | None = None,
+                figures: tuple[tuple[str, str], ...] = ()) -> str:
+    """The plan's page; ``sections`` (heading, HTML) come first (a diagnosis, recommendations);
+    ``figures`` (id, SVG) are drawn under the plan's charts (a recording over time)."""
     verdict, ok = _verdict(plan)
     extra = "".join(f"<h2>{escape(h)}</h2>{frag}" for h, frag in sections)
     hw = sc.hardware
@@ -81,6 +83,7 @@ def html_report(plan: Plan, sc: Scenario, *, sections: tuple[tuple[str, str], ..
 <h2>Memory over the run</h2>
 <figure id="gpu-chart">{phase_chart_svg(plan, "gpu", hw.gpu.total_bytes, f"GPU per rank ({hw.gpu.name})")}</figure>
 <figure id="host-chart">{phase_chart_svg(plan, "host", hw.cpu_ram_bytes, f"Host RAM per node ({hw.gpus_per_node} rank(s))")}</figure>
+{"".join(f'<figure id="{escape(fid)}">{svg}</figure>' for fid, svg in figures)}
 <h2>Peaks per phase (GiB = 2<sup>30</sup> bytes)</h2>
 <table><tr><th>phase</th><th>GPU allocated / rank</th><th>GPU reserved / rank</th><th>GPU OOM-relevant / rank</th><th>pinned locked / rank</th><th>pageable / rank</th><th>host / node</th></tr>{rows}</table>
 <h2>Findings</h2><ul>{findings}</ul>
@@ -91,9 +94,12 @@ def html_report(plan: Plan, sc: Scenario, *, sections: tuple[tuple[str, str], ..
 
 
 def markdown_report(plan: Plan | None, sc: Scenario | None, *, sections: tuple[tuple[str, str], ...] = (),
-                    title: str | None = None) -> str:
-    """``sections`` are (heading, plain text) shown first, in code blocks."""
+                    title: str | None = None, markdown: str = "") -> str:
+    """``sections`` are (heading, plain text) shown first, in code blocks; ``markdown`` is inserted
+    as it is before them (tables of a comparison)."""
     head = [f"# {title or 'memfit plan: ' + plan.scenario_name}", ""]
+    if markdown:
+        head += [markdown.rstrip(), ""]
     for h, text in sections:
         head += [f"## {h}", "", "```", text.rstrip(), "```", ""]
     if plan is None or sc is None:

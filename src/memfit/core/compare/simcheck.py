@@ -1,0 +1,61 @@
+"""The CUDA caching allocator simulator checked against a recorded alloc/free sequence (BRIEF contract 4).
+
+``memfit.core.alloc.cuda_caching.check_against_recording(events, config)`` (the ``alloc`` helper's
+simulator) replays ``events`` (``TraceEvent(action, addr, size, stream)``, from
+``memfit.core.compare.trace.allocator_events``) and lists every event where its segment layout
+differs from the recorded one, with both reserved peaks. When this memfit has no simulator the
+check says so and still reports the recorded reserved peak and whether the trace could be checked.
+
+A trace can be checked exactly only if it starts from an empty allocator: nothing live and nothing
+reserved before its first event (``memfit.record`` starts recording before the first CUDA
+allocation). Otherwise the simulator would start from a layout it cannot know.
+"""
+
+from __future__ import annotations
+
+from memfit.core.compare.trace import allocator_events, replay_levels
+from memfit.core.compare.types import SimulatorCheck
+from memfit.core.records.types import MemorySnapshot
+
+
+def _simulator():
+    try:
+        from memfit.core.alloc.cuda_caching import check_against_recording
+    except ImportError:
+        return None
+    return check_against_recording
+
+
+def simulator_config(snapshot: MemorySnapshot):
+    """The allocator configuration the recording ran with, in the simulator's terms (None: defaults)."""
+    return snapshot.allocator
+
+
+def check_snapshot(snapshot: MemorySnapshot, *, rank: int, device: int) -> SimulatorCheck:
+    events = allocator_events(snapshot, device)
+    if not events:
+        return SimulatorCheck(rank=rank, device=device, status="no trace", events=0, recorded_reserved_peak_bytes=None,
+                              reason="the snapshot has no device trace (record with _record_memory_history(enabled='all'))")
+    levels = replay_levels(snapshot, device)
+    recorded_peak = max([levels.reserved_start, *levels.reserved]) if levels.consistent else None
+    if not levels.consistent:
+        return SimulatorCheck(rank=rank, device=device, status="not exact", events=len(events),
+                              recorded_reserved_peak_bytes=None, reason=levels.notes[0])
+    if levels.live_start or levels.reserved_start:
+        return SimulatorCheck(rank=rank, device=device, status="not exact", events=len(events),
+                              recorded_reserved_peak_bytes=recorded_peak,
+                              reason=f"the trace starts with {levels.reserved_start:,} B already reserved and "
+                                     f"{levels.live_start:,} B live: the simulator cannot know that layout")
+    check = _simulator()
+    if check is None:
+        return SimulatorCheck(rank=rank, device=device, status="unavailable", events=len(events),
+                              recorded_reserved_peak_bytes=recorded_peak,
+                              reason="this memfit has no CUDA caching allocator simulator "
+                                     "(memfit.core.alloc.cuda_caching.check_against_recording)")
+    result = check(events, simulator_config(snapshot))
+    divergences = tuple(str(d) for d in getattr(result, "divergences", ()))
+    simulated = getattr(result, "simulated_reserved_peak_bytes", None)
+    recorded = getattr(result, "recorded_reserved_peak_bytes", recorded_peak)
+    return SimulatorCheck(rank=rank, device=device, status="checked", events=len(events),
+                          recorded_reserved_peak_bytes=recorded, simulated_reserved_peak_bytes=simulated,
+                          divergences=divergences)
