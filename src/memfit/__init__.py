@@ -14,9 +14,14 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    """``memfit.check`` (the pre-flight check for training scripts) is imported on first use: it needs torch."""
+    """``memfit.check`` (the pre-flight check for training scripts) and ``memfit.record`` (recording a
+real run) are imported on first use: they need torch."""
     if name in ("check", "MemfitCheckError", "MemfitWarning"):
         from memfit.exact import check as _check
 
         return getattr(_check, name)
+    if name == "record":  # recording a real run for `memfit compare` (needs torch)
+        from memfit.recording.recorder import record
+
+        return record
     raise AttributeError(f"module 'memfit' has no attribute {name!r}")

@@ -1,0 +1,108 @@
+"""memfit.record and MemfitCallback on CPU: phases marked and named, what CPU allows recorded (RSS),
+the files readable by memfit compare."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from memfit.core.records import read_records
+from memfit.recording import StepNamer
+
+torch = pytest.importorskip("torch")
+
+
+def test_step_namer():
+    n = StepNamer()
+    seq = ["load", "initialize", "forward", "backward", "forward", "backward", "optimizer_step",
+           "forward", "backward", "optimizer_step", "forward", "backward", "optimizer_step", "save"]
+    assert [n.name(s)[0] for s in seq] == [
+        "load", "initialize", "forward", "backward", "accum.forward", "accum.backward", "optimizer_step",
+        "step2.forward", "step2.backward", "step2.optimizer_step", "step2.forward", "step2.backward",
+        "step2.optimizer_step", "save"]
+    n = StepNamer()
+    assert n.name("backward") == ("backward", 1, 1)  # a step without a forward mark is still step 1
+
+
+def test_record_plain_loop(tmp_path):
+    import memfit
+
+    with memfit.record(tmp_path / "rec") as rec:
+        with rec.phase("load"):
+            model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+        with rec.phase("setup"):
+            opt = torch.optim.AdamW(model.parameters())
+        for _ in range(3):
+            with rec.phase("forward"):
+                loss = model(torch.randn(32, 64)).square().mean()
+            with rec.phase("backward"):
+                loss.backward()
+            with rec.phase("optimizer_step"):
+                opt.step()
+                opt.zero_grad()
+    doc = json.loads((tmp_path / "rec" / "stats.rank0.json").read_text())
+    names = [p["name"] for p in doc["phases"]]
+    assert names == ["load", "setup", "forward", "backward", "optimizer_step"] + ["step2.forward", "step2.backward",
+                                                                                  "step2.optimizer_step"] * 2
+    assert doc["device"] == "cpu" and any("keeps no statistics" in n for n in doc["notes"])
+    for p in doc["phases"]:
+        assert p["rss_peak_bytes"] >= p["rss_end_bytes"] > 0 and p["t_end_us"] >= p["t_start_us"] and p["completed"]
+        assert "memory_stats" not in p  # nothing to read on CPU: nothing pretended
+    assert doc["overhead_s"] > 0
+    rs = read_records([tmp_path / "rec"])
+    assert rs.stats[0].device == "cpu" and rs.stats[0].phases[0].rss_peak_bytes > 0
+
+
+def test_record_keeps_a_failed_phase(tmp_path):
+    import memfit
+
+    with pytest.raises(RuntimeError, match="boom"):
+        with memfit.record(tmp_path / "rec") as rec:
+            with rec.phase("forward"):
+                raise RuntimeError("boom")
+    doc = json.loads((tmp_path / "rec" / "stats.rank0.json").read_text())
+    assert doc["phases"][0]["completed"] is False and "boom" in doc["phases"][0]["error"]
+    assert any("the run failed" in n for n in doc["notes"])
+    with pytest.raises(FileExistsError):
+        with memfit.record(tmp_path / "rec"):
+            pass
+    rec = memfit.record(tmp_path / "other")
+    with pytest.raises(RuntimeError, match="outside the recording"):
+        rec.mark("load")
+    with pytest.raises(ValueError, match="cuda"):
+        memfit.record(tmp_path / "x", device="tpu").start()
+
+
+def test_snapshot_request_on_cpu_is_said(tmp_path):
+    import memfit
+
+    with memfit.record(tmp_path / "rec", snapshot=True) as rec:
+        rec.mark("load")
+    doc = json.loads((tmp_path / "rec" / "stats.rank0.json").read_text())
+    assert doc["snapshot_file"] is None and any("snapshot=True ignored" in n for n in doc["notes"])
+
+
+def test_memfit_callback_in_a_trainer(tmp_path):
+    """A tiny llama (from a config, no hub) trained 3 steps with gradient accumulation and a save."""
+    transformers = pytest.importorskip("transformers")
+    from memfit.integrations import MemfitCallback
+
+    cb = MemfitCallback(tmp_path / "rec")
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg)
+    data = [{"input_ids": torch.randint(0, 128, (16,)), "labels": torch.randint(0, 128, (16,))} for _ in range(16)]
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=2,
+                                          gradient_accumulation_steps=2, use_cpu=True, report_to=[], save_strategy="steps",
+                                          save_steps=2, logging_steps=100, disable_tqdm=True)
+    transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[cb]).train()
+    doc = json.loads((tmp_path / "rec" / "stats.rank0.json").read_text())
+    names = [p["name"] for p in doc["phases"]]
+    step2 = ["step2.forward", "step2.backward"] * 2 + ["step2.optimizer_step"]
+    assert names == ["load", "setup", "forward", "backward", "accum.forward", "accum.backward", "optimizer_step",
+                     *step2, "save", *step2, "save"]
+    assert all(p["rss_peak_bytes"] > 0 for p in doc["phases"])
+    assert cb.files == [tmp_path / "rec" / "stats.rank0.json"]
+    assert [p.name for p in read_records([tmp_path / "rec"]).stats[0].phases] == names
