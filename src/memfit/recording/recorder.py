@@ -69,6 +69,15 @@ def _numbers(stats: Any) -> dict[str, int | float]:
     return out
 
 
+def canonical_name(label: str, step: int, micro: int) -> str:
+    """Contract 1's name for step phase ``label`` of 1-based ``step`` and ``micro`` step."""
+    if step >= 2:
+        return f"step2.{label}"
+    if label != "optimizer_step" and micro > 1:
+        return f"accum.{label}"
+    return label
+
+
 class StepNamer:
     """Canonical step phase names from the order the script marks them (pure; tested on its own)."""
 
@@ -88,11 +97,7 @@ class StepNamer:
         elif self.step == 0:  # backward/step without a forward mark: step 1
             self.step, self.micro = 1, 1
         self.last = label
-        if self.step >= 2:
-            return f"step2.{label}", self.step, self.micro
-        if label != "optimizer_step" and self.micro > 1:
-            return f"accum.{label}", self.step, self.micro
-        return label, self.step, self.micro
+        return canonical_name(label, self.step, self.micro), self.step, self.micro
 
 
 class Recorder:
@@ -198,15 +203,21 @@ class Recorder:
 
     # ------------------------------------------------------------------------------------ phases
 
-    def mark(self, label: str) -> None:
-        """Close the running phase and open ``label``."""
+    def mark(self, label: str, *, step: int | None = None, micro_step: int | None = None) -> None:
+        """Close the running phase and open ``label``. A loop that knows its own 1-based ``step`` and
+        ``micro_step`` (gradient accumulation) may give them; otherwise they follow from the order of
+        the marks (a ``forward`` after an ``optimizer_step`` starts a new step)."""
         if not self.started:
             raise RuntimeError("memfit.record: mark() outside the recording (use it inside `with memfit.record(...)`)")
         if not isinstance(label, str) or not label or len(label) > 100:
             raise ValueError(f"memfit.record: a phase name is a short text, not {label!r}")
         self.close_phase()
         t = time.perf_counter()
-        name, step, micro = self.namer.name(label)
+        if step is not None and label in STEP_PHASES:
+            micro = micro_step or 1
+            name = canonical_name(label, step, micro)
+        else:
+            name, step, micro = self.namer.name(label)
         entry: dict[str, Any] = {"name": name, "label": label, "step": step, "micro_step": micro}
         if self.cuda:
             cuda = self.torch.cuda

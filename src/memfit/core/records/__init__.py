@@ -89,13 +89,19 @@ def read_record(path: str | Path) -> MemorySnapshot | StatsRecording | DsLogReco
                           f"nvidia-smi .csv or a log with DeepSpeed see_memory_usage lines): {exc}") from None
 
 
-def _directory(d: Path, notes: list[str]) -> list[Path]:
+def _required(name: str) -> bool:
+    """Files memfit.record writes: in a directory these must parse; anything else is tried and skipped."""
+    n = name.lower()
+    return (n.startswith("stats") and n.endswith(".json")) or n.endswith((".pickle", ".pkl"))
+
+
+def _directory(d: Path, notes: list[str]) -> list[tuple[Path, bool]]:
     files = sorted(f for f in d.iterdir() if f.is_file())
     keep = []
     for f in files:
         name = f.name.lower()
         if name.endswith((".pickle", ".pkl", ".json", ".csv", ".log", ".txt")):
-            keep.append(f)
+            keep.append((f, _required(f.name)))
         else:
             notes.append(f"{d.name}/{f.name}: skipped (not a record kind memfit reads)")
     if not keep:
@@ -109,18 +115,24 @@ def read_records(paths: list[str] | tuple[str, ...] | list[Path]) -> RecordSet:
     if not paths:
         raise RecordError("give at least one record (a file or a memfit.record directory)")
     notes: list[str] = []
-    files: list[Path] = []
+    files: list[tuple[Path, bool]] = []
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
             files.extend(_directory(p, notes))
         elif p.exists():
-            files.append(p)
+            files.append((p, True))
         else:
             raise RecordError(f"record not found: {p}")
     snapshots, stats, logs, smi = [], [], [], []
-    for f in files:
-        rec = read_record(f)
+    for f, required in files:
+        try:
+            rec = read_record(f)
+        except RecordError as exc:
+            if required:
+                raise
+            notes.append(f"{f.parent.name}/{f.name}: skipped ({str(exc).replace(str(f) + ': ', '')[:160]})")
+            continue
         if isinstance(rec, MemorySnapshot):
             snapshots.append(rec)
         elif isinstance(rec, StatsRecording):
@@ -134,6 +146,9 @@ def read_records(paths: list[str] | tuple[str, ...] | list[Path]) -> RecordSet:
         else:
             smi.append(rec)
         notes.extend(getattr(rec, "notes", ()))
+    if not (snapshots or stats or logs or smi):
+        raise RecordError(f"no record in {', '.join(str(p) for p in paths)} (memfit.record writes stats.rank<R>.json and, "
+                          "if asked, snapshot.rank<R>.pickle)")
     seen: dict[tuple[str, int], str] = {}
     for rec in (*stats, *snapshots):
         key = (type(rec).__name__, rec.rank or 0)
