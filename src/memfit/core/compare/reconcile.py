@@ -80,6 +80,13 @@ class _Run:
             return trace.device, None
         if self.windows and not any(e.time_us for e in replay.events):
             self.notes.append(f"{snap.path}: trace entries carry no time_us (torch < 2.1): placed in no phase")
+        elif self.windows:
+            spans = [w for ws in self.windows.values() for w in ws]
+            lo, hi = min(w[0] for w in spans), max(w[1] for w in spans)
+            if not any(e.time_us is not None and lo <= e.time_us < hi for e in replay.events):
+                self.notes.append(f"{snap.path}: none of its trace entries falls inside the recorded phases "
+                                  "(its time_us and the stats file's clocks disagree): trace figures are shown for the "
+                                  "whole run only")
         return trace.device, replay
 
     def _smi(self) -> list[SmiSample]:
