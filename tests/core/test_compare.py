@@ -183,7 +183,14 @@ def test_no_torch_and_rank_errors(seed):
 
     with pytest.raises(MemfitError, match="--rank 3"):
         reconcile(plan, read_records([RECORDS / "seed-synthetic"]), rank=3)
-    assert "torch" not in sys.modules
+    code = ("import sys; from memfit.core.plan import make_plan; from memfit.core.scenario_io import build_scenario, "
+            "read_scenario_file; from memfit.core.records import read_records; from memfit.core.compare import reconcile; "
+            "from memfit.render.compare_out import reconciliation_to_dict; "
+            f"rc = reconcile(make_plan(build_scenario(read_scenario_file({str(SEED)!r}))), "
+            f"read_records([{str(RECORDS / 'seed-synthetic')!r}])); reconciliation_to_dict(rc); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
 
 
 def test_cli_compare(tmp_path):
