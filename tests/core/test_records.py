@@ -196,6 +196,7 @@ def test_stats_shapes():
     ({"format": "memfit.record.stats", "version": 99, "phases": []}, "version 99"),
     ({"format": "other", "phases": []}, "is not"),
     ({"phases": []}, "no phases"),
+    ({"phases": [{"name": "x", "what": 1}]}, "no memory counters"),
 ])
 def test_bad_stats(obj, expect):
     with pytest.raises(RecordError, match=expect):

@@ -147,8 +147,9 @@ def read_records(paths: list[str] | tuple[str, ...] | list[Path]) -> RecordSet:
             smi.append(rec)
         notes.extend(getattr(rec, "notes", ()))
     if not (snapshots or stats or logs or smi):
+        skipped = "; ".join(n for n in notes if "skipped" in n)[:300]
         raise RecordError(f"no record in {', '.join(str(p) for p in paths)} (memfit.record writes stats.rank<R>.json and, "
-                          "if asked, snapshot.rank<R>.pickle)")
+                          "if asked, snapshot.rank<R>.pickle)" + (f"; {skipped}" if skipped else ""))
     seen: dict[tuple[str, int], str] = {}
     for rec in (*stats, *snapshots):
         key = (type(rec).__name__, rec.rank or 0)

@@ -176,6 +176,12 @@ def parse_stats(obj: Any, *, path: str = "<stats>") -> StatsRecording:
                      "them at each phase start")
     if not phases:
         raise ctx.fail("no phases in it")
+    if fmt != FORMAT:
+        figures = [f for f in PhaseStats.__dataclass_fields__ if f.endswith("_bytes")]
+        for ph in phases:
+            if all(getattr(ph, f) is None for f in figures):
+                raise ctx.fail(f"phase {ph.name!r} has no memory counters (memory_stats, host_memory_stats, mem_get_info "
+                               "or rss_*_bytes)")
     rank = ctx.count(obj.get("rank"), "rank") if fmt == FORMAT else None
     device = obj.get("device") if fmt == FORMAT else None
     if device is None:
