@@ -106,3 +106,52 @@ def test_memfit_callback_in_a_trainer(tmp_path):
     assert all(p["rss_peak_bytes"] > 0 for p in doc["phases"])
     assert cb.files == [tmp_path / "rec" / "stats.rank0.json"]
     assert [p.name for p in read_records([tmp_path / "rec"]).stats[0].phases] == names
+
+
+def test_record_cuda_branch_with_torch_cuda_patched(tmp_path, monkeypatch):
+    """The CUDA code path on a CPU machine: torch.cuda's counters replaced by fakes that count calls
+    (as torchtitan's CPU tests patch the device). Checks the file holds what the recorder read."""
+    from conftest import FIXTURES
+
+    import memfit
+
+    calls: list[str] = []
+    state = {"n": 0}
+
+    def memory_stats():
+        state["n"] += 1
+        return {"allocated_bytes.all.peak": 1000 * state["n"], "allocated_bytes.all.current": 10,
+                "requested_bytes.all.peak": 900 * state["n"], "reserved_bytes.all.peak": 2**21,
+                "reserved_bytes.all.current": 2**21, "num_ooms": 0, "num_alloc_retries": 0, "note": "skipped: text"}
+
+    class Props:
+        name = "Fake GPU"
+
+    cuda = torch.cuda
+    for name, fn in {
+        "is_available": lambda: True, "init": lambda: calls.append("init"), "synchronize": lambda: calls.append("sync"),
+        "reset_peak_memory_stats": lambda: calls.append("reset"), "reset_peak_host_memory_stats": lambda: None,
+        "memory_stats": memory_stats, "host_memory_stats": lambda: {"allocated_bytes.peak": 4096, "host_alloc_time.avg": 1.5},
+        "mem_get_info": lambda: (7 * 2**30, 8 * 2**30), "current_device": lambda: 0,
+        "get_device_properties": lambda i: Props(),
+    }.items():
+        monkeypatch.setattr(cuda, name, fn)
+    snap = (FIXTURES / "records" / "allocator-exact" / "snapshot.pickle").read_bytes()
+    monkeypatch.setattr(cuda.memory, "_record_memory_history", lambda *a, **k: calls.append(f"history {k}"))
+    monkeypatch.setattr(cuda.memory, "_dump_snapshot", lambda path: open(path, "wb").write(snap))
+    with memfit.record(tmp_path / "rec", snapshot=True, max_entries=1234) as rec:
+        with rec.phase("load"):
+            pass
+        rec.mark("forward", step=1, micro_step=2)
+    doc = json.loads((tmp_path / "rec" / "stats.rank0.json").read_text())
+    assert calls[0] == "init" and calls[1] == "history {'max_entries': 1234}" and "history {'enabled': None}" in calls
+    assert doc["device"] == "cuda" and doc["device_name"] == "Fake GPU (cuda:0)" and doc["snapshot_file"] == "snapshot.rank0.pickle"
+    assert [p["name"] for p in doc["phases"]] == ["load", "accum.forward"]
+    load = doc["phases"][0]
+    assert load["memory_stats"]["allocated_bytes.all.peak"] == 1000 and "note" not in load["memory_stats"]
+    assert load["host_memory_stats"] == {"allocated_bytes.peak": 4096, "host_alloc_time.avg": 1.5}
+    assert load["mem_get_info"] == [7 * 2**30, 8 * 2**30]
+    rs = read_records([tmp_path / "rec"])
+    ph = rs.stats[0].phases[0]
+    assert (ph.device_allocated_peak_bytes, ph.pinned_held_peak_bytes, ph.driver_used_end_bytes) == (1000, 4096, 2**30)
+    assert rs.snapshots[0].rank == 0 and len(rs.snapshots[0].segments) == 3
