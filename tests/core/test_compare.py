@@ -223,3 +223,18 @@ def test_parse_snapshot_from_generator_dict():
     _, snap = gen.allocator_exact_events()
     parsed = parse_snapshot(pickle.loads(pickle.dumps(snap)))
     assert [s.total_size for s in parsed.segments] == [2 * gen.MiB, 20 * gen.MiB, 30 * gen.MiB]
+
+
+def test_state_only_snapshot_attributes_its_blocks(seed):
+    """history recorded with enabled="state": no trace, the live blocks and their frames only."""
+    plan, _ = seed
+    snap = read_records([RECORDS / "seed-synthetic"]).snapshots[0]
+    from memfit.core.records.types import RecordSet
+
+    rc = reconcile(plan, RecordSet(snapshots=(dataclasses.replace(snap, traces=()),)))
+    (p,) = rc.attribution.phases
+    rows = {k.keys: k for k in p.rows}
+    # at the dump the run had freed everything but the buffers and DeepSpeed 0.5's offload temporaries
+    assert rows[("zero3.offload_gpu_temps",)].recorded_bytes == 2 * gen.TEMP
+    assert rows[("move.buffers", "move.params")].recorded_bytes == 262_144
+    assert p.phase == "at the snapshot" and rc.simulator.status == "no trace"

@@ -233,10 +233,43 @@ def _key_name(keys: tuple[str, ...], inplan: list, gpu_items: dict) -> str:
     return f"{', '.join(keys)} (a memfit rule; not in the plan)"
 
 
+def _blocks_attribution(plan: Plan, run: _Run) -> Attribution | None:
+    """No trace (history off, or ``enabled="state"``): the blocks live at the dump, by their frames,
+    against what the plan keeps at the end of the last recorded phase (its resident items)."""
+    snap = run.snapshot
+    blocks = [b for seg in snap.segments for b in seg.blocks if b.live] if snap is not None else []
+    if not blocks:
+        return None
+    reader = FrameReader(plan)
+    totals: dict[tuple[str, ...], int] = {}
+    for b in blocks:
+        keys = reader.keys_for(b.frames) or ()
+        totals[keys] = totals.get(keys, 0) + b.requested_size
+    recorded = [n for n in run.occ if covered(plan, n)[0]]
+    plan_phase = plan.phase(covered(plan, recorded[-1])[0][-1]) if recorded else plan.phases[-1]
+    planned = {i.key: i for i in plan_phase.resident if i.device is Device.GPU and i.category not in NON_TENSOR_CATEGORIES}
+    rows, used = [], set()
+    for keys, b in sorted(totals.items(), key=lambda kv: -kv[1]):
+        if not keys:
+            continue
+        inplan = [planned[k] for k in keys if k in planned]
+        used.update(keys)
+        rows.append(KeyRow(keys=keys, name=" + ".join(i.name for i in inplan) or f"{', '.join(keys)} (not resident in the plan)",
+                           planned_bytes=sum(i.bytes for i in inplan) if inplan else None, recorded_bytes=b,
+                           exact=all(i.exact for i in inplan)))
+    rows += [KeyRow(keys=(k,), name=i.name, planned_bytes=i.bytes, recorded_bytes=0, exact=i.exact)
+             for k, i in planned.items() if k not in used and i.bytes]
+    phase = PhaseAttribution(phase="at the snapshot", plan_phase=f"{plan_phase.name} (resident at its end)",
+                             peak_bytes=sum(totals.values()), peak_time_us=None, rows=tuple(rows),
+                             unattributed_bytes=totals.get((), 0))
+    return Attribution(rank=run.rank, trace_events=0, phases=(phase,), unplanned=(), missing=(), rules=reader.describe(),
+                       notes=("no trace in the snapshot: the blocks live when it was taken, by their frames",))
+
+
 def _attribution(plan: Plan, run: _Run) -> Attribution | None:
     r = run.replay
     if r is None:
-        return None
+        return _blocks_attribution(plan, run)
     reader = FrameReader(plan)
     keyed = KeyedReplay(r, reader)
     gpu_items = {}
