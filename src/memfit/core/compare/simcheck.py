@@ -26,9 +26,20 @@ def _simulator():
     return check_against_recording
 
 
-def simulator_config(snapshot: MemorySnapshot):
-    """The allocator configuration the recording ran with, in the simulator's terms (None: defaults)."""
-    return snapshot.allocator
+def simulator_config(snapshot: MemorySnapshot) -> tuple[object | None, str]:
+    """(the simulator's configuration for this recording, why it could not be given). ``None`` is the
+    simulator's default, which is torch's when the snapshot shows no PYTORCH_CUDA_ALLOC_CONF setting."""
+    a = snapshot.allocator
+    if a is None or (not (a.conf or "").strip() and not a.expandable_segments):
+        return None, ""
+    try:
+        from memfit.core.alloc.conf import AllocConf
+    except ImportError:
+        return None, "no allocator configuration type to pass"
+    try:
+        return AllocConf(text=a.conf or "", expandable_segments=bool(a.expandable_segments)), ""
+    except TypeError as exc:  # the simulator's configuration changed shape
+        return None, f"the recording's allocator settings ({a.conf!r}) could not be passed to the simulator: {exc}"
 
 
 def check_snapshot(snapshot: MemorySnapshot, *, rank: int, device: int) -> SimulatorCheck:
@@ -52,8 +63,12 @@ def check_snapshot(snapshot: MemorySnapshot, *, rank: int, device: int) -> Simul
                               recorded_reserved_peak_bytes=recorded_peak,
                               reason="this memfit has no CUDA caching allocator simulator "
                                      "(memfit.core.alloc.cuda_caching.check_against_recording)")
-    result = check(events, simulator_config(snapshot))
-    divergences = tuple(str(d) for d in getattr(result, "divergences", ()))
+    config, problem = simulator_config(snapshot)
+    if problem:
+        return SimulatorCheck(rank=rank, device=device, status="not exact", events=len(events),
+                              recorded_reserved_peak_bytes=recorded_peak, reason=problem)
+    result = check(events, config)
+    divergences = tuple(getattr(d, "message", str(d)) for d in getattr(result, "divergences", ()))
     simulated = getattr(result, "simulated_reserved_peak_bytes", None)
     recorded = getattr(result, "recorded_reserved_peak_bytes", recorded_peak)
     return SimulatorCheck(rank=rank, device=device, status="checked", events=len(events),

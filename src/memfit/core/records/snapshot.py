@@ -200,9 +200,10 @@ class _Reader:
         time_us = e.get("time_us")
         if time_us is not None and (isinstance(time_us, bool) or not isinstance(time_us, int)):
             raise self.fail(f"{ctx} time_us is not an integer")
-        if action == "oom":
-            return TraceEvent("oom", 0, self.int_(e, "size", ctx), self.int_(e, "stream", ctx, default=0, minimum=None),
-                              time_us, self.frames(e.get("frames"), ctx), self.int_(e, "device_free", ctx, default=0))
+        if action == "oom":  # the C++ TraceEntry keeps device_free in addr_ (Module.cpp writes it as device_free)
+            free = self.int_(e, "device_free", ctx, default=0)
+            return TraceEvent("oom", free, self.int_(e, "size", ctx), self.int_(e, "stream", ctx, default=0, minimum=None),
+                              time_us, self.frames(e.get("frames"), ctx), free)
         return TraceEvent(action, self.int_(e, "addr", ctx), self.int_(e, "size", ctx),
                           self.int_(e, "stream", ctx, default=0, minimum=None), time_us,
                           self.frames(e.get("frames"), ctx))

@@ -58,7 +58,8 @@ class TraceEvent:
 
     action: str
     addr: int
-    """Block or segment address; 0 for ``oom`` (which records ``device_free`` instead)."""
+    """Block or segment address; for ``oom`` the free device memory CUDA reported (the C++
+    ``TraceEntry::addr_`` holds it; the snapshot's dict calls it ``device_free``)."""
     size: int
     stream: int
     time_us: int | None = None
