@@ -11,9 +11,11 @@ A training script marks the phases it can see (``memfit.record``): ``load``, ``i
 - ``recorded`` / ``whole run``: every plan phase.
 
 Planned figures for several plan phases are their maximum. ``allocated`` is the GPU items live at the
-phase's peak that are tensors (category ``runtime``, the CUDA context and the like, is outside the
-caching allocator); ``nvidia_smi`` is the whole GPU peak (tensors + those estimates), ``pinned`` the
-page-locked host bytes per process.
+phase's peak that are tensors, as requested (items outside the caching allocator, the CUDA context
+and the like, are left out). Where the plan ran its allocator simulators (``allocators_simulated``),
+``reserved`` is its simulated reserved peak, ``pinned`` the page-locked bytes (power-of-two blocks,
+cached frees) and ``nvidia_smi`` reserved + memory outside PyTorch; otherwise ``reserved`` has no
+planned figure, ``pinned`` is the pinned bytes requested and ``nvidia_smi`` the GPU peak.
 """
 
 from __future__ import annotations
@@ -21,7 +23,11 @@ from __future__ import annotations
 from memfit.core.ledger_types import Device, PhaseLedger, Plan
 
 NON_TENSOR_CATEGORIES = ("runtime",)
-"""GPU items the caching allocator never sees."""
+"""GPU items the caching allocator never sees (with ``LedgerItem.outside_allocator``)."""
+
+
+def outside_allocator(item) -> bool:
+    return bool(getattr(item, "outside_allocator", False)) or item.category in NON_TENSOR_CATEGORIES
 
 ORDER = ("load", "initialize", "initialize.cast", "initialize.move", "initialize.partition", "initialize.optimizer",
          "setup", "forward", "backward", "accum.forward", "accum.backward", "optimizer_step", "step2.forward",
@@ -48,11 +54,11 @@ def covered(plan: Plan, name: str) -> tuple[tuple[str, ...], str]:
 
 
 def tensor_gpu_bytes(ph: PhaseLedger) -> int:
-    return sum(i.bytes for i in ph.items if i.device is Device.GPU and i.category not in NON_TENSOR_CATEGORIES)
+    return sum(i.bytes for i in ph.items if i.device is Device.GPU and not outside_allocator(i))
 
 
 def tensor_gpu_exact(ph: PhaseLedger) -> bool:
-    return all(i.exact for i in ph.items if i.device is Device.GPU and i.category not in NON_TENSOR_CATEGORIES)
+    return all(i.exact for i in ph.items if i.device is Device.GPU and not outside_allocator(i))
 
 
 def peak_phase(plan: Plan, names: tuple[str, ...]) -> PhaseLedger | None:

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from memfit.core.compare.frames import FrameReader
 from memfit.core.compare.phases import (
-    NON_TENSOR_CATEGORIES,
     WHOLE_RUN,
     covered,
     order_key,
+    outside_allocator,
     peak_phase,
     tensor_gpu_bytes,
     tensor_gpu_exact,
@@ -191,16 +191,29 @@ def _planned(plan: Plan, names: tuple[str, ...]) -> dict[str, Figure | None]:
     if not phases:
         return {"allocated": None, "reserved": None, "pinned": None, "nvidia_smi": None}
     top = max(phases, key=tensor_gpu_bytes)
-    gpu_top = max(phases, key=lambda p: p.gpu_peak_bytes)
-    pin_top = max(phases, key=lambda p: p.cpu_pinned_bytes)
-    return {
+    simulated = all(getattr(p, "allocators_simulated", False) for p in phases)
+    out: dict[str, Figure | None] = {
         "allocated": Figure(bytes=tensor_gpu_bytes(top), source="plan" if tensor_gpu_exact(top) else "plan estimate",
-                            note=f"tensors at {top.name}'s GPU peak"),
-        "reserved": None,
-        "pinned": Figure(bytes=pin_top.cpu_pinned_bytes, source="plan", note=f"at {pin_top.name}'s host peak"),
-        "nvidia_smi": Figure(bytes=gpu_top.gpu_peak_bytes, source="plan estimate",
-                             note="tensors + the CUDA context estimate"),
+                            note=f"tensors at {top.name}'s GPU peak (requested bytes)"),
     }
+    if simulated:
+        res = max(phases, key=lambda p: p.gpu_reserved_bytes)
+        pin = max(phases, key=lambda p: p.cpu_pinned_locked_bytes)
+        smi = max(phases, key=lambda p: p.gpu_nvidia_smi_bytes)
+        out["reserved"] = Figure(bytes=res.gpu_reserved_bytes, source="plan estimate",
+                                 note="the CUDA allocator simulator on the ledger's tensors")
+        out["pinned"] = Figure(bytes=pin.cpu_pinned_locked_bytes, source="plan",
+                               note="page-locked: the pinned allocator simulator (rounded blocks, cached frees)")
+        out["nvidia_smi"] = Figure(bytes=smi.gpu_nvidia_smi_bytes, source="plan estimate",
+                                   note="simulated reserved + memory outside PyTorch (estimate)")
+    else:
+        pin = max(phases, key=lambda p: p.cpu_pinned_bytes)
+        gpu = max(phases, key=lambda p: p.gpu_peak_bytes)
+        out["reserved"] = None
+        out["pinned"] = Figure(bytes=pin.cpu_pinned_bytes, source="plan", note=f"requested, at {pin.name}'s host peak")
+        out["nvidia_smi"] = Figure(bytes=gpu.gpu_peak_bytes, source="plan estimate",
+                                   note="tensors + the CUDA context estimate")
+    return out
 
 
 def _rows(plan: Plan, run: _Run) -> list[PhaseRow]:
@@ -247,7 +260,7 @@ def _blocks_attribution(plan: Plan, run: _Run) -> Attribution | None:
         totals[keys] = totals.get(keys, 0) + b.requested_size
     recorded = [n for n in run.occ if covered(plan, n)[0]]
     plan_phase = plan.phase(covered(plan, recorded[-1])[0][-1]) if recorded else plan.phases[-1]
-    planned = {i.key: i for i in plan_phase.resident if i.device is Device.GPU and i.category not in NON_TENSOR_CATEGORIES}
+    planned = {i.key: i for i in plan_phase.resident if i.device is Device.GPU and not outside_allocator(i)}
     rows, used = [], set()
     for keys, b in sorted(totals.items(), key=lambda kv: -kv[1]):
         if not keys:
@@ -278,7 +291,7 @@ def _attribution(plan: Plan, run: _Run) -> Attribution | None:
         for it in ph.items:
             if it.device is not Device.GPU:
                 continue
-            if it.category in NON_TENSOR_CATEGORIES:
+            if outside_allocator(it):
                 entry = f"{it.name} ({it.key}): {it.bytes:,} B, estimate"
                 if entry not in not_visible:
                     not_visible.append(entry)
@@ -303,7 +316,7 @@ def _attribution(plan: Plan, run: _Run) -> Attribution | None:
         plan_names, _ = covered(plan, name)
         pph = peak_phase(plan, plan_names)
         planned = {i.key: i for i in (pph.items if pph else ()) if i.device is Device.GPU
-                   and i.category not in NON_TENSOR_CATEGORIES}
+                   and not outside_allocator(i)}
         totals = by_stop.get(stop, {})
         rows = []
         used: set[str] = set()
@@ -390,7 +403,9 @@ def reconcile(plan: Plan, records: RecordSet, *, rank: int | None = None, capaci
     run = _Run(plan, records, rank)
     rows = _rows(plan, run)
     attribution = _attribution(plan, run)
-    simulator = check_snapshot(run.snapshot, rank=rank, device=run.device) if run.snapshot is not None else None
+    simulator = (check_snapshot(run.snapshot, rank=rank, device=run.device,
+                                torch_version=run.stats.torch_version if run.stats else None)
+                 if run.snapshot is not None else None)
     timeline = build_timeline(plan, run, capacity_bytes)
     ds_reports = tuple((ln.message, ln.phase, ln.allocated_bytes, ln.peak_allocated_bytes) for ln in run.ds)
     notes = [*records.notes, *run.notes]

@@ -26,23 +26,32 @@ def _simulator():
     return check_against_recording
 
 
-def simulator_config(snapshot: MemorySnapshot) -> tuple[object | None, str]:
+def simulator_config(snapshot: MemorySnapshot, torch_version: str | None = None) -> tuple[object | None, str]:
     """(the simulator's configuration for this recording, why it could not be given). ``None`` is the
-    simulator's default, which is torch's when the snapshot shows no PYTORCH_CUDA_ALLOC_CONF setting."""
+    simulator's default, which is torch's when the snapshot shows no PYTORCH_CUDA_ALLOC_CONF setting.
+    The setting is read as the recording's torch (the stats file's ``torch_version``) reads it."""
     a = snapshot.allocator
-    if a is None or (not (a.conf or "").strip() and not a.expandable_segments):
-        return None, ""
+    text = (a.conf or "").strip() if a is not None else ""
+    if not text:
+        if a is not None and a.expandable_segments:
+            text = "expandable_segments:True"
+        else:
+            return None, ""
     try:
-        from memfit.core.alloc.conf import AllocConf
+        from memfit.core.alloc.conf import parse_alloc_conf
+        from memfit.core.alloc.versions import resolve_torch_version
     except ImportError:
-        return None, "no allocator configuration type to pass"
+        return None, "no allocator configuration reader in this memfit"
+    from memfit.errors import MemfitError
+
     try:
-        return AllocConf(text=a.conf or "", expandable_segments=bool(a.expandable_segments)), ""
-    except TypeError as exc:  # the simulator's configuration changed shape
-        return None, f"the recording's allocator settings ({a.conf!r}) could not be passed to the simulator: {exc}"
+        version = resolve_torch_version(".".join((torch_version or "").split("+")[0].split(".")[:2]) or None)
+        return parse_alloc_conf(text, version), ""
+    except MemfitError as exc:
+        return None, f"the recording's allocator settings ({text!r}) could not be read for the simulator: {exc}"
 
 
-def check_snapshot(snapshot: MemorySnapshot, *, rank: int, device: int) -> SimulatorCheck:
+def check_snapshot(snapshot: MemorySnapshot, *, rank: int, device: int, torch_version: str | None = None) -> SimulatorCheck:
     events = allocator_events(snapshot, device)
     if not events:
         return SimulatorCheck(rank=rank, device=device, status="no trace", events=0, recorded_reserved_peak_bytes=None,
@@ -63,7 +72,7 @@ def check_snapshot(snapshot: MemorySnapshot, *, rank: int, device: int) -> Simul
                               recorded_reserved_peak_bytes=recorded_peak,
                               reason="this memfit has no CUDA caching allocator simulator "
                                      "(memfit.core.alloc.cuda_caching.check_against_recording)")
-    config, problem = simulator_config(snapshot)
+    config, problem = simulator_config(snapshot, torch_version)
     if problem:
         return SimulatorCheck(rank=rank, device=device, status="not exact", events=len(events),
                               recorded_reserved_peak_bytes=recorded_peak, reason=problem)
