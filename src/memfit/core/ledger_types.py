@@ -26,10 +26,31 @@ PHASES = (
     "initialize.optimizer",
     "forward",
     "backward",
+    "accum.forward",
+    "accum.backward",
     "optimizer_step",
+    "step2.forward",
+    "step2.backward",
+    "step2.optimizer_step",
     "save",
 )
-"""Phase names in run order; replays mark the same boundaries."""
+"""Phase names in run order; replays mark the same boundaries. ``forward``/``backward``/
+``optimizer_step`` are step 1 (its first micro-step); ``accum.*`` a later micro-step of step 1
+(only with gradient_accumulation_steps > 1); ``step2.*`` the steady state (step 2 on: the
+optimizer states alive with the step's own memory; the worst micro-step when accumulating). A
+phase a scenario does not have is not emitted."""
+
+PHASE_LABELS = {
+    "forward": "step 1 forward",
+    "backward": "step 1 backward",
+    "accum.forward": "step 1, later micro-step: forward",
+    "accum.backward": "step 1, later micro-step: backward",
+    "optimizer_step": "step 1 optimizer step",
+    "step2.forward": "steady state (step 2+): forward",
+    "step2.backward": "steady state (step 2+): backward",
+    "step2.optimizer_step": "steady state (step 2+): optimizer step",
+}
+"""Plain-words names of the step phases, for the terminal and reports (JSON keeps ``name``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -347,6 +347,9 @@ class ChildRun:
                 engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=self.ds_config)
             del params
             self.items.extend(read_items(engine, at="initialize"))
+            from memfit.replay.coordinator_log import maybe_install
+
+            coordinator_log = maybe_install(model) if spec.zero_stage == 3 else None  # MEMFIT_COORDINATOR_LOG
 
             engine.train()
             device = accel.current_device_name()
@@ -376,6 +379,8 @@ class ChildRun:
                     step_items_read = True
             if not step_items_read and step:
                 self.items.extend(read_items(engine, at="step"))
+            if coordinator_log is not None:
+                coordinator_log.close()
             self._save(engine, recorder)
 
     def _save(self, engine, recorder) -> None:

@@ -66,7 +66,8 @@ class PhaseComparison:
     predicted_host_bytes: int
     """The plan's host peak of the phase, tensors only (estimates of non-tensor memory removed)."""
     measured_host_bytes: int
-    """The highest host tensor peak the replay saw in this phase (over all its steps)."""
+    """The highest host tensor peak the replay saw in the occurrences of this phase
+    (``occurrences``: step 1's first micro-step for ``forward``, every later step for ``step2.*``)."""
     predicted_gpu_bytes: int | None = None
     measured_gpu_bytes: int | None = None
 
@@ -124,6 +125,44 @@ def scenario_of(m: Measurement) -> Scenario:
     )
 
 
+STEP_PHASES = {
+    "forward": "forward", "backward": "backward", "optimizer_step": "optimizer_step",
+    "accum.forward": "forward", "accum.backward": "backward",
+    "step2.forward": "forward", "step2.backward": "backward", "step2.optimizer_step": "optimizer_step",
+}
+"""Plan phase -> the replay's phase name (the replay names every micro-step's phases plainly and
+records their step and micro-step)."""
+
+
+def occurrences(m: Measurement, phase: str) -> tuple:
+    """The replay's phase occurrences a plan phase stands for: ``forward``/``backward`` are step 1's
+    first micro-step, ``accum.*`` its later ones, ``optimizer_step`` the end of step 1 (the last
+    micro-step's, where the optimizer runs), ``step2.*`` every later step (the worst is compared)."""
+    base = STEP_PHASES.get(phase)
+    if base is None:
+        return m.phase_occurrences(phase)
+    ga = m.deepspeed_config_used.get("gradient_accumulation_steps", 1)
+    ga = ga if isinstance(ga, int) and ga > 0 else 1
+    rows = m.phase_occurrences(base)
+    if phase.startswith("step2."):
+        rows = tuple(r for r in rows if (r.step or 0) >= 1)
+    else:
+        rows = tuple(r for r in rows if (r.step or 0) == 0)
+    if base == "optimizer_step":
+        return tuple(r for r in rows if (r.micro_step or 0) == ga - 1)
+    if phase.startswith("accum."):
+        return tuple(r for r in rows if (r.micro_step or 0) >= 1)
+    if phase.startswith("step2."):
+        return tuple(r for r in rows if ga == 1 or (r.micro_step or 0) >= 1)
+    return tuple(r for r in rows if (r.micro_step or 0) == 0)
+
+
+def measured_peak(m: Measurement, phase: str, field: str) -> int | None:
+    """Highest ``field`` over the replay's occurrences of plan phase ``phase``."""
+    values = [getattr(r, field) for r in occurrences(m, phase) if getattr(r, field) is not None]
+    return max(values) if values else None
+
+
 def _tensor_host_peak(plan: Plan, phase: str) -> int:
     ph = plan.phase(phase)
     est = sum(i.bytes for i in ph.items if i.key in ESTIMATE_KEYS and i.device in (Device.CPU_PAGEABLE, Device.CPU_PINNED))
@@ -141,10 +180,10 @@ def compare(plan: Plan, m: Measurement) -> Comparison:
                                     predicted_bytes=sum(res.get(k, 0) for k in lkeys)))
     phases = []
     for ph in plan.phases:
-        peak = m.peak(ph.name, "host_peak_bytes")
+        peak = measured_peak(m, ph.name, "host_peak_bytes")
         if peak is None:
             continue
-        gpu = m.peak(ph.name, "device_peak_allocated_bytes")
+        gpu = measured_peak(m, ph.name, "device_peak_allocated_bytes")
         phases.append(PhaseComparison(phase=ph.name, predicted_host_bytes=_tensor_host_peak(plan, ph.name),
                                       measured_host_bytes=peak,
                                       predicted_gpu_bytes=ph.gpu_peak_bytes if gpu is not None else None,

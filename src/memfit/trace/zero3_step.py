@@ -5,23 +5,12 @@ releases them in the post-hook; this module replays those rules over the order i
 step ran its modules, adds the activation-side bytes the trace measured at each point, and
 models the gradient path, to find the step's highest GPU bytes and the module where it happens.
 
-Rules mirrored (deepspeed/runtime/zero/partitioned_param_coordinator.py unless noted):
-- ``fetch_sub_module``: all-gather the module's own params that are not available; wait for them;
-  then, with a complete trace, prefetch the next params of the recorded order while the prefetched
-  elements stay under ``min(max_live_parameters - available, prefetch_bucket_size)``.
-- ``__all_gather_params_`` -> partition_parameters.py ``all_gather_coalesced``: one param gathers
-  into its own buffer of ``ceil(p/W) x W`` elements (``_all_gather_sequential``); several gather
-  into one flat buffer of ``sum ceil(p/W) x W`` elements (``_all_gather_dtype``), and each param is
-  then copied out of it (``AllGatherCoalescedHandle.wait``: ``torch.cat(partitions)``); the flat
-  buffer lives until every param of that gather has been waited for (the in-flight registry holds
-  the handle per param).
-- ``release_sub_module`` / ``__params_to_release``: release a module's non-persistent params
-  unless the prefetcher already queued a later use, or the same params come back within
-  ``max_reuse_distance`` elements of the recorded order (why the last layers stay gathered across
-  the forward/backward turn).
-- Persistent params (``parameter_offload.py:mark_persistent_parameters``: numel <=
-  ``param_persistence_threshold`` while the running total stays <= ``model_persistence_threshold``)
-  stay whole on every rank; the ledger counts them elsewhere, they are never gathered here.
+The parameter side is ``memfit.core.ledger.zero3_fetch.Coordinator``, the same simulation of
+deepspeed/runtime/zero/partitioned_param_coordinator.py the ledger runs over its module order (see
+its docstring for the rules: fetch, prefetch, release, reuse distance, coalesced all-gather
+buffers), here driven by the traced hook order. Persistent params
+(``parameter_offload.py:mark_persistent_parameters``) stay whole on every rank; the ledger counts
+them elsewhere, so their bytes are left out here.
 - Gradients (deepspeed/runtime/zero/stage3.py ``reduce_independent_p_g_buckets_and_remove_grads``,
   ``__add_grad_to_ipg_bucket``, ``__reduce_and_partition_ipg_grads``, ``partition_grads``): a
   param's full gradient exists as soon as autograd accumulates it; if the reduce bucket would
@@ -42,12 +31,12 @@ import math
 from dataclasses import dataclass
 
 from memfit.core.ds_settings import DeepSpeedSettings
+from memfit.core.ledger.zero3_fetch import AG_STAGING, Coordinator, GParam, persistent_flags
 from memfit.core.ledger_types import Device, LedgerItem
 from memfit.errors import MemfitError
 from memfit.trace.results import TraceResult
 
 PCO = "deepspeed/runtime/zero/partitioned_param_coordinator.py"
-_NOT_AVAILABLE, _INFLIGHT, _AVAILABLE = 0, 1, 2
 _GRAD_ACCUM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
@@ -164,8 +153,26 @@ class _Peak:
         )
 
 
+class _StagingSink:
+    """Tracks the coordinator's GPU copies of offloaded partitions (the rest it counts itself)."""
+
+    def __init__(self) -> None:
+        self.live = 0
+        self.peak = 0
+
+    def alloc(self, key: str, nbytes: int) -> None:
+        if key == AG_STAGING:
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
+
+    def free(self, key: str, nbytes: int) -> None:
+        if key == AG_STAGING:
+            self.live -= nbytes
+
+
 class _Replay:
-    """One step of ZeRO-3 over the traced events; ``run`` returns the peak."""
+    """One step of ZeRO-3 over the traced events; ``run`` returns the peak. The coordinator is
+    ``memfit.core.ledger.zero3_fetch.Coordinator`` (the ledger's), driven by the traced order."""
 
     def __init__(self, trace: TraceResult, ds: DeepSpeedSettings, world: int, *, complete_trace: bool) -> None:
         self.trace = trace
@@ -177,36 +184,24 @@ class _Replay:
         self.offload_opt = self.z.offload_optimizer.device != "none"
         default = self.params[0].element_bytes if self.params else 2  # DeepSpeed: the training dtype
         self.accum_bytes = _GRAD_ACCUM_BYTES.get(ds.grad_accum_dtype or "", default)
-        n = len(self.params)
-        self.persist = [False] * n
-        total = 0
-        for i, p in enumerate(self.params):  # parameter_offload.py:mark_persistent_parameters
-            if p.numel + total > self.z.model_persistence_threshold:
-                continue
-            if p.numel <= self.z.param_persistence_threshold:
-                self.persist[i] = True
-                total += p.numel
-        self.status = [_AVAILABLE if self.persist[i] else _NOT_AVAILABLE for i in range(n)]
-        self.data_bytes = [0] * n  # bytes of the gathered copy each param holds
-        self.group_of: dict[int, int] = {}
-        self.groups: dict[int, list] = {}  # gid -> [waiting params set, flat bytes]
-        self.active: list[set[int]] = [set() for _ in range(n)]
-        self.recent = [-(10**18)] * n
-        self.n_available = 0
-        self.gathered = 0
-        self.inflight = 0
+        flags = persistent_flags([p.numel for p in self.params], self.z.param_persistence_threshold,
+                                 self.z.model_persistence_threshold)
+        gparams = [GParam(p.numel, p.element_bytes, f) for p, f in zip(self.params, flags)]
+        # recorded order: every module fetch (forward and backward pre-hooks)
+        self.order = [e.module for e in trace.events if e.kind in ("fwd_pre", "bwd_pre")]
+        self.sink = _StagingSink()
+        # persistent params are whole on every rank from the start; the ledger counts them
+        self.co = Coordinator(gparams, [m.params for m in trace.modules], world,
+                              prefetch_bucket_size=self.z.prefetch_bucket_size,
+                              max_live_parameters=self.z.max_live_parameters,
+                              max_reuse_distance=self.z.max_reuse_distance, offload_param=self.offload_param,
+                              allgather_sequential=self.z.allgather_sequential,
+                              order=self.order if complete_trace else None, persistent_available=True,
+                              sink=self.sink)
         self.pending_grads = 0
         self.pending_grad_params: list[int] = []
         self.bucket_elems = 0
         self.bucket_params: list[int] = []
-        self.step_id = 0
-        # recorded order: every module fetch (forward and backward pre-hooks)
-        self.order = [e.module for e in trace.events if e.kind in ("fwd_pre", "bwd_pre")]
-        self.queue: list[tuple[int, int]] = []  # (param, step last used at)
-        for step, m in enumerate(self.order):
-            for p in sorted(trace.modules[m].params):
-                self.queue.append((p, step))
-        self.qpos = 0
         self.peak = _Peak()
         self.max_gathered = 0
         self.max_grads = 0
@@ -219,56 +214,13 @@ class _Replay:
     def _eb(self, i: int) -> int:
         return self.params[i].element_bytes
 
-    def _gather(self, params: list[int]) -> int:
-        """Launch an all-gather of ``params`` (NOT_AVAILABLE ones); returns momentary extra bytes."""
-        todo = [p for p in params if self.status[p] == _NOT_AVAILABLE]
-        if not todo:
-            return 0
-        self.n_available += sum(self.params[p].numel for p in todo)
-        staging = sum(self._part(p) * self._eb(p) for p in todo) if self.offload_param else 0
-        if len(todo) == 1 or self.z.allgather_sequential:
-            for p in todo:  # _all_gather_sequential: param.data is a view of its own buffer
-                self.status[p] = _INFLIGHT
-                self.data_bytes[p] = self._part(p) * self.W * self._eb(p)
-                self.gathered += self.data_bytes[p]
-                self.group_of[p] = -1
-            return staging
-        gid = len(self.groups) + 1
-        flat = sum(self._part(p) for p in todo) * self.W * self._eb(todo[0])
-        self.groups[gid] = [set(todo), flat]
-        self.inflight += flat
-        for p in todo:
-            self.status[p] = _INFLIGHT
-            self.group_of[p] = gid
-        return staging
+    @property
+    def gathered(self) -> int:
+        return self.co.gathered_bytes
 
-    def _wait(self, p: int) -> int:
-        """Wait for ``p``'s all-gather; returns momentary extra bytes (none: all is counted)."""
-        gid = self.group_of.pop(p, None)
-        if gid is None:
-            return 0
-        if gid == -1:
-            self.status[p] = _AVAILABLE
-            return 0
-        waiting, flat = self.groups[gid]
-        if self.status[p] == _INFLIGHT:  # first wait of the group copies every param out of the flat buffer
-            for q in list(waiting) + [p]:
-                if self.status[q] == _INFLIGHT:
-                    self.status[q] = _AVAILABLE
-                    self.data_bytes[q] = self.params[q].numel * self._eb(q)
-                    self.gathered += self.data_bytes[q]
-        waiting.discard(p)
-        if not waiting:
-            self.inflight -= flat
-            del self.groups[gid]
-        return 0
-
-    def _release(self, p: int) -> None:
-        if self.status[p] == _AVAILABLE and not self.active[p] and not self.persist[p]:
-            self.status[p] = _NOT_AVAILABLE
-            self.gathered -= self.data_bytes[p]
-            self.data_bytes[p] = 0
-            self.n_available -= self.params[p].numel
+    @property
+    def inflight(self) -> int:
+        return self.co.flat_bytes + self.sink.live
 
     def _state(self) -> int:
         return self.gathered + self.inflight + self.pending_grads
@@ -279,64 +231,20 @@ class _Replay:
         if total > self.peak.total:
             self.peak = _Peak(
                 total=total, act=act, gathered=self.gathered, inflight=self.inflight + extra,
-                gathered_params=sum(1 for b in self.data_bytes if b), grads=self.pending_grads + grads_extra,
-                phase=phase, module=module, moment=moment,
+                gathered_params=sum(1 for b in self.co.data if b) - sum(
+                    1 for i, b in enumerate(self.co.data) if b and self.co.p[i].persist),
+                grads=self.pending_grads + grads_extra, phase=phase, module=module, moment=moment,
             )
 
     # ------------------------------------------------------------------ DeepSpeed hooks
     def fetch(self, m: int, forward: bool) -> int:
-        params = list(self.trace.modules[m].params)
-        extra = self._gather(params)
-        for p in params:
-            self.active[p].add(m)
-        cats = 0
-        for p in params:
-            before = self.gathered
-            self._wait(p)
-            cats += self.gathered - before
-        if self.complete:
-            fetched_now = {p for p in params if self.recent[p] < self.step_id}
-            discarded: set[int] = set()
-            while self.qpos < len(self.queue) and len(discarded) < len(fetched_now):
-                p, last = self.queue[self.qpos]
-                self.qpos += 1
-                self.recent[p] = last
-                discarded.add(p)
-            if self.z.prefetch_bucket_size > 0:
-                budget = min(self.z.max_live_parameters - self.n_available, self.z.prefetch_bucket_size)
-                chosen: list[int] = []
-                numel = 0
-                while self.qpos < len(self.queue) and numel < budget:
-                    p, last = self.queue[self.qpos]
-                    self.qpos += 1
-                    do = self.status[p] == _NOT_AVAILABLE and p not in chosen
-                    self.recent[p] = max(self.recent[p], last)
-                    if do:
-                        chosen.append(p)
-                        numel += self.params[p].numel
-                if chosen:
-                    extra += self._gather(chosen)
-        self.step_id += 1
-        return extra
+        """``fetch_sub_module``; returns the momentary bytes of the partition copies made during it."""
+        self.sink.peak = self.sink.live
+        self.co.fetch(m, forward)
+        return self.sink.peak - self.sink.live
 
     def release(self, m: int) -> None:
-        own = self.trace.modules[m].params
-        if self.complete:
-            keep = {p for p in own if self.recent[p] > self.step_id or self.persist[p]}
-            traversed = 0
-            for later in self.order[self.step_id:]:
-                if traversed >= self.z.max_reuse_distance:
-                    break
-                for p in self.trace.modules[later].params:
-                    keep.add(p)
-                    traversed += self.params[p].numel
-            to_release = [p for p in own if p not in keep]
-        else:
-            to_release = [p for p in own if not self.persist[p]]
-        for p in own:
-            self.active[p].discard(m)
-        for p in to_release:
-            self._release(p)
+        self.co.release(m)
 
     def grad_ready(self, p: int) -> int:
         """A full gradient of ``p`` was accumulated; returns the gradient bytes alive meanwhile that

@@ -7,7 +7,7 @@ from memfit.core.ledger.load import (HOST_ADAPTERS, record_cast, record_load, re
                                      record_move)
 from memfit.core.alloc.non_pytorch import record_cublas_workspace, record_cuda_context
 from memfit.core.ledger.runtime import record_process_baseline
-from memfit.core.ledger.step import record_step
+from memfit.core.ledger.step import param_element_bytes, record_step
 from memfit.core.ledger.timeline import Timeline
 from memfit.core.ledger.zero012 import record_zero012
 from memfit.core.ledger.zero3 import record_optimizer, record_partition
@@ -46,9 +46,11 @@ def build_timeline(sc: Scenario, traced: TracedStep | None = None) -> Timeline:
         part_key.update(record_partition(t, ctx, where))
         groups = record_optimizer(t, ctx, part_key)
         opt_numel = sum(groups)
+        dtypes = part_key
     else:
         opt_numel = record_zero012(t, ctx, where)
-    record_step(t, ctx, opt_numel=opt_numel, traced=traced)
+        dtypes = where
+    record_step(t, ctx, opt_numel=opt_numel, traced=traced, elem_bytes=param_element_bytes(ctx, dtypes))
     return t
 
 
