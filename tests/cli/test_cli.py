@@ -46,7 +46,9 @@ def test_plan_seed_json_schema():
         for k in ("gpu_peak_bytes", "cpu_peak_bytes", "cpu_pinned_bytes", "node_cpu_peak_bytes"):
             assert isinstance(p[k], int)
     assert [p["name"] for p in d["phases"]] == ["load", "initialize.cast", "initialize.move", "initialize.partition",
-                                                "initialize.optimizer", "forward", "backward", "optimizer_step", "save"]
+                                                "initialize.optimizer", "forward", "backward", "optimizer_step",
+                                                "step2.forward", "step2.backward", "step2.optimizer_step", "save"]
+    assert next(p for p in d["phases"] if p["name"] == "step2.forward")["label"] == "steady state (step 2+): forward"
 
 
 def test_flags_override_the_file():

@@ -20,7 +20,7 @@ from conftest import EXAMPLES, SEED
 from memfit.core.dsconfig import AutoContext, load_deepspeed_config
 from memfit.core.plan import make_plan
 from memfit.core.recommend import recommend
-from memfit.core.recommend.estimate import PHASE_NAMES, estimate_peaks
+from memfit.core.recommend.estimate import estimate_peaks, phase_names
 from memfit.core.recommend.files import write_recommendations
 from memfit.core.recommend.patch import (
     candidate_inputs,
@@ -87,7 +87,7 @@ def _max_diff(inputs, candidates, prep) -> tuple[int, int]:
         sc = build_scenario(candidate_inputs(inputs, patched, c))
         assert claimed_mismatches(sc, c) == []
         plan = make_plan(sc)
-        assert [p.name for p in plan.phases] == list(PHASE_NAMES)
+        assert [p.name for p in plan.phases] == list(phase_names(c))
         for (g, h, node, nvme), ph in zip(estimate_peaks(prep.aggregates, c), plan.phases):
             d = max(abs(g - ph.gpu_peak_bytes), abs(h - ph.cpu_peak_bytes), abs(node - ph.node_cpu_peak_bytes),
                     abs(nvme - ph.nvme_bytes))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from memfit import __version__
-from memfit.core.ledger_types import Plan
+from memfit.core.ledger_types import PHASE_LABELS, Plan
 from memfit.core.verdict import gpu_figure, host_figure
 
 SCHEMA_VERSION = 2
@@ -34,6 +34,7 @@ def plan_to_dict(plan: Plan, *, scenario: dict[str, Any] | None = None) -> dict[
         "phases": [
             {
                 "name": ph.name,
+                "label": PHASE_LABELS.get(ph.name, ph.name),
                 "description": ph.description,
                 "gpu_peak_bytes": ph.gpu_peak_bytes,
                 "cpu_peak_bytes": ph.cpu_peak_bytes,

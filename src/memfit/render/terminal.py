@@ -8,7 +8,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from memfit.core.ledger_types import Device, PhaseLedger, Plan
+from memfit.core.ledger_types import PHASE_LABELS, Device, PhaseLedger, Plan
 from memfit.core.scenario import Scenario
 from memfit.core.units import fmt_bytes
 from memfit.core.verdict import gpu_figure, host_figure
@@ -63,7 +63,8 @@ def phase_table(plan: Plan, sc: Scenario, *, width: int = 120) -> Table:
     t = Table(title=f"Peak memory per phase, GiB (2^30 bytes). GPU per rank (of {hw.gpu.total_bytes / GiB:.2f}): "
                     "allocated (blocks), reserved, OOM-relevant (what the verdict compares); pinned page-locked and "
                     f"pageable per rank; host per node (of {hw.cpu_ram_bytes / GiB:.2f})",
-              title_justify="left", box=box.SIMPLE_HEAVY if wide else box.SIMPLE, padding=(0, 1), pad_edge=False)
+              title_justify="left", box=box.SIMPLE_HEAVY if wide else box.SIMPLE, padding=(0, 1), pad_edge=False,
+              caption=_step_caption(plan), caption_justify="left")
     t.add_column("phase", no_wrap=True)
     t.add_column("GPU\nalloc", justify="right", no_wrap=True)
     t.add_column("GPU\nresv", justify="right", no_wrap=True)
@@ -84,6 +85,19 @@ def phase_table(plan: Plan, sc: Scenario, *, width: int = 120) -> Table:
         t.add_row(ph.name, _gib(ph.gpu_allocated_bytes), _gib(ph.gpu_reserved_bytes), gpu, *gbar,
                   _gib(ph.cpu_pinned_locked_bytes), _gib(ph.cpu_pageable_bytes), node, *hbar)
     return t
+
+
+def _step_caption(plan: Plan) -> str | None:
+    """What the step phases are (``ledger_types.PHASE_LABELS``), for the ones the plan has."""
+    names = {p.name for p in plan.phases}
+    parts = []
+    if "forward" in names:
+        parts.append("forward/backward/optimizer_step: step 1")
+    if "accum.forward" in names:
+        parts.append("accum.*: " + PHASE_LABELS["accum.forward"].rsplit(":", 1)[0])
+    if "step2.forward" in names:
+        parts.append("step2.*: " + PHASE_LABELS["step2.forward"].rsplit(":", 1)[0])
+    return "; ".join(parts) or None
 
 
 def items_table(ph: PhaseLedger) -> Table:

@@ -144,6 +144,10 @@ class GatherPass:
     stats: tuple[FetchStat, ...]
     persist_live: tuple[bool, ...]
     """Per param: a persistent param left gathered at the end."""
+    forward_peaks: tuple[int, ...]
+    """``peak`` of each forward segment."""
+    backward_peaks: tuple[int, ...]
+    """``peak`` of each backward segment."""
     max_bytes: int
     """Highest bytes of non-persistent gathered data plus coalesced flat buffers at any hook
     (what the replay's coordinator log measures: ``memfit.replay.coordinator_log``)."""
@@ -166,7 +170,7 @@ def gather_pass(layout: StepLayout, params: Sequence[GParam], world: int, *, pre
                      max_live_parameters=max_live_parameters, max_reuse_distance=max_reuse_distance,
                      offload_param=offload_param, allgather_sequential=allgather_sequential,
                      order=record_order(layout) if complete else None, persistent_available=persistent_available,
-                     sink=rec)
+                     sink=rec, record_stats=False)
     top = 0
     for (is_pre, m), s in zip(o.forward, layout.forward_segment):
         rec.seg = s
@@ -184,7 +188,8 @@ def gather_pass(layout: StepLayout, params: Sequence[GParam], world: int, *, pre
     backward, end = _segments(rec.events, layout.n_segments + 1, end_fwd)
     persist = tuple(q.persist and co.data[i] > 0 for i, q in enumerate(params))
     return GatherPass(forward=forward, backward=backward, end_forward=end_fwd, end=end, stats=tuple(co.stats),
-                      persist_live=persist, max_bytes=top)
+                      persist_live=persist, forward_peaks=tuple(x.peak for x in forward),
+                      backward_peaks=tuple(x.peak for x in backward), max_bytes=top)
 
 
 # ---------------------------------------------------------------------------------------- gradients

@@ -37,6 +37,7 @@ Pure Python, no torch: the ledger (``memfit.core.ledger.step``) drives it over t
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -129,7 +130,7 @@ class Coordinator:
     def __init__(self, params: Sequence[GParam], modules: Sequence[Sequence[int]], world: int, *,
                  prefetch_bucket_size: int, max_live_parameters: int, max_reuse_distance: int,
                  offload_param: bool, allgather_sequential: bool = False, order: Sequence[int] | None = None,
-                 persistent_available: bool = False, sink: Sink | None = None) -> None:
+                 persistent_available: bool = False, sink: Sink | None = None, record_stats: bool = True) -> None:
         self.p = params
         self.modules = [tuple(sorted(set(m))) for m in modules]
         self.W = world
@@ -162,9 +163,14 @@ class Coordinator:
         self.complete = order is not None
         self.order = tuple(order) if order is not None else ()
         self.queue: list[tuple[int, int]] = []  # (param, step id last used at) in recorded order
+        self.uses: list[list[int]] = [[] for _ in range(n)]  # per param, the order positions using it
+        self.cum = [0]  # elements traversed before each order position (the reuse window's walk)
         for step, m in enumerate(self.order):
             for q in self.modules[m]:
                 self.queue.append((q, step))
+                self.uses[q].append(step)
+            self.cum.append(self.cum[-1] + sum(params[q].numel for q in self.modules[m]))
+        self.record_stats = record_stats
         self.qpos = 0
         self.recent = [-(10**10)] * n  # __most_recent_step_id_param_fetched_for
         self.stats: list[FetchStat] = []
@@ -181,7 +187,8 @@ class Coordinator:
     # ------------------------------------------------------------------ gathering
     def _gather(self, params: Sequence[int]) -> None:
         """``__all_gather_params_``: launch an all-gather of the NOT_AVAILABLE ones."""
-        todo = sorted(q for q in params if self.status[q] == NOT_AVAILABLE)
+        status = self.status
+        todo = [q for q in params if status[q] == NOT_AVAILABLE]  # callers pass params sorted
         if not todo:
             return
         self.n_available += sum(self.p[q].numel for q in todo)
@@ -298,8 +305,11 @@ class Coordinator:
                         chosen.append(q)
                         numel += self.p[q].numel
                 if chosen:
+                    chosen.sort()  # all_gather_coalesced sorts by ds_id
                     self._gather(chosen)
         self.step_id += 1
+        if not self.record_stats:
+            return
         self.stats.append(FetchStat(module=m, forward=forward, n_available=self.n_available,
                                     inflight_numel=sum(self.p[q].numel for q in self.registry),
                                     gathered_bytes=self.gathered_bytes, persistent_bytes=self.persistent_bytes,
@@ -309,15 +319,20 @@ class Coordinator:
         """``release_sub_module``."""
         own = self.modules[m]
         if self.complete:
-            keep = {q for q in own if self.p[q].persist or self.recent[q] > self.step_id}
-            traversed = 0
-            for later in self.order[self.step_id:]:
-                if traversed >= self.reuse:
-                    break
-                for q in self.modules[later]:
-                    keep.add(q)
-                    traversed += self.p[q].numel
-            to_release = [q for q in own if q not in keep]
+            # __params_to_release: walk order[step_id:] a module at a time until max_reuse_distance
+            # elements have been traversed; a module is visited while fewer have been
+            start = self.step_id
+            end = bisect_left(self.cum, self.cum[start] + self.reuse, lo=start) if start < len(self.order) else start
+            end = min(end, len(self.order))
+            to_release = []
+            for q in own:
+                if self.p[q].persist or self.recent[q] > start:
+                    continue
+                uses = self.uses[q]
+                i = bisect_left(uses, start)
+                if i < len(uses) and uses[i] < end:
+                    continue  # recurs within the reuse window
+                to_release.append(q)
         else:
             to_release = list(own)
         for q in own:

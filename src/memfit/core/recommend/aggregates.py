@@ -24,8 +24,11 @@ from dataclasses import dataclass, field
 from memfit.core.activations import estimate_activation_bytes
 from memfit.core.dsconfig import optimizer_states_per_param
 from memfit.core.ledger.context import DTYPE_BYTES, ceil_div, is_adapter_param
-from memfit.core.scenario import Scenario
+from memfit.core.ledger.step import ActivationPlan
+from memfit.core.ledger.step_segments import GatherPass, GradSpec, Segment, StepLayout, build_layout, gather_pass, grad_pass
 from memfit.core.ledger.zero3 import split_sub_groups
+from memfit.core.ledger.zero3_fetch import GParam, persistent_flags
+from memfit.core.scenario import Scenario
 
 Loop = tuple[int, int, int, int, int, int]
 """``(gpu_max, host_max, nvme_max, gpu_net, host_net, nvme_net)``: highest point above the start on
@@ -320,6 +323,104 @@ class ScenarioAggregates:
                                              attention=sc.train.attention,
                                              linear_saves_frozen_inputs=linear_saves_frozen_inputs).total_bytes
         return self._cached(("act", micro_batch, dtype_bytes, checkpointing, linear_saves_frozen_inputs), build)
+
+    # -- the step (``ledger.step``): per-segment numbers, memoized per the settings they depend on
+    def layout(self, checkpointing: bool) -> StepLayout:
+        arch = self.scenario.model.arch
+
+        def build():
+            return build_layout(self.names, self.numels, self.trainable,
+                                num_layers=arch.num_layers + arch.num_encoder_layers, checkpointing=checkpointing)
+        return self._cached(("layout", checkpointing), build)
+
+    def activation_segments(self, *, micro_batch: int, dtype_bytes: int, checkpointing: bool,
+                            linear_saves_frozen_inputs: bool) -> StepActivations:
+        """``ledger.step.ActivationPlan`` as per-segment sums (see ``StepActivations``)."""
+        key = ("actseg", micro_batch, dtype_bytes, checkpointing, linear_saves_frozen_inputs)
+        v = self.memo.get(key)
+        if v is not None:
+            return v
+        sc = self.scenario
+        arch = sc.model.arch
+        est = estimate_activation_bytes(arch, sc.peft, seq_len=sc.train.seq_len, micro_batch=micro_batch,
+                                        dtype_bytes=dtype_bytes, gradient_checkpointing=checkpointing,
+                                        attention=sc.train.attention,
+                                        linear_saves_frozen_inputs=linear_saves_frozen_inputs)
+        lay = self.layout(checkpointing)
+        plan = ActivationPlan(est, lay.blocks, lay.n_segments, dtype_bytes, checkpointing,
+                              arch.num_layers + arch.num_encoder_layers)
+        fwd_before, acc = [], 0
+        for s in range(lay.n_segments):
+            acc += sum(plan.fwd[s])
+            fwd_before.append(acc)  # live once segment s has allocated its own
+        bwd_live, live = [], acc
+        for s in range(lay.n_segments + 1):
+            bwd_live.append(live + plan.recompute[s])
+            live -= sum(plan.bwd_free[s])
+        v = self.memo[key] = StepActivations(total=acc, forward=tuple(fwd_before), backward=tuple(bwd_live))
+        return v
+
+    def element_bytes(self, precision: str, load_dtype: str, zero_init: bool) -> tuple[int, ...]:
+        """Per param, the element size it trains in (``ledger.step.param_element_bytes``): the
+        training dtype after DeepSpeed's cast (fp16/bf16), else as loaded (PEFT params in fp32);
+        under zero.Init the base params are built in the training dtype, PEFT params stay fp32."""
+        def build():
+            nb = DTYPE_BYTES[precision]
+            if zero_init:
+                return tuple(4 if a else nb for a in self.adapters)
+            if precision != "fp32":
+                return tuple(nb for _ in self.numels)
+            return tuple(4 if a else DTYPE_BYTES[load_dtype] for a in self.adapters)
+        return self._cached(("eb", precision, load_dtype, zero_init), build)
+
+    def gather(self, *, eb: tuple[int, ...], threshold: int, ds_version: str, checkpointing: bool,
+               prefetch: int, max_live: int, offload_copy: bool, complete: bool,
+               persistent_available: bool) -> tuple[GatherPass, int]:
+        """``step_segments.gather_pass`` for these settings, and the bytes ``stage3.py:_post_step``
+        gathers after the step (the persistent params the pass left released)."""
+        if not complete:  # a RECORD pass neither prefetches nor keeps anything: the limits play no role
+            prefetch = max_live = 0
+        key = ("gather", eb, threshold, ds_version, checkpointing, prefetch, max_live, offload_copy, complete,
+               persistent_available)
+        v = self.memo.get(key)
+        if v is not None:
+            return v
+        z = self.scenario.deepspeed.zero
+        flags = persistent_flags(self.numels, threshold, z.model_persistence_threshold,
+                                 inclusive=ds_version == "0.19")
+        gparams = [GParam(n, e, f) for n, e, f in zip(self.numels, eb, flags)]
+        gp = gather_pass(self.layout(checkpointing), gparams, self.world, prefetch_bucket_size=prefetch,
+                         max_live_parameters=max_live, max_reuse_distance=z.max_reuse_distance,
+                         offload_param=offload_copy, allgather_sequential=z.allgather_sequential, complete=complete,
+                         persistent_available=persistent_available)
+        W = self.world
+        rest = sum(ceil_div(g.numel, W) * W * g.element_bytes for g, live in zip(gparams, gp.persist_live)
+                   if g.persist and not live)
+        v = self.memo[key] = (gp, rest)
+        return v
+
+    def grads(self, spec: GradSpec, ds_version: str, checkpointing: bool) -> tuple[tuple[Segment, ...], int,
+                                                                                  tuple[int, ...]]:
+        """``step_segments.grad_pass``, the gradient bytes it leaves live, and its segments' peaks."""
+        key = ("grads", spec, ds_version, checkpointing)
+        v = self.memo.get(key)
+        if v is None:
+            opt = set(self.opt_indices(ds_version))
+            numels = [n if i in opt else 0 for i, n in enumerate(self.numels)]
+            segs = grad_pass(self.layout(checkpointing), numels, spec)
+            v = self.memo[key] = (segs, sum(b for seg in segs for _, b in seg.events), tuple(g.peak for g in segs))
+        return v
+
+
+@dataclass(frozen=True, slots=True)
+class StepActivations:
+    """The step's activations per segment (``ledger.step.ActivationPlan``), summed."""
+
+    total: int
+    forward: tuple[int, ...]
+    """Per forward segment, the activation bytes live once it has allocated its own."""
+    backward: tuple[int, ...]
+    """Per backward segment, the activation bytes live while it runs (its recompute included)."""
 
 
 @dataclass(frozen=True, slots=True)

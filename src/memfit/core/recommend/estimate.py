@@ -21,11 +21,13 @@ Every step cites the recipe it mirrors: ``load`` = ``ledger/load.py``, ``z3`` = 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import add
 
 from memfit.core.ledger.context import DTYPE_BYTES, optimizer_offload
 from memfit.core.alloc.non_pytorch import non_pytorch_for
 from memfit.core.ledger.runtime import PROCESS_BASELINE_BYTES
 from memfit.core.ledger_types import PHASES
+from memfit.core.ledger.step_segments import GradSpec
 from memfit.core.recommend.aggregates import ScenarioAggregates
 from memfit.core.recommend.space import Candidate
 
@@ -33,7 +35,14 @@ CPU_ADAM_PINNED_BYTES = 2 * 134_217_728 * 4
 """DeepSpeedCPUAdam's C++ pinned tiles in 0.5/0.6 (``z3.record_partition``)."""
 
 PHASE_NAMES = PHASES
-"""The nine phases, in run order, as the exact ledger names them."""
+"""Every phase, in run order, as the exact ledger names them (``phase_names`` gives a candidate's)."""
+
+
+def phase_names(c: Candidate) -> tuple[str, ...]:
+    """The phases the exact ledger emits for ``c``: ``accum.*`` only with gradient accumulation."""
+    if c.grad_accum > 1:
+        return PHASES
+    return tuple(p for p in PHASES if not p.startswith("accum."))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -215,73 +224,152 @@ def _context_bytes(sc) -> int:  # noqa: ANN001
 
 def _step(agg: ScenarioAggregates, c: Candidate, g: int, h: int, n: int, opt_numel: int, opt_states_at_init: bool
           ) -> tuple[tuple[int, int, int, int], ...]:
-    """Phases forward .. save (step.record_step), from ``g``/``h``/``n`` bytes live after initialize."""
+    """Phases forward .. save (``step.record_step``), from ``g``/``h``/``n`` bytes live after
+    initialize. The phases' peaks above their start do not depend on what initialize left, so they
+    are memoized per the settings the step depends on and shifted here."""
+    key = ("step", c.stage, c.offload_optimizer, c.offload_param, c.precision, c.load_dtype, c.zero_init,
+           c.micro_batch, c.grad_accum, c.gradient_checkpointing, c.reduce_bucket_size, c.prefetch_bucket_size,
+           c.max_live_parameters, c.param_persistence_threshold, opt_numel, opt_states_at_init)
+    rel = agg.memo.get(key)
+    if rel is None:
+        rel = agg.memo[key] = _step_relative(agg, c, opt_numel, opt_states_at_init)
+    R = agg.ranks_per_node
+    out = []
+    for dg, dh, r0, dn, (eg, eh, en) in rel:
+        hp = h + dh
+        out.append((g + dg, hp, (hp - r0) * R + r0, n + dn))
+        g, h, n = g + eg, h + eh, n + en
+    return tuple(out)
+
+
+def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_states_at_init: bool) -> tuple:
+    """Per step phase: (GPU, host, rank-0 host, NVMe) peaks above the phase's start, and the change
+    of (GPU, host, NVMe) live bytes over the phase. Mirrors ``ledger.step._Step`` segment by
+    segment with the numbers ``ledger.step_segments`` gives both."""
     sc = agg.scenario
     z = sc.deepspeed.zero
     ver = sc.ds_version
     nb = DTYPE_BYTES[c.precision]
-    ga = DTYPE_BYTES[sc.deepspeed.grad_accum_dtype] if sc.deepspeed.grad_accum_dtype else nb
+    ga_bytes = DTYPE_BYTES[sc.deepspeed.grad_accum_dtype] if sc.deepspeed.grad_accum_dtype else nb
     stage3 = c.stage == 3
     off_opt = optimizer_offload(c.stage, c.offload_optimizer) != "none"
     opt = agg.opt_summary(ver)
-    t = _Tally()
-    t.g, t.h, t.n = g, h, n
-    t.phase()  # forward
-    t.gpu(non_pytorch_for(sc).cublas_workspace_bytes)  # non_pytorch.record_cublas_workspace at the first forward op
+    ckpt = c.gradient_checkpointing
+    GA = max(c.grad_accum, 1)
     mel = stage3 and z.memory_efficient_linear
-    gathered = 0
+    acts = agg.activation_segments(micro_batch=c.micro_batch, dtype_bytes=nb, checkpointing=ckpt,
+                                   linear_saves_frozen_inputs=mel)
+    overlap = z.overlap_comm if _overlap_given(sc) else c.stage == 3
+    zero_init = c.zero_init and stage3
+    eb = agg.element_bytes(c.precision, c.load_dtype, zero_init)
+
+    def gather(complete: bool, persistent_available: bool):
+        return agg.gather(eb=eb, threshold=c.param_persistence_threshold, ds_version=ver, checkpointing=ckpt,
+                          prefetch=c.prefetch_bucket_size, max_live=c.max_live_parameters,
+                          offload_copy=c.offload_param != "none", complete=complete,
+                          persistent_available=persistent_available)
+
+    def grads(micro: int, boundary: bool):
+        spec = GradSpec(stage=c.stage, world=agg.world, element_bytes=nb, accum_bytes=ga_bytes,
+                        reduce_bucket_size=c.reduce_bucket_size, contiguous_gradients=z.contiguous_gradients,
+                        overlap_comm=bool(overlap), offload_optimizer=off_opt, boundary=boundary, micro_step=micro,
+                        partition_numel=opt_numel, old_ipg=ver == "0.5")
+        return agg.grads(spec, ver, ckpt)
+
+    out: list[tuple] = []
+    live = [0, 0, 0]  # GPU, host, NVMe relative to the start of the step
+    old_gip = opt_numel * nb if (stage3 and ver == "0.5" and opt.count) else 0
+    old_gip_dev = 1 if off_opt else 0  # 0.5.10 grads_in_partition: host with the optimizer offloaded
+    st = {"old_gip": False, "kept": 0, "persist_rest": 0}
+
+    def close(start: list[int], gp: int, hp: int, np_: int, r0: int = 0, end: list[int] | None = None) -> None:
+        end = end or live
+        out.append((gp - start[0], hp - start[1], r0, np_ - start[2],
+                    (end[0] - start[0], end[1] - start[1], end[2] - start[2])))
+
+    def alloc_old_gip() -> None:  # step._Step._old_grads_in_partition
+        if old_gip and not st["old_gip"]:
+            st["old_gip"] = True
+            live[old_gip_dev] += old_gip
+
+    cublas = non_pytorch_for(sc).cublas_workspace_bytes
+
+    def micro_step(complete: bool, persistent_available: bool, micro: int, boundary: bool, carry: bool) -> None:
+        # ---- forward: the phase opens, then the earlier micro-steps' gradients (carry_over)
+        start = list(live)
+        if not out:  # non_pytorch.record_cublas_workspace at step 1's first forward op
+            live[0] += cublas
+        if carry:
+            live[0] += st["kept"]
+            if stage3 and ver == "0.5":
+                alloc_old_gip()
+        hpk = live[1]
+        gp = gather(complete, persistent_available)[0] if stage3 else None
+        if gp is not None:
+            gpk = live[0] + max(map(add, acts.forward, gp.forward_peaks))
+        else:
+            gpk = live[0] + acts.forward[-1]
+        fwd_end = live[0] + acts.total + (gp.end_forward if gp else 0)
+        close(start, gpk, hpk, live[2], end=[fwd_end, live[1], live[2]])
+        # ---- backward
+        start = [fwd_end, live[1], live[2]]
+        gr, end_grads, gr_peaks = grads(micro, boundary) if opt.count else (None, 0, ())
+        if stage3 and old_gip and not (off_opt and GA == 1):
+            alloc_old_gip()
+        base = live[0]
+        seq = acts.backward
+        if gp is not None:
+            seq = map(add, seq, gp.backward_peaks)
+        if gr is not None:
+            seq = map(add, seq, gr_peaks)
+        gpk = base + max(acts.total + (gp.end_forward if gp else 0), max(seq))
+        live[0] = base + (gp.end if gp else 0) + end_grads
+        if micro and c.stage == 2 and opt.count and z.contiguous_gradients and not off_opt:
+            live[0] -= opt_numel * nb  # _after_backward: this micro-step's partition added in and dropped
+        elif not micro:
+            st["kept"] = end_grads if c.stage < 3 else 0
+        close(start, gpk, live[1], live[2])
+
+    def optimizer_step(first: bool) -> None:
+        start = list(live)
+        gpk, hpk, npk = live
+        states = agg.states_per_param(off_opt)
+        if first and opt.count and states and not opt_states_at_init:
+            sb = opt_numel * 4 * states
+            live[2 if (stage3 and c.offload_optimizer == "nvme") else 1 if off_opt else 0] += sb
+            gpk, hpk, npk = max(gpk, live[0]), max(hpk, live[1]), max(npk, live[2])
+        if opt.count and not off_opt and nb != 4:
+            gpk = max(gpk, live[0] + opt_numel * 4)
+        if st["persist_rest"]:  # _post_step gathers the persistent params
+            live[0] += st["persist_rest"]
+            st["persist_rest"] = 0
+            gpk = max(gpk, live[0])
+        live[0] -= st["kept"]  # after the phase, the step drops the gradients
+        if old_gip and not off_opt and st["old_gip"]:
+            live[0] -= old_gip
+            st["old_gip"] = False
+        close(start, gpk, hpk, npk)
+
+    micro_step(False, False, 0, GA == 1, False)
     if stage3:
-        t.gpu(agg.persistent_numel(c.param_persistence_threshold, ver) * nb)
-        prefetch = min(c.prefetch_bucket_size, max(c.max_live_parameters - agg.largest_module, 0))
-        gathered = min(agg.largest_module + prefetch, agg.n_total) * nb
-        t.gpu(gathered)
-    act = agg.activation_bytes(micro_batch=c.micro_batch, dtype_bytes=nb, checkpointing=c.gradient_checkpointing,
-                               linear_saves_frozen_inputs=mel)
-    t.gpu(act)
-    t.phase()  # backward
-    transient = act + gathered
-    grads = 0
-    if opt.count:
+        st["persist_rest"] = gather(False, False)[1]  # RECORD releases every persistent param
+    if GA > 1:
+        micro_step(True, False, 1, True, False)
         if stage3:
-            full = opt.part_max * agg.world
-            extra = full * nb + opt.part_max * (ga + (4 if off_opt else 0))
-            t.gpu(extra)
-            transient += extra
-        else:
-            if c.stage <= 1:
-                grads = opt.n_tr * nb
-                t.gpu(grads)
-            if c.stage >= 1 and z.contiguous_gradients:
-                overlap = z.overlap_comm if _overlap_given(sc) else c.stage == 3
-                buckets = (2 if overlap else 1) * c.reduce_bucket_size * nb
-                t.gpu(buckets)
-                transient += buckets
-            if c.stage == 2 and not off_opt and z.contiguous_gradients:
-                t.gpu(opt_numel * nb)
-            if c.stage == 2:
-                t.gpu(opt.numel_max * nb)
-                transient += opt.numel_max * nb
-    t.g -= transient
-    t.phase()  # optimizer_step
-    states = agg.states_per_param(off_opt)
-    if opt.count and states and not opt_states_at_init:
-        if stage3 and c.offload_optimizer == "nvme":
-            t.nvme(opt_numel * 4 * states)
-        elif off_opt:
-            t.host(opt_numel * 4 * states)
-        else:
-            t.gpu(opt_numel * 4 * states)
-    if opt.count and not off_opt and nb != 4:
-        t.gpu(opt_numel * 4)
-        t.g -= opt_numel * 4
-    t.g -= grads
-    t.phase()  # save
+            st["persist_rest"] = gather(True, False)[1]
+    optimizer_step(True)
+    micro_step(True, True, 1 if GA > 1 else 0, True, GA > 1)
+    optimizer_step(False)
+    # ---- save
+    start = list(live)
+    gpk, hpk, r0 = live[0], live[1], 0
     if stage3 and z.gather_16bit_weights_on_model_save:
-        t.gpu(agg.largest_module * nb)
-        t.host(agg.n_total * nb)
-        t.r0 = agg.n_total * nb  # held by rank 0 only
-    t.phase()
-    return t.peaks(agg.ranks_per_node)
+        gpk = live[0] + agg.largest_module * nb
+        hpk = live[1] + agg.n_total * nb
+        r0 = agg.n_total * nb  # held by rank 0 only
+        live[1] = hpk
+    close(start, gpk, hpk, live[2], r0)
+    return tuple(out)
 
 
 def _overlap_given(sc) -> bool:
@@ -449,4 +537,4 @@ def _zero012_optimizer(t: _Tally, agg, c: Candidate, opt, *, nb: int, off_opt: b
 def estimate_phases(agg: ScenarioAggregates, c: Candidate) -> tuple[PhaseEstimate, ...]:
     """``estimate_peaks`` as typed per-phase results."""
     return tuple(PhaseEstimate(name=n, gpu_peak_bytes=g, cpu_peak_bytes=h, node_cpu_peak_bytes=node, nvme_bytes=nv)
-                 for n, (g, h, node, nv) in zip(PHASE_NAMES, estimate_peaks(agg, c)))
+                 for n, (g, h, node, nv) in zip(phase_names(c), estimate_peaks(agg, c)))

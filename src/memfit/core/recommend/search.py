@@ -26,7 +26,7 @@ from memfit.core.hardware import Hardware
 from memfit.core.ledger_types import Plan
 from memfit.core.plan import make_plan
 from memfit.core.recommend.aggregates import ScenarioAggregates
-from memfit.core.recommend.estimate import PHASE_NAMES, PhaseEstimate, estimate_peaks
+from memfit.core.recommend.estimate import PhaseEstimate, estimate_peaks, phase_names
 from memfit.core.recommend.patch import (
     Change,
     candidate_inputs,
@@ -319,7 +319,7 @@ def recommend(inputs: ScenarioInputs, *, top: int = 5, headroom: float = 0.1,
         recs.append(Recommendation(
             rank=len(recs) + 1, candidate=c, changes=s.changes, step_time=s.step_time,
             fast_phases=tuple(PhaseEstimate(name=n, gpu_peak_bytes=g, cpu_peak_bytes=h, node_cpu_peak_bytes=nd,
-                                            nvme_bytes=nv) for n, (g, h, nd, nv) in zip(PHASE_NAMES, s.peaks)),
+                                            nvme_bytes=nv) for n, (g, h, nd, nv) in zip(phase_names(s.candidate), s.peaks)),
             plan=plan, deepspeed_json=patched, scenario_inputs=c_inputs,
             script_diff=script_diff(sc, prep.raw_json, base, c, model_ref=inputs.model or sc.model_ref,
                                     ds_name=Path(inputs.deepspeed).name if inputs.deepspeed else None),
