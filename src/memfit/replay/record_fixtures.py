@@ -104,8 +104,10 @@ def deepspeed_json(stage: int, *, offload: bool, gather_on_save: bool = True) ->
 
 def _case(name: str, model: dict[str, Any], peft: PeftSpec, stage: int, *, offload: bool, world_size: int,
           **kwargs: Any) -> ReplaySpec:
+    ds = deepspeed_json(stage, offload=offload)
+    ds["gradient_accumulation_steps"] = kwargs.pop("gradient_accumulation_steps", 1)
     return ReplaySpec(name=name, model_config=model, layers=kwargs.pop("layers", 2), peft=peft,
-                      deepspeed_config=deepspeed_json(stage, offload=offload), world_size=world_size,
+                      deepspeed_config=ds, world_size=world_size,
                       seq_len=kwargs.pop("seq_len", 32), steps=kwargs.pop("steps", 2), threads=2, **kwargs)
 
 
@@ -133,6 +135,13 @@ CASES: dict[str, ReplaySpec] = {
         _case("llama_lora_z2_w1", TINY_LLAMA, LORA, 2, offload=False, world_size=1),
         _case("llama_lora_z3_offload_w2_gc", TINY_LLAMA, LORA, 3, offload=True, world_size=2,
               gradient_checkpointing=True),
+        # gradient accumulation: the later micro-steps (accum.*) and the steady state (step2.*)
+        _case("llama_full_z1_ga2_w2", TINY_LLAMA, PeftSpec(method="full"), 1, offload=False, world_size=2,
+              gradient_accumulation_steps=2),
+        _case("llama_full_z2_ga3_w2", TINY_LLAMA, PeftSpec(method="full"), 2, offload=False, world_size=2,
+              gradient_accumulation_steps=3),
+        _case("gptj_full_z3_offload_ga2_w2", TINY_GPTJ, PeftSpec(method="full"), 3, offload=True, world_size=2,
+              gradient_accumulation_steps=2),
     )
 }
 

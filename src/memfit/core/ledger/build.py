@@ -50,7 +50,8 @@ def build_timeline(sc: Scenario, traced: TracedStep | None = None) -> Timeline:
     else:
         opt_numel = record_zero012(t, ctx, where)
         dtypes = where
-    record_step(t, ctx, opt_numel=opt_numel, traced=traced, elem_bytes=param_element_bytes(ctx, dtypes))
+        groups = [opt_numel]
+    record_step(t, ctx, opt_numel=opt_numel, traced=traced, elem_bytes=param_element_bytes(ctx, dtypes), groups=groups)
     return t
 
 

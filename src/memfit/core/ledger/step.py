@@ -48,6 +48,7 @@ RECOMPUTE = "step.checkpoint_recompute"
 PERSIST_FULL = PERSISTENT
 GRAD_FULL = FULL_GRAD
 STEP_TMP = "step.fp32_grad_tmp"
+STEP_FLAT = "step.flat_grad_tmp"
 OLD_GRADS_PART = "zero3.grads_in_partition"
 SAVE_HOST = "save.state_dict"
 SAVE_GPU = "save.gathered_module"
@@ -127,7 +128,7 @@ class _Step:
     """The step recipe (see the module docstring); ``run`` records every phase."""
 
     def __init__(self, t: Timeline, ctx: RecipeContext, opt_numel: int, traced: TracedStep | None,
-                 elem_bytes: Sequence[int] | None) -> None:
+                 elem_bytes: Sequence[int] | None, groups: Sequence[int] | None = None) -> None:
         sc = ctx.scenario
         self.t, self.ctx, self.sc = t, ctx, sc
         self.ds = sc.deepspeed
@@ -138,6 +139,7 @@ class _Step:
         self.ga = max(self.ds.gradient_accumulation_steps, 1)
         self.opt = optimized_params(ctx)
         self.opt_numel = opt_numel
+        self.groups = tuple(groups) if groups else (opt_numel,)
         self.off = optimizer_offload(self.z.stage, self.z.offload_optimizer.device) != "none"
         self.traced = traced
         self.ckpt = sc.train.gradient_checkpointing
@@ -225,8 +227,12 @@ class _Step:
                       device=Device.GPU, category="grads", formula=f"{self.opt_numel:,} x {nb} B",
                       source=f"{S12}:copy_grads_in_partition; kept as all_grad_tensors/averaged_gradients")
         t.declare(STEP_TMP, name="fp32 copy of this rank's gradient for the step", device=Device.GPU, category="grads",
-                  formula=f"{self.opt_numel:,} x 4 B",
-                  source="stage3.py:_prepare_fp32_grad_for_sub_group / stage_1_and_2.py:step")
+                  formula=f"{self.opt_numel:,} x 4 B (per sub group)",
+                  source="stage3.py:_prepare_fp32_grad_for_sub_group / stage_1_and_2.py:step (.to(fp32))")
+        fb = self.ctx.grad_accum_bytes if self.stage3 else nb
+        t.declare(STEP_FLAT, name="flattened gradient partition before its fp32 copy", device=Device.GPU,
+                  category="grads", formula=f"{self.opt_numel:,} x {fb} B (per sub group), dropped once copied",
+                  source="stage3.py:_prepare_fp32_grad_for_sub_group / stage_1_and_2.py:step (self.flatten(averaged_gradients))")
 
     def _declare_zero3(self) -> None:
         t, z, nb, W = self.t, self.z, self.nb, self.W
@@ -401,16 +407,41 @@ class _Step:
             self._old_grads_in_partition()
 
     def optimizer_step(self, name: str, description: str) -> None:
+        """``step()``. Without optimizer offload each partition's gradient is flattened and turned
+        to fp32 on the GPU first (ZeRO-3: ``stage3.py:_prepare_fp32_grad_for_sub_group``, per sub
+        group: ``flatten(averaged_gradients).to(fp32)``; ZeRO-1/2: ``stage_1_and_2.py:step``,
+        ``flatten(averaged_gradients)`` then ``.to(fp32)``, the flat copy dropped, then the kept
+        gradients freed before the optimizer runs); the optimizer's states are created at its
+        first step (per sub group: Adam's ``zeros_like`` of each flat fp32 partition)."""
         t = self.t
         t.phase(name, description)
-        opt, nb, off = self.opt, self.nb, self.off
-        states = self.ds.optimizer.states_per_param
-        if opt and states and t.live_bytes(OPT_STATES) == 0:
+        opt, nb, off, z = self.opt, self.nb, self.off, self.z
+        k = self.ds.optimizer.states_per_param
+        first = bool(opt and k and t.live_bytes(OPT_STATES) == 0)
+        if first:
             declare_states(t, self.ctx, self.opt_numel, off, at_init=False)
-            t.alloc(OPT_STATES, self.opt_numel * 4 * states)
-        if opt and not off and nb != 4:
-            t.alloc(STEP_TMP, self.opt_numel * 4)
-            t.free(STEP_TMP, self.opt_numel * 4)
+        groups = list(self.groups) if self.stage3 else [self.opt_numel]
+        gpu_temps = bool(opt) and not off and (z.stage >= 1 or nb != 4)
+        fb = self.ctx.grad_accum_bytes if self.stage3 else nb  # the flattened gradient's dtype
+        for n in (groups if opt else []):
+            if gpu_temps and z.stage >= 1:
+                if z.stage == 1:  # free_grad_in_param_list(params_not_in_partition) first
+                    for b in self.grads_outside_partition():
+                        t.free(GRADS, b)
+                if fb != 4:  # .to(fp32) of an fp32 flat returns it: one tensor then
+                    t.alloc(STEP_FLAT, n * fb)
+                t.alloc(STEP_TMP, n * 4)
+                if fb != 4:
+                    t.free(STEP_FLAT, n * fb)
+                if z.stage in (1, 2):  # free_grad_in_param_list: the kept gradients go before the step
+                    t.free(GRADS)
+                    t.free(GRADS_PART)
+            if first:
+                t.alloc(OPT_STATES, n * 4 * k)
+            if gpu_temps and z.stage == 0:  # FP16_Optimizer: fp32 copy of the flat gradient
+                t.alloc(STEP_TMP, n * 4)
+            if gpu_temps:
+                t.free(STEP_TMP, n * 4)
         if self.stage3:  # _post_step: all_gather(persistent_parameters)
             for i, g in enumerate(self.gparams):
                 if g.persist and not self.persist_live[i]:
@@ -421,6 +452,16 @@ class _Step:
         t.free(GRADS_PART)
         if self.sc.ds_version == "0.5" and not self.off:
             t.free(OLD_GRADS_PART)  # _release_ipg_buffers at the boundary (kept for good with offload)
+
+    def grads_outside_partition(self) -> list[int]:
+        """ZeRO-1: bytes of the full gradients of the trained params outside this rank's (rank 0's)
+        partition of the flat buffer (those starting at or after ``partition_size``)."""
+        out, start = [], 0
+        for p in self.opt:
+            if start >= self.opt_numel and p.trainable:
+                out.append(p.numel * self.nb)
+            start += p.numel
+        return out
 
     def save(self) -> None:
         t, ctx, W, nb = self.t, self.ctx, self.W, self.nb
@@ -450,10 +491,10 @@ def _alloc_items(t: Timeline, items: tuple[LedgerItem, ...]) -> None:
 
 
 def record_step(t: Timeline, ctx: RecipeContext, *, opt_numel: int, traced: TracedStep | None = None,
-                elem_bytes: Sequence[int] | None = None) -> None:
+                elem_bytes: Sequence[int] | None = None, groups: Sequence[int] | None = None) -> None:
     """Every phase after initialize (see the module docstring). ``elem_bytes``: per param, the
-    element size it trains in (default: the training dtype)."""
-    _Step(t, ctx, opt_numel, traced, elem_bytes).run()
+    element size it trains in (default: the training dtype); ``groups``: ZeRO-3's sub groups."""
+    _Step(t, ctx, opt_numel, traced, elem_bytes, groups).run()
 
 
 def param_element_bytes(ctx: RecipeContext, where: dict[str, tuple[str, str]]) -> list[int]:

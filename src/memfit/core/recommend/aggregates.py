@@ -324,6 +324,18 @@ class ScenarioAggregates:
                                              linear_saves_frozen_inputs=linear_saves_frozen_inputs).total_bytes
         return self._cached(("act", micro_batch, dtype_bytes, checkpointing, linear_saves_frozen_inputs), build)
 
+    def zero1_outside_numel(self, ds_version: str, partition: int) -> int:
+        """``step._Step.grads_outside_partition``: elements of the trained params that start at or
+        after rank 0's partition of the flat buffer (their full gradients go first at the step)."""
+        def build():
+            total, start = 0, 0
+            for i in self.opt_indices(ds_version):
+                if start >= partition and self.trainable[i]:
+                    total += self.numels[i]
+                start += self.numels[i]
+            return total
+        return self._cached(("z1out", ds_version, partition), build)
+
     # -- the step (``ledger.step``): per-segment numbers, memoized per the settings they depend on
     def layout(self, checkpointing: bool) -> StepLayout:
         arch = self.scenario.model.arch

@@ -280,7 +280,7 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
     live = [0, 0, 0]  # GPU, host, NVMe relative to the start of the step
     old_gip = opt_numel * nb if (stage3 and ver == "0.5" and opt.count) else 0
     old_gip_dev = 1 if off_opt else 0  # 0.5.10 grads_in_partition: host with the optimizer offloaded
-    st = {"old_gip": False, "kept": 0, "persist_rest": 0}
+    st = {"old_gip": False, "kept": 0, "carry": 0, "persist_rest": 0}
 
     def close(start: list[int], gp: int, hp: int, np_: int, r0: int = 0, end: list[int] | None = None) -> None:
         end = end or live
@@ -300,7 +300,8 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
         if not out:  # non_pytorch.record_cublas_workspace at step 1's first forward op
             live[0] += cublas
         if carry:
-            live[0] += st["kept"]
+            live[0] += st["carry"]
+            st["kept"] = st["carry"]
             if stage3 and ver == "0.5":
                 alloc_old_gip()
         hpk = live[1]
@@ -327,24 +328,42 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
         if micro and c.stage == 2 and opt.count and z.contiguous_gradients and not off_opt:
             live[0] -= opt_numel * nb  # _after_backward: this micro-step's partition added in and dropped
         elif not micro:
-            st["kept"] = end_grads if c.stage < 3 else 0
+            st["kept"] = st["carry"] = end_grads if c.stage < 3 else 0
         close(start, gpk, live[1], live[2])
 
-    def optimizer_step(first: bool) -> None:
+    def optimizer_step(first: bool) -> None:  # step._Step.optimizer_step
         start = list(live)
         gpk, hpk, npk = live
-        states = agg.states_per_param(off_opt)
-        if first and opt.count and states and not opt_states_at_init:
-            sb = opt_numel * 4 * states
-            live[2 if (stage3 and c.offload_optimizer == "nvme") else 1 if off_opt else 0] += sb
-            gpk, hpk, npk = max(gpk, live[0]), max(hpk, live[1]), max(npk, live[2])
-        if opt.count and not off_opt and nb != 4:
-            gpk = max(gpk, live[0] + opt_numel * 4)
+        k = agg.states_per_param(off_opt)
+        create = first and opt.count and k and not opt_states_at_init
+        dev = 2 if (stage3 and c.offload_optimizer == "nvme") else 1 if off_opt else 0
+        gpu_temps = opt.count and not off_opt and (c.stage >= 1 or nb != 4)
+        fb = ga_bytes if stage3 else nb
+        for n_i in ((opt.groups if stage3 else (opt_numel,)) if opt.count else ()):
+            if gpu_temps and c.stage >= 1:
+                if c.stage == 1:
+                    out = agg.zero1_outside_numel(ver, opt_numel) * nb
+                    live[0] -= out
+                    st["kept"] -= out
+                gpk = max(gpk, live[0] + n_i * 4 + (n_i * fb if fb != 4 else 0))
+                live[0] += n_i * 4
+                if c.stage in (1, 2):
+                    live[0] -= st["kept"]
+                    st["kept"] = 0
+            if create:
+                live[dev] += n_i * 4 * k
+                gpk, hpk, npk = max(gpk, live[0]), max(hpk, live[1]), max(npk, live[2])
+            if gpu_temps and c.stage == 0:
+                live[0] += n_i * 4
+                gpk = max(gpk, live[0])
+            if gpu_temps:
+                live[0] -= n_i * 4
         if st["persist_rest"]:  # _post_step gathers the persistent params
             live[0] += st["persist_rest"]
             st["persist_rest"] = 0
             gpk = max(gpk, live[0])
         live[0] -= st["kept"]  # after the phase, the step drops the gradients
+        st["kept"] = 0
         if old_gip and not off_opt and st["old_gip"]:
             live[0] -= old_gip
             st["old_gip"] = False
