@@ -16,8 +16,11 @@ plan --exact`` does), the order is rebuilt from ``named_parameters()`` names:
   gradient too (a trained parameter ran before it, or checkpointing made the embeddings' output
   require grad), else DeepSpeed releases it at the end of the backward
   (``release_backward_leftovers``);
-- with gradient checkpointing, a block's backward first re-runs its forward (non-reentrant
-  ``torch.utils.checkpoint``: the block's forward hooks fire again inside the backward);
+- with gradient checkpointing, a block's backward re-runs its forward when its first backward node
+  (its last leaf's) unpacks a saved tensor (non-reentrant ``torch.utils.checkpoint``): the forward
+  hooks of the block's children fire again inside the backward, not the block's own (transformers'
+  ``GradientCheckpointingLayer`` checkpoints the block's forward inside its ``__call__``; seen in
+  the replay's coordinator log);
 - the transformer blocks are the numbered children (``layers.0``, ``h.17``, ``block.3``) of the
   containers that hold ``num_layers`` of them together (two stacks for encoder-decoders).
 
@@ -97,6 +100,8 @@ def build_module_order(names: Sequence[str], numels: Sequence[int], trainable: S
     # PEFT prompt/prefix encoders run before the base model
     root = children[0]
     root.sort(key=lambda c: 0 if mod_names[c].split(".")[0] == PROMPT_ENCODER else 1)
+    for kids in children.values():
+        _run_order(kids, mod_names)
 
     forward: list[tuple[bool, int]] = []
 
@@ -132,6 +137,7 @@ def build_module_order(names: Sequence[str], numels: Sequence[int], trainable: S
                 layer_of_pos[pos] = L
     backward: list[tuple[bool, int]] = []
     recompute: list[bool] = []
+    pending: int | None = None  # a checkpointed block whose forward has not been re-run yet
     for pos in range(len(forward) - 1, -1, -1):
         is_pre, m = forward[pos]
         if not out_grad.get(m, False):
@@ -139,11 +145,17 @@ def build_module_order(names: Sequence[str], numels: Sequence[int], trainable: S
         if not is_pre:  # the gradient reaches the module's output: pre-backward hook
             backward.append((True, m))
             recompute.append(False)
-            if checkpointing and m in subtree_of:  # the block's forward runs again first
-                a, b = forward.index((True, m)), forward.index((False, m))
-                for ev in forward[a:b + 1]:
+            if checkpointing and m in subtree_of:
+                pending = m
+            elif pending is not None and not children[m]:
+                # the block's first backward node (its last leaf's) unpacks a saved tensor: the
+                # block's forward runs again, its children's hooks only (the checkpointed call is
+                # the block's own forward, inside its __call__)
+                a, b = forward.index((True, pending)), forward.index((False, pending))
+                for ev in forward[a + 1:b]:
                     backward.append(ev)
                     recompute.append(True)
+                pending = None
         elif in_grad.get(m, False):  # ... and its input: post-backward hook
             backward.append((False, m))
             recompute.append(False)
@@ -162,6 +174,20 @@ def build_module_order(names: Sequence[str], numels: Sequence[int], trainable: S
         chain[i] = chain[parent] + sum(numels[p] for p in own[i])
     return ModuleOrder(names=tuple(mod_names), params=params, externals=externals, forward=tuple(forward), backward=tuple(backward),
                        backward_forward=tuple(recompute), layers=layers, chain_max=max(chain.values()))
+
+
+def _run_order(kids: list[int], names: list[str]) -> None:
+    """Llama-style blocks register ``self_attn, mlp, input_layernorm, post_attention_layernorm``
+    but run ``input_layernorm, self_attn, post_attention_layernorm, mlp``
+    (``LlamaDecoderLayer.forward``; Mistral, Qwen2 and others copy it): put the norms where they run."""
+    last = {names[k].rsplit(".", 1)[-1]: k for k in kids}
+    if "input_layernorm" in last:
+        kids.remove(last["input_layernorm"])
+        kids.insert(0, last["input_layernorm"])
+    attn = last.get("self_attn")
+    if "post_attention_layernorm" in last and attn is not None:
+        kids.remove(last["post_attention_layernorm"])
+        kids.insert(kids.index(attn) + 1, last["post_attention_layernorm"])
 
 
 def _subtree(m: int, children: dict[int, list[int]]) -> list[int]:
