@@ -143,3 +143,30 @@ def test_a_fresh_replay_logs_the_same(tmp_path):
     record(str(tmp_path), only=[case])
     fresh = json.loads((tmp_path / f"{case}.log.json").read_text())
     assert fresh == json.loads((DIR / f"{case}.log.json").read_text())
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_module_order_from_names_is_the_real_fetch_order(case):
+    """The modules that own parameters are fetched in the order the ledger rebuilds from the
+    names (module_order): the forward exactly; the backward too, but for LoRA, where the ledger also
+    walks back through the first block's frozen k/v projections (their output needs no gradient:
+    the frozen embeddings feed them; DeepSpeed never fetches them in backward)."""
+    from memfit.core.ledger.step_segments import record_order
+
+    log, m = _load(case)
+    ctx, layout, _, _ = _ledger_pass(m, False)
+    names = layout.order.names
+    ours = [names[i] for i in record_order(layout) if layout.order.params[i]]
+    real = [r["module"] for r in log["records"]
+            if r["pass"] == 1 and r["kind"] == "fetch" and log["modules"].get(r["module"])]
+    extra, j = [], 0
+    for n in ours:
+        if j < len(real) and n == real[j]:
+            j += 1
+        else:
+            extra.append(n)
+    assert j == len(real), f"the real fetch {real[j]!r} is not where the ledger has it"
+    if m.spec.peft.method == "lora":
+        assert extra and all(".layers.0.self_attn." in n for n in extra), extra
+    else:
+        assert not extra
