@@ -184,6 +184,9 @@ class Timeline:
     def live_bytes(self, key: str) -> int:
         return self._live.get(key, 0)
 
+    def live_on(self, device: Device) -> int:
+        """Bytes live on ``device`` now (what a recipe compares with free memory, as the code does)."""
+        return self._dev_live[device]
     def _observe(self) -> None:
         if not self._phases:
             return

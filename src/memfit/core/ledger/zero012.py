@@ -62,11 +62,7 @@ def record_zero012(t: Timeline, ctx: RecipeContext, where: Where) -> int:
     t.declare(FLAT, name="flat 16-bit copy of the trained params (aligned to 2W)", device=Device.GPU,
               category="params", formula=f"ceil({n_tr:,} / {2 * W}) x {2 * W} = {S:,} elements x {nb} B",
               source=f"{S12}:__init__ -> flatten_dense_tensors_aligned")
-    t.alloc(FLAT, S * nb)
-    for p in opt:  # _update_model_bit16_weights rebinds the params to views: originals freed
-        key, _ = where[p.name]
-        t.free(key, p.numel * nb)
-        where[p.name] = (FLAT, ds.precision)
+    _flatten(t, ctx, where, opt, S, n_tr)
     t.declare(CLONE_TMP, name="16-bit clone of the partition before the fp32 copy", device=Device.GPU,
               category="optimizer", formula=f"{part:,} x {nb} B", source=f"{S12}:__init__ (partition.clone())")
     t.declare(FP32, name="fp32 master weights (this rank's partition)",
@@ -114,6 +110,81 @@ def record_zero012(t: Timeline, ctx: RecipeContext, where: Where) -> int:
         declare_states(t, ctx, part, off, at_init=True)
         t.alloc(OPT_STATES, part * 4 * ds.optimizer.states_per_param)
     return part
+
+
+PAD = "zero12.alignment_pad"
+CPU_DATA = "zero12.flatten_cpu_copies"
+PLACEHOLDER = "zero12.flatten_placeholders"
+CPU_FLAT = "zero12.flatten_on_cpu"
+
+
+def flatten_on_cpu(t: Timeline, ctx: RecipeContext, flat_bytes: int) -> tuple[bool, int]:
+    """stage_1_and_2.py 0.19.8 ``__init__`` (lines 439-452): after ``empty_cache()``,
+    ``flatten_on_accelerator = available_memory() >= flat_buffer_bytes``. ``available_memory`` is
+    the driver's free memory (cuda_accelerator.py: ``pynvml ... info.free``): the card less what the
+    process holds, the CUDA context included. On the CPU accelerator it is psutil's available host
+    memory. Returns (flatten on the CPU, the available bytes it compared)."""
+    sc = ctx.scenario
+    if t.accelerator == "cpu":
+        avail = sc.hardware.cpu_ram_bytes // max(sc.hardware.gpus_per_node, 1) - t.live_on(Device.CPU_PAGEABLE)
+    else:
+        avail = sc.hardware.gpu.total_bytes - t.live_on(Device.GPU)
+    return avail < flat_bytes, avail
+
+
+def _flatten(t: Timeline, ctx: RecipeContext, where: Where, opt, S: int, n_tr: int) -> None:
+    """The flat 16-bit buffer, on the GPU when it fits next to the model, else through host memory."""
+    nb = ctx.model_bytes
+    pad = S - n_tr
+    t.declare(PAD, name="alignment padding appended before flattening", device=Device.GPU, category="buffers",
+              formula=f"{pad:,} elements x {nb} B", source="deepspeed/runtime/utils.py:align_dense_tensors (torch.zeros)")
+    on_cpu, avail = flatten_on_cpu(t, ctx, S * nb)
+    if not on_cpu:
+        t.alloc(PAD, pad * nb)
+        t.alloc(FLAT, S * nb)
+        t.free(PAD, pad * nb)
+        for p in opt:  # _update_model_bit16_weights rebinds the params to views: originals freed
+            key, _ = where[p.name]
+            t.free(key, p.numel * nb)
+            where[p.name] = (FLAT, ctx.scenario.deepspeed.precision)
+        return
+    # not enough memory: each param copied to the host and replaced by a 1-element tensor, the flat
+    # buffer built on the host, then moved to the GPU
+    why = f"available {avail:,} B < flat buffer {S * nb:,} B"
+    t.declare(CPU_DATA, name="trained params copied to host memory to flatten there", device=Device.CPU_PAGEABLE,
+              category="params", formula=f"{n_tr:,} x {nb} B, one param at a time ({why})",
+              source=f"{S12}:__init__ (param.cpu_data = param.data.cpu())")
+    t.declare(PLACEHOLDER, name="1-element placeholders for the params moved to the host", device=Device.GPU,
+              category="params", formula=f"{len(opt)} x 4 B (fp32)", source=f"{S12}:__init__ (torch.empty(1).to(param.device))")
+    t.declare(CPU_FLAT, name="flat 16-bit buffer built in host memory", device=Device.CPU_PAGEABLE, category="params",
+              formula=f"{S:,} elements x {nb} B ({why})",
+              source=f"{S12}:__init__ (flatten_dense_tensors_aligned(use_cpu_data=True), then .to(device))")
+    for p in opt:
+        key, _ = where[p.name]
+        if t.pinning_copies:  # .cpu() of a GPU tensor: a host copy (on the CPU accelerator: the tensor itself)
+            t.alloc(CPU_DATA, p.numel * nb)
+        t.alloc(PLACEHOLDER, 4)
+        if t.pinning_copies:
+            t.free(key, p.numel * nb)
+    t.declare(PAD + ".host", name="alignment padding appended before flattening", device=Device.CPU_PAGEABLE,
+              category="buffers", formula=f"{pad:,} elements x {nb} B",
+              source="deepspeed/runtime/utils.py:align_dense_tensors (torch.zeros)")
+    t.alloc(PAD + ".host", pad * nb)
+    t.alloc(CPU_FLAT, S * nb)
+    t.free(PAD + ".host", pad * nb)
+    if t.pinning_copies:
+        t.free(CPU_DATA)  # del param.cpu_data
+        t.alloc(FLAT, S * nb)  # flattened_buffer.to(device)
+        t.free(CPU_FLAT)
+    else:  # the CPU accelerator: the originals were the "copies"; .to(cpu) returns the flat itself
+        for p in opt:
+            key, _ = where[p.name]
+            t.free(key, p.numel * nb)
+        t.alloc(FLAT, S * nb)
+        t.free(CPU_FLAT)
+    t.free(PLACEHOLDER)  # _update_model_bit16_weights: params become views of the flat buffer
+    for p in opt:
+        where[p.name] = (FLAT, ctx.scenario.deepspeed.precision)
 
 
 def _record_fp16_optimizer(t: Timeline, ctx: RecipeContext, where: Where, n_tr: int) -> int:

@@ -517,8 +517,21 @@ def _zero012_optimizer(t: _Tally, agg, c: Candidate, opt, *, nb: int, off_opt: b
         return n_tr
     S = opt.flat_numel
     part = S // agg.world
-    t.gpu(S * nb)  # flat 16-bit copy
-    t.g -= n_tr * nb  # originals freed as the params become views
+    pad = (S - n_tr) * nb
+    if agg.scenario.hardware.gpu.total_bytes - t.g >= S * nb:  # z012._flatten: on the GPU
+        t.gpu(pad)
+        t.gpu(S * nb)  # flat 16-bit copy
+        t.g -= pad
+        t.g -= n_tr * nb  # originals freed as the params become views
+    else:  # through host memory: copies, 4-byte placeholders, a host flat, then .to(device)
+        t.loop((4, n_tr * nb, 0, 4 * opt.count - n_tr * nb, n_tr * nb, 0))  # per param: copy, placeholder, free
+        t.host(pad)
+        t.host(S * nb)
+        t.h -= pad
+        t.h -= n_tr * nb
+        t.gpu(S * nb)
+        t.h -= S * nb
+        t.g -= 4 * opt.count
     t.gpu(part * nb)  # 16-bit clone of the partition
     if not (c.precision == "fp32" and not off_opt):
         if opt_pin:

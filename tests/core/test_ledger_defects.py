@@ -1,0 +1,75 @@
+"""Ledger defects of issue #8 section 4, each against the DeepSpeed or transformers code it mirrors:
+the ZeRO-1/2 flatten that falls back to host memory when the card cannot hold the flat copy next
+to the model, and checkpoints loaded one shard at a time. (0.5.x's per-backward reduce buffers are
+in test_steady_state.py.)"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from memfit.core.ledger.context import ceil_div
+from memfit.core.ledger_types import Device
+from memfit.core.plan import make_plan
+from memfit.core.recommend.estimate import estimate_peaks
+from memfit.core.recommend.search import prepare
+from memfit.core.scenario_io import ScenarioInputs, build_scenario
+
+ZERO2_OFFLOAD = {"fp16": {"enabled": True}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+                 "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+                 "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+
+
+def _inputs(gpus: str, offload: bool = True) -> ScenarioInputs:
+    ds = ZERO2_OFFLOAD if offload else {**ZERO2_OFFLOAD, "zero_optimization": {"stage": 2}}
+    return ScenarioInputs(model="meta-llama/Llama-2-13b-hf", deepspeed_inline=ds, gpus=gpus,
+                          cpu_ram="512GB", seq_len=512, load_dtype="fp16")
+
+
+def _gpu_items(plan, phase):
+    return {i.key: i.bytes for i in plan.phase(phase).items if i.device is Device.GPU}
+
+
+def test_zero2_flattens_on_the_gpu_when_the_flat_copy_fits():
+    """stage_1_and_2.py 0.19.8 lines 439-452: available_memory() >= flat_buffer_bytes: the flat copy
+    is built on the card next to the moved model (2 x N x 2 B at the peak)."""
+    sc = build_scenario(_inputs("1xa100-80gb"))
+    plan = make_plan(sc)
+    n = sum(p.numel for p in sc.model.params)
+    S = ceil_div(n, 2) * 2  # one rank: aligned to 2W = 2
+    items = _gpu_items(plan, "initialize.optimizer")
+    assert items["zero12.flat_16bit_params"] == S * 2 and items["move.params"] == n * 2
+    assert "zero12.flatten_on_cpu" not in {i.key for i in plan.phase("initialize.optimizer").items}
+
+
+def test_zero2_flattens_in_host_memory_when_the_card_is_too_small():
+    """Same lines: available_memory() < flat_buffer_bytes: every param copied to the host
+    (param.data.cpu()), replaced by a 1-element fp32 tensor, the flat buffer built on the host
+    (flatten_dense_tensors_aligned(use_cpu_data=True)), the copies deleted, the flat moved to the
+    card. The card never holds the model and its flat copy together: the 13B model (26 GB in fp16)
+    initializes on two 40 GB cards (the flat copy and this rank's half of it for the fp32 master,
+    39.6 GB), where the on-card flatten needs 52 GB first."""
+    # without optimizer offload the host peak of the phase is the flatten itself: its items show
+    no_offload = make_plan(build_scenario(_inputs("2xa100-40gb", offload=False)))
+    sc = build_scenario(_inputs("2xa100-40gb"))
+    n = sum(p.numel for p in sc.model.params)
+    S = ceil_div(n, 4) * 4
+    host = {i.key: i.bytes for i in no_offload.phase("initialize.optimizer").items if i.device is Device.CPU_PAGEABLE}
+    assert host["zero12.flatten_cpu_copies"] == n * 2 and host["zero12.flatten_on_cpu"] == S * 2
+    plan = make_plan(sc)
+    ph = plan.phase("initialize.optimizer")
+    gpu = _gpu_items(plan, "initialize.optimizer")
+    assert "move.params" not in gpu and gpu["zero12.flat_16bit_params"] == S * 2
+    assert ph.gpu_peak_bytes < sc.hardware.gpu.total_bytes
+    move = plan.phase("initialize.move").gpu_peak_bytes
+    on_gpu = make_plan(dataclasses.replace(sc, hardware=build_scenario(_inputs("2xa100-80gb")).hardware))
+    assert on_gpu.phase("initialize.optimizer").gpu_peak_bytes >= move + S * 2 > sc.hardware.gpu.total_bytes
+
+
+@pytest.mark.parametrize("gpus", ["2xa100-40gb", "2xa100-80gb"])
+def test_the_estimator_follows_both_flatten_paths(gpus):
+    prep = prepare(_inputs(gpus))
+    plan = make_plan(prep.scenario)
+    for (g, h, node, nv), ph in zip(estimate_peaks(prep.aggregates, prep.base), plan.phases):
+        assert (g, h, node, nv) == (ph.gpu_peak_bytes, ph.cpu_peak_bytes, ph.node_cpu_peak_bytes, ph.nvme_bytes), ph.name
