@@ -6,6 +6,7 @@ in test_steady_state.py.)"""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -15,6 +16,7 @@ from memfit.core.plan import make_plan
 from memfit.core.recommend.estimate import estimate_peaks
 from memfit.core.recommend.search import prepare
 from memfit.core.scenario_io import ScenarioInputs, build_scenario
+from memfit.errors import MemfitError
 
 ZERO2_OFFLOAD = {"fp16": {"enabled": True}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
                  "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
@@ -73,3 +75,82 @@ def test_the_estimator_follows_both_flatten_paths(gpus):
     plan = make_plan(prep.scenario)
     for (g, h, node, nv), ph in zip(estimate_peaks(prep.aggregates, prep.base), plan.phases):
         assert (g, h, node, nv) == (ph.gpu_peak_bytes, ph.cpu_peak_bytes, ph.node_cpu_peak_bytes, ph.nvme_bytes), ph.name
+
+
+# ---- checkpoints loaded one shard at a time --------------------------------------------------
+LLAMA7_SHARDS = (9_976_545_280, 3_500_285_952)
+"""Llama-2-7b-hf as saved by transformers 4.32 (default max_shard_size 10GB), fp16: the hub repo's
+two files are 9,976,576,152 and 3,500,296,424 bytes: these parameters plus each file's safetensors
+header (a few kB) and, in the first, the 32 rotary inv_freq buffers of 256 B older transformers
+saved (30,872 and 10,472 B more)."""
+
+
+def _llama7(**kw) -> ScenarioInputs:
+    return ScenarioInputs(model="meta-llama/Llama-2-7b-hf", deepspeed_inline=ZERO3_OFFLOAD, gpus="2xa100-40gb",
+                          cpu_ram="256GB", seq_len=512, **kw)
+
+
+ZERO3_OFFLOAD = {"fp16": {"enabled": True}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+                 "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+                 "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                       "offload_param": {"device": "cpu"}}}
+
+
+def test_default_shards_are_those_of_the_saving_transformers():
+    """config.json says transformers 4.32 saved it: 10GB shards (checkpoint.DEFAULT_MAX_SHARD)."""
+    layout = build_scenario(_llama7()).load.checkpoint
+    assert layout.shard_bytes == LLAMA7_SHARDS and layout.saved_dtype == "float16"
+    assert "10 GB" in layout.source and "4.32" in layout.source
+
+
+def test_zero_init_load_holds_one_shard_not_the_file():
+    """transformers from_pretrained under ZeRO-3 reads a shard's state dict, loads it module by
+    module through GatheredParameters, drops it, then reads the next: the host holds the largest
+    shard (9.98 GB), not the whole checkpoint (13.48 GB)."""
+    plan = make_plan(build_scenario(_llama7(zero_init=True)))
+    held = {i.key: i.bytes for i in plan.phase("load").items}
+    assert held["load.checkpoint"] == max(LLAMA7_SHARDS)
+
+
+def test_old_transformers_load_holds_the_model_and_one_shard():
+    """low_cpu_mem_usage=False: a randomly initialised model plus the state dict of the shard being
+    loaded (_load_state_dict_into_model per shard)."""
+    sc = build_scenario(_llama7(low_cpu_mem_usage=False))
+    held = {i.key: i.bytes for i in make_plan(sc).phase("load").items}
+    n_base = sum(p.numel for p in sc.model.params)
+    assert held["load.weights"] == n_base * 4 and held["load.state_dict"] == max(LLAMA7_SHARDS)
+
+
+def test_index_file_gives_the_shards(tmp_path):
+    """A model.safetensors.index.json: its weight_map puts each tensor in a file; files load in
+    sorted order; a tensor's bytes are its elements x the saved dtype (fp16 here)."""
+    sc = build_scenario(_llama7())
+    names = [k for shard in sc.load.checkpoint.shards for k, _ in shard]
+    weight_map = {k: f"model-0000{1 + i % 3}-of-00003.safetensors" for i, k in enumerate(names)}
+    weight_map["model.layers.0.self_attn.rotary_emb.inv_freq"] = "model-00001-of-00003.safetensors"
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}))
+    layout = build_scenario(_llama7(checkpoint_index=str(index))).load.checkpoint
+    numel = {k: n for k, n in zip(names, (p.numel for p in sc.model.params))}
+    expected = [sum(numel[k] * 2 for i, k in enumerate(names) if i % 3 == f) for f in range(3)]
+    assert list(layout.shard_bytes) == expected and "model.safetensors.index.json" in layout.source
+    plan = make_plan(build_scenario(_llama7(checkpoint_index=str(index), zero_init=True)))
+    assert {i.key: i.bytes for i in plan.phase("load").items}["load.checkpoint"] == max(expected)
+
+
+@pytest.mark.parametrize("content", ["not json", json.dumps({"weight_map": []}), json.dumps({"weight_map": {"x": "a"}})])
+def test_bad_index_is_one_clear_error(tmp_path, content):
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(content)
+    with pytest.raises(MemfitError) as e:
+        build_scenario(_llama7(checkpoint_index=str(index)))
+    assert "\n" not in str(e.value)
+
+
+def test_the_estimator_follows_the_shards():
+    for kw in ({"zero_init": True}, {"low_cpu_mem_usage": False}):
+        prep = prepare(_llama7(**kw))
+        plan = make_plan(prep.scenario)
+        for (g, h, node, nv), ph in zip(estimate_peaks(prep.aggregates, prep.base), plan.phases):
+            assert (g, h, node, nv) == (ph.gpu_peak_bytes, ph.cpu_peak_bytes, ph.node_cpu_peak_bytes,
+                                        ph.nvme_bytes), (kw, ph.name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from memfit.core.checkpoint import CheckpointLayout
 from memfit.core.ds_settings import DeepSpeedSettings
 from memfit.core.hardware import Hardware
 from memfit.core.model import ModelShape
@@ -38,6 +39,9 @@ class LoadSettings:
     from_checkpoint: bool = True
     """Weights are read from a checkpoint (from_pretrained). False: built from the config with
     random weights (from_config), as replays do; no checkpoint is held in host memory."""
+    checkpoint: CheckpointLayout | None = None
+    """The checkpoint's shards (``memfit.core.checkpoint``), loaded one at a time; None: one file
+    holding every base parameter in the load dtype."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

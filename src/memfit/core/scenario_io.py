@@ -8,7 +8,7 @@ The YAML file (see examples/*.yaml) has the same names as the flags::
     deepspeed: deepspeed/seed.json   # relative to the YAML file
     deepspeed_version: "0.19"
     hardware: {gpus: 2xrtx3090, nodes: 1, cpu_ram: 64GB}
-    load: {dtype: fp32, zero_init: false, low_cpu_mem_usage: true}
+    load: {dtype: fp32, zero_init: false, low_cpu_mem_usage: true}   # also checkpoint_index, max_shard_size
     train: {seq_len: 512, micro_batch: 1, gradient_checkpointing: false, model_parameters: trainable}
     runtime: {torch_version: "2.13", alloc_conf: "expandable_segments:True", cuda_version: "12.8",
               pin_memory_backend: torch, alloc_conf_from_env: false}
@@ -30,7 +30,7 @@ _TOP = {"name", "model", "peft", "deepspeed", "deepspeed_version", "hardware", "
         "trust_remote_code", "accelerator", "runtime"}
 _RUNTIME = {"torch_version", "alloc_conf", "cuda_version", "pin_memory_backend", "alloc_conf_from_env"}
 _HW = {"gpus", "nodes", "cpu_ram", "nvme"}
-_LOAD = {"dtype", "zero_init", "low_cpu_mem_usage"}
+_LOAD = {"dtype", "zero_init", "low_cpu_mem_usage", "checkpoint_index", "max_shard_size"}
 _TRAIN = {"seq_len", "micro_batch", "gradient_checkpointing", "model_parameters", "attention"}
 
 
@@ -55,6 +55,10 @@ class ScenarioInputs:
     load_dtype: str | None = None
     zero_init: bool | None = None
     low_cpu_mem_usage: bool | None = None
+    checkpoint_index: str | None = None
+    """A ``model.safetensors.index.json``: the checkpoint's shards (else ``max_shard_size``)."""
+    max_shard_size: str | None = None
+    """The checkpoint's shard size (e.g. 5GB); default: that of the transformers that saved it."""
     seq_len: int | None = None
     micro_batch: int | None = None
     gradient_checkpointing: bool | None = None
@@ -153,6 +157,9 @@ def read_scenario_file(path: str | Path) -> ScenarioInputs:
         cpu_ram=None if hw.get("cpu_ram") is None else str(hw["cpu_ram"]),
         nvme=None if hw.get("nvme") is None else str(hw["nvme"]),
         load_dtype=load.get("dtype"), zero_init=load.get("zero_init"), low_cpu_mem_usage=load.get("low_cpu_mem_usage"),
+        checkpoint_index=(str(p.parent / load["checkpoint_index"]) if load.get("checkpoint_index") is not None
+                          and not Path(str(load["checkpoint_index"])).is_absolute() else load.get("checkpoint_index")),
+        max_shard_size=None if load.get("max_shard_size") is None else str(load["max_shard_size"]),
         seq_len=train.get("seq_len"), micro_batch=train.get("micro_batch"),
         gradient_checkpointing=train.get("gradient_checkpointing"), model_parameters=train.get("model_parameters"),
         attention=train.get("attention"), trust_remote_code=raw.get("trust_remote_code"),
@@ -163,6 +170,20 @@ def read_scenario_file(path: str | Path) -> ScenarioInputs:
         cuda_version=None if rt.get("cuda_version") is None else str(rt["cuda_version"]),
         pin_memory_backend=rt.get("pin_memory_backend"),
     )
+
+
+def _checkpoint_layout(inputs: ScenarioInputs, source, model):
+    """The checkpoint's shards (``memfit.core.checkpoint``): from the index file given, else from
+    ``max_shard_size`` or the saving transformers version's default."""
+    from memfit.core.checkpoint import checkpoint_key, layout_from_config, layout_from_index
+    from memfit.core.hardware import parse_size
+    from memfit.core.ledger.context import is_adapter_param
+
+    tensors = [(checkpoint_key(p.name), p.numel) for p in model.params if not is_adapter_param(p.name)]
+    if inputs.checkpoint_index:
+        return layout_from_index(inputs.checkpoint_index, tensors, source.config)
+    limit = parse_size(inputs.max_shard_size, what="max_shard_size") if inputs.max_shard_size else None
+    return layout_from_config(tensors, source.config, max_shard_size=limit)
 
 
 def _positive_int(value: Any, what: str) -> int:
@@ -283,7 +304,8 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
         raise MemfitError(f"micro_batch {micro} contradicts the DeepSpeed config's train_micro_batch_size_per_gpu "
                           f"{ds.train_micro_batch_size_per_gpu}")
     load = LoadSettings(dtype=inputs.load_dtype or "fp32", zero_init=bool(inputs.zero_init),
-                        low_cpu_mem_usage=True if inputs.low_cpu_mem_usage is None else _bool(inputs.low_cpu_mem_usage, "low_cpu_mem_usage"))
+                        low_cpu_mem_usage=True if inputs.low_cpu_mem_usage is None else _bool(inputs.low_cpu_mem_usage, "low_cpu_mem_usage"),
+                        checkpoint=_checkpoint_layout(inputs, source, model))
     train = TrainSettings(
         seq_len=_positive_int(inputs.seq_len if inputs.seq_len is not None else 2048, "seq_len"),
         micro_batch=micro,

@@ -7,7 +7,8 @@ Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Paramet
 16.6 GB (P_os+g, stage 2: 2Psi + (2 + K) Psi/N_d) and 1.88 GB (P_os+g+p, stage 3:
 (2 + 2 + K) Psi/N_d). GB = 10**9 bytes, as in the paper.
 
-"Model states" are what the ledger has resident on the GPU after an optimizer step, in the
+"Model states" are what the ledger has resident on the GPU when a steady-state backward ends
+(``step2.backward``: parameters, this step's gradients and the optimizer states together), in the
 categories params, grads and optimizer (no activations, buffers or CUDA context).
 """
 
@@ -56,7 +57,7 @@ def model_states_per_gpu(stage: int, *, params: int = PAPER_PARAMS, gpus: int = 
         load=LoadSettings(dtype="fp16"),
         train=TrainSettings(seq_len=1),
     )
-    step = next(p for p in build_ledger(sc) if p.name == "optimizer_step")
+    step = next(p for p in build_ledger(sc) if p.name == "step2.backward")
     return sum(i.bytes for i in step.resident
                if i.device is Device.GPU and i.category in MODEL_STATE_CATEGORIES)
 

@@ -37,14 +37,18 @@ def record_load(t: Timeline, ctx: RecipeContext) -> Where:
               source="transformers modeling_utils.py:PreTrainedModel.from_pretrained")
     if not sc.load.low_cpu_mem_usage and sc.load.from_checkpoint:
         # Older transformers (and low_cpu_mem_usage=False): a randomly initialised model plus the
-        # loaded state dict are both alive until load_state_dict finishes.
-        t.declare("load.state_dict", name="checkpoint state dict held while loading (low_cpu_mem_usage=False)",
+        # state dict of the shard being loaded are both alive until load_state_dict finishes.
+        shards, why = checkpoint_shards(ctx)
+        t.declare("load.state_dict", name="checkpoint shard's state dict held while loading (low_cpu_mem_usage=False)",
                   device=Device.CPU_PAGEABLE, category="params",
-                  formula=f"{n_base:,} params x {ctx.load_bytes} B",
-                  source="transformers modeling_utils.py:_load_state_dict_into_model", exact=False)
+                  formula=f"one shard at a time, the largest {max(sum(b for b, _ in sh) for sh in shards):,} B ({why})",
+                  source="transformers modeling_utils.py:from_pretrained (a shard's load_state_dict, then "
+                         "_load_state_dict_into_model, then the next)")
         t.alloc(HOST_LOADED, n_base * ctx.load_bytes)
-        t.alloc("load.state_dict", n_base * ctx.load_bytes)
-        t.free("load.state_dict")
+        for shard in shards:
+            for b, _ in shard:
+                t.alloc("load.state_dict", b)
+            t.free("load.state_dict")
     else:
         t.alloc(HOST_LOADED, n_base * ctx.load_bytes)
     for p in base:
@@ -131,6 +135,21 @@ ZI_GPU = "zero_init.module_on_gpu"
 ZI_CKPT = "load.checkpoint"
 
 
+def checkpoint_shards(ctx: RecipeContext) -> tuple[list[list[tuple[int, str | None]]], str]:
+    """The checkpoint as loaded, shard by shard: per tensor its bytes in the saved dtype and the
+    base param it fills; and where the split comes from (``memfit.core.checkpoint``). Without a
+    layout: one file of every base param in the load dtype."""
+    from memfit.core.checkpoint import checkpoint_key
+
+    layout = ctx.scenario.load.checkpoint
+    base = [p for p in ctx.params if not p.adapter]
+    if layout is None:
+        return [[(p.numel * ctx.load_bytes, p.name) for p in base]], "one file, in the load dtype"
+    by_key = {checkpoint_key(p.name): p.name for p in base}
+    shards = [[(b, by_key.get(k)) for k, b in sh] for sh in layout.shards]
+    return shards, f"{layout.source}; saved in {layout.saved_dtype}"
+
+
 def record_load_zero_init(t: Timeline, ctx: RecipeContext) -> dict[str, tuple[str, str]]:
     """``from_pretrained`` under ``deepspeed.zero.Init`` (or HfDeepSpeedConfig): each module's params
     are created on the GPU in the DeepSpeed dtype and partitioned when the module's ``__init__``
@@ -156,10 +175,12 @@ def record_load_zero_init(t: Timeline, ctx: RecipeContext) -> dict[str, tuple[st
     t.declare(ZI_GPU, name="one module's params, whole, on the GPU (while built, and while loaded)",
               device=Device.GPU, category="params", formula=f"largest module x {nb} B",
               source="partition_parameters.py:Init._post_init_method / GatheredParameters in from_pretrained")
-    t.declare(ZI_CKPT, name="checkpoint weights in host memory while loading", device=Device.CPU_PAGEABLE,
-              category="params", exact=False,
-              formula=f"{n_base:,} params x {ctx.load_bytes} B (a single-file checkpoint; a sharded one holds one shard)",
-              source="transformers modeling_utils.py:from_pretrained (deepspeed zero3 path)")
+    shards, why = checkpoint_shards(ctx)
+    t.declare(ZI_CKPT, name="checkpoint shard in host memory while loading", device=Device.CPU_PAGEABLE,
+              category="params",
+              formula=f"one shard at a time, the largest {max(sum(b for b, _ in sh) for sh in shards):,} B ({why})",
+              source="transformers modeling_utils.py:from_pretrained (zero3: a shard's state dict, then "
+                     "_load_state_dict_into_zero3_model, then the next)")
     modules: dict[str, list] = {}
     for p in base:
         modules.setdefault(p.name.rsplit(".", 1)[0], []).append(p)
@@ -172,12 +193,15 @@ def record_load_zero_init(t: Timeline, ctx: RecipeContext) -> dict[str, tuple[st
             t.free(ZI_GPU, p.numel * nb)
             part_key[p.name] = (PARTS, dtype)
     if sc.load.from_checkpoint:
-        t.alloc(ZI_CKPT, n_base * ctx.load_bytes)
-        for ps in modules.values():  # load: gather module, copy, re-partition
-            full = sum(ctx.partition_numel(p) * ctx.world for p in ps) * nb
-            t.alloc(ZI_GPU, full)
-            t.free(ZI_GPU, full)
-        t.free(ZI_CKPT)
+        for shard in shards:  # each shard: read it, then per module gather its params in it, copy, re-partition
+            for b, _ in shard:
+                t.alloc(ZI_CKPT, b)
+            here = {name for _, name in shard if name}
+            for ps in modules.values():
+                full = sum(ctx.partition_numel(p) * ctx.world for p in ps if p.name in here) * nb
+                t.alloc(ZI_GPU, full)
+                t.free(ZI_GPU, full)
+            t.free(ZI_CKPT)
     record_buffers_loaded(t, ctx)
     adapters = [p for p in ctx.params if p.adapter]
     if adapters:

@@ -207,10 +207,33 @@ class ScenarioAggregates:
         return self._cached(("zibuild", remote), build)
 
     def zero_init_largest_gathered_module(self) -> int:
-        """Largest ``sum ceil(p/W) x W`` over the modules gathered while the checkpoint is loaded."""
-        W = self.world
-        return self._cached(("zigather",), lambda: max(
-            (sum(ceil_div(n, W) * W for n in ps) for ps in self._zi_modules()), default=0))
+        """Largest ``sum ceil(p/W) x W`` over the params of one module in one checkpoint shard,
+        gathered together while that shard is loaded (``load.record_load_zero_init``)."""
+        def build():
+            from memfit.core.checkpoint import checkpoint_key
+
+            W = self.world
+            layout = self.scenario.load.checkpoint
+            shard_of = layout.shard_of() if layout is not None else {}
+            best = 0
+            mods: dict[tuple[str, int], int] = {}
+            for name, n, ad in zip(self.names, self.numels, self.adapters):
+                if ad:
+                    continue
+                shard = shard_of.get(checkpoint_key(name), -1) if layout is not None else 0
+                if shard < 0:
+                    continue  # not in the checkpoint: not loaded
+                key = (name.rsplit(".", 1)[0], shard)
+                mods[key] = mods.get(key, 0) + ceil_div(n, W) * W
+                best = max(best, mods[key])
+            return best
+        return self._cached(("zigather",), build)
+
+    def largest_shard_bytes(self, load_bytes: int) -> int:
+        """``load.checkpoint_shards``: the largest shard (without a layout: every base param in the
+        load dtype)."""
+        layout = self.scenario.load.checkpoint
+        return layout.largest_shard_bytes if layout is not None else self.n_base * load_bytes
 
     def _zi_modules(self) -> list[list[int]]:
         def build():

@@ -159,10 +159,11 @@ def _initialize(agg: ScenarioAggregates, c: Candidate) -> tuple:
     if zero_init:
         t.loop(agg.zero_init_build_loop(remote), nb)  # modules built whole on the GPU, then partitioned
         if sc.load.from_checkpoint:
-            t.host(agg.n_base * lb)  # the checkpoint in host memory while loading
+            shard = agg.largest_shard_bytes(lb)
+            t.host(shard)  # the checkpoint in host memory while loading, one shard at a time
             t.gpu(agg.zero_init_largest_gathered_module() * nb)
             t.g -= agg.zero_init_largest_gathered_module() * nb
-            t.h -= agg.n_base * lb
+            t.h -= shard
         t.host(agg.buffer_bytes)  # module buffers, in their own dtypes; they stay on the host
         t.host(agg.n_adapter * 4)
         t.phase()  # initialize.cast: skipped
@@ -171,8 +172,9 @@ def _initialize(agg: ScenarioAggregates, c: Candidate) -> tuple:
     else:
         if not c.low_cpu_mem_usage and sc.load.from_checkpoint:
             t.host(agg.n_base * lb)
-            t.host(agg.n_base * lb)  # the state dict held while loading
-            t.h -= agg.n_base * lb
+            shard = agg.largest_shard_bytes(lb)
+            t.host(shard)  # the state dict of the shard being loaded
+            t.h -= shard
         else:
             t.host(agg.n_base * lb)
         t.host(agg.buffer_bytes)  # module buffers, in their own dtypes
