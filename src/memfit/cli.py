@@ -62,6 +62,8 @@ def plan(
     alloc_conf_from_env: bool = typer.Option(False, "--alloc-conf-from-env", help="Read PYTORCH_CUDA_ALLOC_CONF (then PYTORCH_ALLOC_CONF) from this environment; never done unless asked."),
     cuda_version: Optional[str] = typer.Option(None, "--cuda-version", help="CUDA of the torch build, e.g. 12.8 (default: the usual one for that torch); lazy kernel loading needs >= 11.7."),
     pin_memory_backend: Optional[str] = typer.Option(None, "--pin-memory-backend", help="DeepSpeed 0.19's DS_PIN_MEMORY_BACKEND: torch (default) or native (mlock, no torch cache)."),
+    dataloader_workers: Optional[int] = typer.Option(None, "--dataloader-workers", help="DataLoader num_workers per rank (forked processes: their host memory; default 0)."),
+    dataset_tokens: Optional[int] = typer.Option(None, "--dataset-tokens", help="Tokens of the tokenized dataset held in host memory (default: not counted)."),
     report: Optional[Path] = typer.Option(None, "--report", help="Also write a report: .html (charts, self-contained) or .md. Never overwrites a file."),
     exact: bool = typer.Option(False, "--exact", help="Trace forward/backward from the model's code (needs torch, transformers, peft; seconds) instead of the analytic activation estimate."),
     json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON (schema: docs/json-schema.md)."),
@@ -87,7 +89,8 @@ def plan(
         seq_len=seq_len, micro_batch=micro_batch, gradient_checkpointing=gradient_checkpointing,
         model_parameters=model_parameters, accelerator=accelerator, trust_remote_code=trust_remote_code or None,
         attention=attention, torch_version=torch_version, alloc_conf=alloc_conf,
-        alloc_conf_from_env=alloc_conf_from_env or None, cuda_version=cuda_version, pin_memory_backend=pin_memory_backend,
+        alloc_conf_from_env=alloc_conf_from_env or None, cuda_version=cuda_version, pin_memory_backend=pin_memory_backend, dataloader_workers=dataloader_workers,
+        dataset_tokens=dataset_tokens,
     )
     inputs = merge_inputs(read_scenario_file(scenario), flags) if scenario else flags
     sc = build_scenario(inputs)

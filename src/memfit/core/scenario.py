@@ -61,8 +61,15 @@ class TrainSettings:
     (only requires_grad params, e.g. ``model.prefix_encoder.parameters()``) or ``all``."""
     attention: str = "sdpa"
     """Attention implementation: ``eager`` materializes the score matrix; ``sdpa`` does not."""
+    dataloader_workers: int = 0
+    """``DataLoader(num_workers=...)``: forked worker processes per rank (their host memory)."""
+    dataset_tokens: int = 0
+    """Tokens of the tokenized dataset held in memory (0: not given, not counted)."""
 
     def __post_init__(self) -> None:
+        if self.dataloader_workers < 0 or self.dataset_tokens < 0:
+            raise MemfitError(f"dataloader_workers and dataset_tokens must be >= 0, got {self.dataloader_workers} "
+                              f"and {self.dataset_tokens}")
         if self.seq_len < 1 or self.micro_batch < 1:
             raise MemfitError(f"seq_len and micro_batch must be >= 1, got {self.seq_len} and {self.micro_batch}")
         if self.model_parameters not in ("trainable", "all"):

@@ -31,7 +31,8 @@ _TOP = {"name", "model", "peft", "deepspeed", "deepspeed_version", "hardware", "
 _RUNTIME = {"torch_version", "alloc_conf", "cuda_version", "pin_memory_backend", "alloc_conf_from_env"}
 _HW = {"gpus", "nodes", "cpu_ram", "nvme"}
 _LOAD = {"dtype", "zero_init", "low_cpu_mem_usage", "checkpoint_index", "max_shard_size"}
-_TRAIN = {"seq_len", "micro_batch", "gradient_checkpointing", "model_parameters", "attention"}
+_TRAIN = {"seq_len", "micro_batch", "gradient_checkpointing", "model_parameters", "attention", "dataloader_workers",
+          "dataset_tokens"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,6 +60,10 @@ class ScenarioInputs:
     """A ``model.safetensors.index.json``: the checkpoint's shards (else ``max_shard_size``)."""
     max_shard_size: str | None = None
     """The checkpoint's shard size (e.g. 5GB); default: that of the transformers that saved it."""
+    dataloader_workers: int | None = None
+    """DataLoader worker processes per rank (default 0)."""
+    dataset_tokens: int | None = None
+    """Tokens of the in-memory tokenized dataset (default: not counted)."""
     seq_len: int | None = None
     micro_batch: int | None = None
     gradient_checkpointing: bool | None = None
@@ -163,6 +168,7 @@ def read_scenario_file(path: str | Path) -> ScenarioInputs:
         seq_len=train.get("seq_len"), micro_batch=train.get("micro_batch"),
         gradient_checkpointing=train.get("gradient_checkpointing"), model_parameters=train.get("model_parameters"),
         attention=train.get("attention"), trust_remote_code=raw.get("trust_remote_code"),
+        dataloader_workers=train.get("dataloader_workers"), dataset_tokens=train.get("dataset_tokens"),
         accelerator=raw.get("accelerator"),
         torch_version=None if rt.get("torch_version") is None else str(rt["torch_version"]),
         alloc_conf=None if rt.get("alloc_conf") is None else str(rt["alloc_conf"]),
@@ -184,6 +190,21 @@ def _checkpoint_layout(inputs: ScenarioInputs, source, model):
         return layout_from_index(inputs.checkpoint_index, tensors, source.config)
     limit = parse_size(inputs.max_shard_size, what="max_shard_size") if inputs.max_shard_size else None
     return layout_from_config(tensors, source.config, max_shard_size=limit)
+
+
+def _count(value: Any, what: str) -> int:
+    """A whole number >= 0 (None: 0)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool):
+        raise MemfitError(f"{what} must be a whole number, got {value!r}")
+    try:
+        n = int(str(value))
+    except ValueError:
+        raise MemfitError(f"{what} must be a whole number, got {value!r}") from None
+    if n < 0:
+        raise MemfitError(f"{what} must be at least 0, got {n}")
+    return n
 
 
 def _positive_int(value: Any, what: str) -> int:
@@ -312,6 +333,8 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
         gradient_checkpointing=bool(inputs.gradient_checkpointing),
         model_parameters=inputs.model_parameters or "trainable",
         attention=inputs.attention or "sdpa",
+        dataloader_workers=_count(inputs.dataloader_workers, "dataloader_workers"),
+        dataset_tokens=_count(inputs.dataset_tokens, "dataset_tokens"),
     )
     return Scenario(name=inputs.name or f"{source.name} ({spec.method})", model_ref=source.name, model=model,
                     peft=spec, deepspeed=ds, deepspeed_json=ds_json, hardware=hw, load=load, train=train,

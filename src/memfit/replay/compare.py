@@ -40,7 +40,8 @@ ITEM_MAP: dict[str, tuple[tuple[str, ...], str, str]] = {
 """Deterministic allocations both sides name; compared byte for byte."""
 
 ESTIMATE_KEYS = ("runtime.process", "runtime.cuda_context")
-"""Plan items that are not tensors (the replay's tracker cannot see them)."""
+"""Plan items that are not tensors (the replay's tracker cannot see them), with every ``host.*``
+item (``memfit.core.ledger.host_process``: the process's imports, tokenizer, workers, heap)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -165,7 +166,8 @@ def measured_peak(m: Measurement, phase: str, field: str) -> int | None:
 
 def _tensor_host_peak(plan: Plan, phase: str) -> int:
     ph = plan.phase(phase)
-    est = sum(i.bytes for i in ph.items if i.key in ESTIMATE_KEYS and i.device in (Device.CPU_PAGEABLE, Device.CPU_PINNED))
+    est = sum(i.bytes for i in ph.items if (i.key in ESTIMATE_KEYS or i.key.startswith("host."))
+              and i.device in (Device.CPU_PAGEABLE, Device.CPU_PINNED))
     return ph.cpu_peak_bytes - est
 
 

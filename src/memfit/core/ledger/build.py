@@ -6,7 +6,7 @@ from memfit.core.ledger.context import RecipeContext
 from memfit.core.ledger.load import (HOST_ADAPTERS, record_cast, record_load, record_load_zero_init,
                                      record_move)
 from memfit.core.alloc.non_pytorch import record_cublas_workspace, record_cuda_context
-from memfit.core.ledger.runtime import record_process_baseline
+from memfit.core.ledger import host_process
 from memfit.core.ledger.step import param_element_bytes, record_step
 from memfit.core.ledger.timeline import Timeline
 from memfit.core.ledger.zero012 import record_zero012
@@ -27,18 +27,20 @@ def build_timeline(sc: Scenario, traced: TracedStep | None = None) -> Timeline:
     stage3 = sc.deepspeed.zero.stage == 3
     if ctx.zero_init:
         t.phase("load", "from_pretrained under zero.Init: params partitioned as each module is built")
-        record_process_baseline(t)
+        record_process(t, sc)
         part_key = record_load_zero_init(t, ctx)
         where = {p.name: (HOST_ADAPTERS, "fp32") for p in ctx.params if p.adapter}
         t.phase("initialize.cast", "skipped: the model was built under zero.Init")
         record_cuda_context(t, sc)
+        record_cuda_host(t)
         t.phase("initialize.move", "skipped: the model was built under zero.Init")
     else:
         t.phase("load", "from_pretrained and the PEFT wrap, in each rank's process")
-        record_process_baseline(t)
+        record_process(t, sc)
         where = record_load(t, ctx)
         t.phase("initialize.cast", "DeepSpeed casts every parameter to the training dtype where it sits")
         record_cuda_context(t, sc)
+        record_cuda_host(t)
         record_cast(t, ctx, where)
         record_move(t, ctx, where)
         part_key = {}
@@ -68,3 +70,14 @@ def memory_tracker(sc: Scenario):  # -> MemoryTracker | None
     return MemoryTracker(version=version, conf=parse_alloc_conf(sc.runtime.alloc_conf, version),
                          gpu_total_bytes=sc.hardware.gpu.total_bytes,
                          pin_native=sc.runtime.pin_memory_backend == "native")
+
+
+def record_process(t: Timeline, sc: Scenario) -> None:
+    """The process itself before the model: imports, tokenizer, dataset (``host_process``)."""
+    host_process.record(t, host_process.load_parts(sc.model.arch.vocab_size, sc.train.dataset_tokens))
+
+
+def record_cuda_host(t: Timeline) -> None:
+    """The CUDA libraries' host memory once the devices are queried and the context created."""
+    if t.accelerator == "cuda":
+        host_process.record(t, [host_process.cuda_part()])

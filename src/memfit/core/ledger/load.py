@@ -49,6 +49,7 @@ def record_load(t: Timeline, ctx: RecipeContext) -> Where:
             for b, _ in shard:
                 t.alloc("load.state_dict", b)
             t.free("load.state_dict")
+        record_heap_kept(t, shards)
     else:
         t.alloc(HOST_LOADED, n_base * ctx.load_bytes)
     for p in base:
@@ -150,6 +151,24 @@ def checkpoint_shards(ctx: RecipeContext) -> tuple[list[list[tuple[int, str | No
     return shards, f"{layout.source}; saved in {layout.saved_dtype}"
 
 
+def small_freed_bytes(shards: list[list[tuple[int, str | None]]]) -> int:
+    """Bytes of the checkpoint tensors of at most 32 MiB a shard-by-shard load frees after its
+    first shard (the first shard's tensors are mapped: glibc's threshold rises only as they are
+    freed)."""
+    from memfit.core.ledger.host_process import MMAP_THRESHOLD_MAX
+
+    return sum(b for shard in shards[1:] for b, _ in shard if b <= MMAP_THRESHOLD_MAX)
+
+
+def record_heap_kept(t: Timeline, shards: list[list[tuple[int, str | None]]]) -> None:
+    """The freed state dicts' heap glibc keeps (``host_process.heap_kept_part``)."""
+    from memfit.core.ledger import host_process
+
+    part = host_process.heap_kept_part(small_freed_bytes(shards))
+    if part is not None:
+        host_process.record(t, [part])
+
+
 def record_load_zero_init(t: Timeline, ctx: RecipeContext) -> dict[str, tuple[str, str]]:
     """``from_pretrained`` under ``deepspeed.zero.Init`` (or HfDeepSpeedConfig): each module's params
     are created on the GPU in the DeepSpeed dtype and partitioned when the module's ``__init__``
@@ -202,6 +221,7 @@ def record_load_zero_init(t: Timeline, ctx: RecipeContext) -> dict[str, tuple[st
                 t.alloc(ZI_GPU, full)
                 t.free(ZI_GPU, full)
             t.free(ZI_CKPT)
+        record_heap_kept(t, shards)
     record_buffers_loaded(t, ctx)
     adapters = [p for p in ctx.params if p.adapter]
     if adapters:

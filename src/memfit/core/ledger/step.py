@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from memfit.core.activations import ActivationEstimate, estimate_activation_bytes
+from memfit.core.ledger import host_process
 from memfit.core.ledger.context import DTYPE_BYTES, RecipeContext, ceil_div, optimizer_offload
 from memfit.core.ledger.step_segments import (BUCKETS, FULL_GRAD, GRAD_COPY, GRAD_FP32, GRADS, GRADS_PART, OLD_IPG,
                                               RS_FLAT, GatherPass, GradSpec, Segment, StepLayout, build_layout,
@@ -300,6 +301,9 @@ class _Step:
         ga = self.ga
         t.phase("forward", "forward pass (step 1, first micro-step): activations saved for backward"
                 + (", params gathered per module while ZeRO-3 records its trace" if stage3 else ""))
+        workers = host_process.worker_part(self.sc.train.dataloader_workers, self.sc.train.dataset_tokens)
+        if workers is not None:  # the training loop's first iter(dataloader) forks them
+            host_process.record(t, [workers])
         self.pass_(complete=False, persistent_available=False, micro=0, boundary=ga == 1, prefix="")
         if ga > 1:
             t.phase("accum.forward", f"forward of a later micro-step of step 1 (gradient_accumulation_steps {ga}): "

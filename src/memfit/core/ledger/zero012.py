@@ -18,7 +18,7 @@ from memfit.core.ledger.context import RecipeContext, ceil_div, optimizer_offloa
 from memfit.core.ledger.load import GPU_FULL, Where
 from memfit.core.ledger.timeline import Timeline
 from memfit.core.ledger.zero3 import (FP32, FP32_GRADS, OPT_STATES, declare_staging, declare_states, host,
-                                      optimized_params, pin)
+                                      optimized_params, pin, record_cpu_adam_op)
 from memfit.core.ledger_types import Device
 
 FLAT = "zero12.flat_16bit_params"
@@ -44,6 +44,7 @@ def record_zero012(t: Timeline, ctx: RecipeContext, where: Where) -> int:
     stage = ds.zero.stage
     t.phase("initialize.partition", "stages 0-2 keep every parameter whole on every GPU: nothing to partition")
     t.phase("initialize.optimizer", f"ZeRO stage {stage} optimizer: flat 16-bit params, fp32 master, buffers")
+    record_cpu_adam_op(t, ctx)
     declare_staging(t)
     opt = optimized_params(ctx)
     if not opt:

@@ -114,6 +114,7 @@ def record_partition(t: Timeline, ctx: RecipeContext, where: Where) -> PartKey:
                   device=Device.CPU_PINNED, category="optimizer", formula="2 x 134,217,728 x 4 B",
                   source="csrc/includes/cpu_adam.h:Adam_Optimizer (cudaMallocHost, v0.5.10/v0.6.0)")
         t.alloc(CPU_ADAM_PINNED, 2 * 134_217_728 * 4)
+    record_cpu_adam_op(t, ctx)
     W = ctx.world
     off = z.offload_param.device
     pinned = off != "none" and z.offload_param.pin_memory
@@ -302,6 +303,18 @@ def _swap_optimizer_to_nvme(t: Timeline, ctx: RecipeContext, groups: list[int]) 
     t.alloc(NVME_OPT, moved)
     for k in (FP32, FP32_GRADS, OPT_STATES):
         t.free(k)
+
+
+def record_cpu_adam_op(t: Timeline, ctx: RecipeContext) -> None:
+    """The basic optimizer is built before ZeRO's (engine.py ``_configure_optimizer``): with the
+    optimizer offloaded, DeepSpeedCPUAdam loads the cpu_adam op (``host_process``)."""
+    from memfit.core.ledger import host_process
+    from memfit.core.ledger.context import optimizer_offload
+
+    z = ctx.scenario.deepspeed.zero
+    if host_process.needs_cpu_adam(z.stage, optimizer_offload(z.stage, z.offload_optimizer.device),
+                                   ctx.scenario.deepspeed.optimizer.type):
+        host_process.record(t, [host_process.cpu_adam_part()])
 
 
 def declare_states(t: Timeline, ctx: RecipeContext, n_part: int, off_opt: bool, *, at_init: bool) -> None:

@@ -229,6 +229,27 @@ class ScenarioAggregates:
             return best
         return self._cached(("zigather",), build)
 
+    def host_load_bytes(self) -> int:
+        """``build.record_process``: the process's imports, tokenizer and dataset."""
+        from memfit.core.ledger import host_process
+
+        sc = self.scenario
+        return self._cached(("hostload",), lambda: host_process.total(
+            host_process.load_parts(sc.model.arch.vocab_size, sc.train.dataset_tokens)))
+
+    def heap_kept_bytes(self, load_bytes: int) -> int:
+        """``load.record_heap_kept`` after a shard-by-shard load."""
+        from memfit.core.ledger import host_process
+        from memfit.core.ledger.host_process import MMAP_THRESHOLD_MAX
+
+        def build():
+            layout = self.scenario.load.checkpoint
+            # load.small_freed_bytes: the shards after the first (one file: none)
+            sizes = [b for shard in layout.shards[1:] for _, b in shard] if layout is not None else []
+            part = host_process.heap_kept_part(sum(b for b in sizes if b <= MMAP_THRESHOLD_MAX))
+            return part.bytes if part is not None else 0
+        return self._cached(("heapkept", load_bytes), build)
+
     def largest_shard_bytes(self, load_bytes: int) -> int:
         """``load.checkpoint_shards``: the largest shard (without a layout: every base param in the
         load dtype)."""

@@ -25,7 +25,7 @@ from operator import add
 
 from memfit.core.ledger.context import DTYPE_BYTES, optimizer_offload
 from memfit.core.alloc.non_pytorch import non_pytorch_for
-from memfit.core.ledger.runtime import PROCESS_BASELINE_BYTES
+from memfit.core.ledger import host_process
 from memfit.core.ledger_types import PHASES
 from memfit.core.ledger.step_segments import GradSpec
 from memfit.core.recommend.aggregates import ScenarioAggregates
@@ -155,7 +155,8 @@ def _initialize(agg: ScenarioAggregates, c: Candidate) -> tuple:
 
     # ---- load (load.record_load / record_load_zero_init), cast, move
     t.phase()
-    t.host(PROCESS_BASELINE_BYTES)
+    t.host(agg.host_load_bytes())  # build.record_process
+    cuda_host = host_process.cuda_part().bytes  # build.record_cuda_host
     if zero_init:
         t.loop(agg.zero_init_build_loop(remote), nb)  # modules built whole on the GPU, then partitioned
         if sc.load.from_checkpoint:
@@ -164,10 +165,12 @@ def _initialize(agg: ScenarioAggregates, c: Candidate) -> tuple:
             t.gpu(agg.zero_init_largest_gathered_module() * nb)
             t.g -= agg.zero_init_largest_gathered_module() * nb
             t.h -= shard
+            t.host(agg.heap_kept_bytes(lb))  # load.record_heap_kept
         t.host(agg.buffer_bytes)  # module buffers, in their own dtypes; they stay on the host
         t.host(agg.n_adapter * 4)
         t.phase()  # initialize.cast: skipped
         t.gpu(_context_bytes(sc))
+        t.host(cuda_host)
         t.phase()  # initialize.move: skipped
     else:
         if not c.low_cpu_mem_usage and sc.load.from_checkpoint:
@@ -175,12 +178,14 @@ def _initialize(agg: ScenarioAggregates, c: Candidate) -> tuple:
             shard = agg.largest_shard_bytes(lb)
             t.host(shard)  # the state dict of the shard being loaded
             t.h -= shard
+            t.host(agg.heap_kept_bytes(lb))  # load.record_heap_kept
         else:
             t.host(agg.n_base * lb)
         t.host(agg.buffer_bytes)  # module buffers, in their own dtypes
         t.host(agg.n_adapter * 4)
         t.phase()  # initialize.cast: per-param .to(precision) where the model sits
         t.gpu(_context_bytes(sc))
+        t.host(cuda_host)
         buffers = agg.buffer_bytes
         if c.precision != "fp32":
             t.loop(agg.cast_loop(c.load_dtype, c.precision))
@@ -200,6 +205,7 @@ def _initialize(agg: ScenarioAggregates, c: Candidate) -> tuple:
         t.phase()  # initialize.partition (z3.record_partition)
         if not new and c.offload_optimizer == "cpu":
             t.host(CPU_ADAM_PINNED_BYTES)
+        t.host(_cpu_adam_op(agg, c))  # zero3.record_cpu_adam_op
         nvme = c.offload_param == "nvme"
         if nvme:  # the parameter swapper's pinned buffer pool
             op = sc.deepspeed.zero.offload_param
@@ -213,6 +219,7 @@ def _initialize(agg: ScenarioAggregates, c: Candidate) -> tuple:
     else:
         t.phase()  # initialize.partition: nothing (z012.record_zero012)
         t.phase()  # initialize.optimizer
+        t.host(_cpu_adam_op(agg, c))  # zero3.record_cpu_adam_op
         opt_numel = _zero012_optimizer(t, agg, c, opt, nb=nb, off_opt=off_opt, opt_pin=opt_pin)
     t.phase()
     return t.peaks(agg.ranks_per_node), t.g, t.h, t.n, opt_numel, _states_at_init(agg, c, opt, new=new, off_opt=off_opt)
@@ -295,12 +302,15 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
             live[old_gip_dev] += old_gip
 
     cublas = non_pytorch_for(sc).cublas_workspace_bytes
+    workers = host_process.worker_part(sc.train.dataloader_workers, sc.train.dataset_tokens)
 
     def micro_step(complete: bool, persistent_available: bool, micro: int, boundary: bool, carry: bool) -> None:
         # ---- forward: the phase opens, then the earlier micro-steps' gradients (carry_over)
         start = list(live)
         if not out:  # non_pytorch.record_cublas_workspace at step 1's first forward op
             live[0] += cublas
+        if not out and workers is not None:  # step 1's first forward: the DataLoader forks its workers
+            live[1] += workers.bytes
         if carry:
             live[0] += st["carry"]
             st["kept"] = st["carry"]
@@ -391,6 +401,13 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
         live[1] = hpk
     close(start, gpk, hpk, live[2], r0)
     return tuple(out)
+
+
+def _cpu_adam_op(agg, c: Candidate) -> int:
+    if host_process.needs_cpu_adam(c.stage, optimizer_offload(c.stage, c.offload_optimizer),
+                                   agg.scenario.deepspeed.optimizer.type):
+        return host_process.cpu_adam_part().bytes
+    return 0
 
 
 def _overlap_given(sc) -> bool:

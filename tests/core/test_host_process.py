@@ -1,0 +1,78 @@
+"""The process's own host memory (memfit.core.ledger.host_process), item by item: where each part
+enters the plan and that it is the measured figure (host_process_measured.json, made by
+``python -m memfit.replay.host_baseline``; tests/replay/test_host_baseline.py re-measures it)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from conftest import SEED
+
+from memfit.core.ledger import host_process as hp
+from memfit.core.plan import make_plan
+from memfit.core.recommend.estimate import estimate_peaks
+from memfit.core.recommend.search import prepare
+from memfit.core.scenario_io import ScenarioInputs, build_scenario, read_scenario_file
+
+
+def _host(plan, phase):
+    return {i.key: i.bytes for i in plan.phase(phase).resident if i.key.startswith("host.")}
+
+
+def test_the_flat_two_gib_is_gone_and_the_parts_are_the_measured_ones():
+    plan = make_plan(build_scenario(read_scenario_file(SEED)))
+    m = hp.measured()
+    rss = m["imports_rss"]
+    load = _host(plan, "load")
+    assert "runtime.process" not in {i.key for p in plan.phases for i in p.items}
+    assert load["host.python_torch"] + load["host.libraries"] + load["host.deepspeed"] == rss["deepspeed"]
+    assert 0 < load["host.tokenizer"] < rss["torch"]  # kogpt: 64,512 tokens
+    cast = _host(plan, "initialize.cast")
+    assert cast["host.cuda_runtime"] == (2_056_600 - 322_040) * 1024  # pytorch/pytorch#113326
+    assert _host(plan, "initialize.partition")["host.cpu_adam"] == rss["cpu_adam"] - rss["deepspeed"]
+
+
+def test_cpu_accelerator_has_no_cuda_libraries_and_no_offload_no_cpu_adam():
+    sc = build_scenario(ScenarioInputs(model="gpt2", deepspeed_inline={"fp16": {"enabled": True}, "zero_optimization": {
+        "stage": 2}, "train_micro_batch_size_per_gpu": 1}, gpus="1xa100-80gb", seq_len=128, accelerator="cpu"))
+    keys = {i.key for p in make_plan(sc).phases for i in p.resident}
+    assert "host.cuda_runtime" not in keys and "host.cpu_adam" not in keys and "host.python_torch" in keys
+
+
+def test_dataloader_workers_and_dataset_grow_with_their_inputs():
+    """Each worker is a forked process: a constant plus the copy-on-write share of the dataset it
+    touches, measured at two dataset sizes."""
+    base = read_scenario_file(SEED)
+    plain = make_plan(build_scenario(base))
+    busy = make_plan(build_scenario(dataclasses.replace(base, dataloader_workers=4, dataset_tokens=10_000_000)))
+    fwd = _host(busy, "forward")
+    per = hp.worker_part(1, 10_000_000).bytes
+    assert fwd["host.dataloader_workers"] == 4 * per and "host.dataloader_workers" not in _host(plain, "forward")
+    assert _host(busy, "load")["host.dataset"] == round(10_000_000 * hp._dataset_bytes_per_token())
+    assert busy.phase("forward").cpu_peak_bytes > plain.phase("forward").cpu_peak_bytes
+
+
+def test_heap_kept_only_after_a_shard_by_shard_load():
+    """The shards after the first come partly from the heap (glibc's mmap threshold has risen):
+    a measured share of their tensors <= 32 MiB stays. Not with current transformers' default
+    (safetensors through mmap) nor with a one-file checkpoint (kogpt)."""
+    ds = {"fp16": {"enabled": True}, "zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1}
+    base = ScenarioInputs(model="meta-llama/Llama-2-7b-hf", deepspeed_inline=ds, gpus="2xa100-80gb", seq_len=256)
+    default = make_plan(build_scenario(base))
+    zero_init = make_plan(build_scenario(dataclasses.replace(base, zero_init=True)))
+    assert "host.heap_kept" not in _host(default, "load")
+    layout = build_scenario(base).load.checkpoint
+    second = sum(b for _, b in layout.shards[1] if b <= hp.MMAP_THRESHOLD_MAX)
+    f, _ = hp.heap_kept_fraction()
+    assert _host(zero_init, "load")["host.heap_kept"] == round(f * second)
+    seed_zi = make_plan(build_scenario(dataclasses.replace(read_scenario_file(SEED), zero_init=True)))
+    assert "host.heap_kept" not in _host(seed_zi, "load")
+
+
+def test_the_estimator_counts_the_same_parts():
+    base = dataclasses.replace(read_scenario_file(SEED), dataloader_workers=2, dataset_tokens=1_000_000)
+    for inputs in (base, dataclasses.replace(base, zero_init=True), dataclasses.replace(base, low_cpu_mem_usage=False)):
+        prep = prepare(inputs)
+        plan = make_plan(prep.scenario)
+        for (g, h, node, nv), ph in zip(estimate_peaks(prep.aggregates, prep.base), plan.phases):
+            assert (g, h, node, nv) == (ph.gpu_peak_bytes, ph.cpu_peak_bytes, ph.node_cpu_peak_bytes, ph.nvme_bytes), ph.name
