@@ -277,8 +277,8 @@ def recommend(
     started = time.perf_counter()
     bar: dict = {}
 
-    def progress(done: int, total: int) -> None:  # shown only once the search has run a second
-        if "p" not in bar and time.perf_counter() - started < 1.0:
+    def progress(done: int, total: int) -> None:  # shown only once the search has run a second, on a terminal
+        if "p" not in bar and (time.perf_counter() - started < 1.0 or not sys.stderr.isatty()):
             return
         if "p" not in bar:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

@@ -71,7 +71,8 @@ def test_rows_phase_by_phase(rc, seed):
     assert [f.source for f in move.nvidia_smi.recorded] == ["nvidia-smi", "mem_get_info"]
     assert rows["initialize.optimizer"].pinned.primary.bytes == 12 * 2**30
     assert rows["initialize"].allocated.primary.source == "deepspeed log"  # the first 'Engine before forward'
-    assert rows["step2.backward"].plan_phases == ("backward",) and "steady-state" in rows["step2.backward"].note
+    # the plan has its own steady-state phases (step2.*): the recording's step 2 is compared with them
+    assert rows["step2.backward"].plan_phases == ("step2.backward",) and not rows["step2.backward"].note
     assert rows["save"].allocated.recorded == () and rows["save"].allocated.planned.bytes > 0
     whole = rows["whole run"]
     reserved_peak = 28 * gen.PARAM_SEG + 2 * gen.MiB + 2 * gen.TEMP + gen.GRAD + 2 * gen.REDUCE_SEG
@@ -100,7 +101,12 @@ def test_attribution(rc):
     assert u.where == "deepspeed/runtime/zero/stage3.py:__reduce_and_partition_ipg_grads"
     assert (u.peak_live_bytes, u.count, u.phases) == (2 * gen.REDUCE, 4, ("backward", "step2.backward"))
     missing = {m.key: m.reason for m in a.missing}
-    assert missing == {"zero3.persistent_params_full": "never allocated in the recorded trace",
+    # plan items the hand-made recording has no allocation for: the persistent params, 0.5.10's
+    # per-backward IPG buffers, the all-gather buffers and the offloaded gradient partitions' copies
+    never = "never allocated in the recorded trace"
+    assert missing == {"zero3.persistent_params_full": never, "zero3.ipg_buffers_per_backward": never,
+                       "zero3.allgather_flat_buffer": never, "zero3.allgather_partition_copy": never,
+                       "zero3.grad_partition_gpu_copy": never, "zero3.grad_partition_fp32_copy": never,
                        "save.gathered_module": "its phases were not recorded"}
     assert any("runtime.cuda_context" in n for n in a.not_visible)
 

@@ -107,6 +107,9 @@ class ActivationPlan:
             layer = [q + (r if k == 0 else 0) for k in range(L)]
         else:
             layer = [est.first_layer_bytes if k == 0 else est.layer_bytes for k in range(L)]
+        # one tensor per allocation (contract 2): the head's saved tensors and the logits kept with
+        # the outputs are allocated (and freed) apart
+        head_parts = [head - kept_logits, kept_logits]
         if blocks == L and L:
             self.fwd[0].append(est.embedding_bytes)
             for k in range(L):
@@ -115,14 +118,14 @@ class ActivationPlan:
                 self.bwd_free[2 * j + 1].append(layer[k])
                 if checkpointing:
                     self.recompute[2 * j + 1] = est.recompute_bytes
-            self.fwd[n_segments - 1].append(head)
+            self.fwd[n_segments - 1] += head_parts
             self.bwd_free[0].append(head - kept_logits)
         else:  # blocks not recognised: everything allocated in one segment, freed at the end
-            self.fwd[0] += [est.embedding_bytes, *layer, head]
+            self.fwd[0] += [est.embedding_bytes, *layer, *head_parts]
             self.bwd_free[n_segments - 1] += [*layer, head - kept_logits]
             if checkpointing:
                 self.recompute[0] = est.recompute_bytes
-        self.bwd_free[n_segments].append(est.embedding_bytes + kept_logits)
+        self.bwd_free[n_segments] += [est.embedding_bytes, kept_logits]
 
 
 class _Step:

@@ -187,6 +187,7 @@ class Timeline:
     def live_on(self, device: Device) -> int:
         """Bytes live on ``device`` now (what a recipe compares with free memory, as the code does)."""
         return self._dev_live[device]
+
     def _observe(self) -> None:
         if not self._phases:
             return
