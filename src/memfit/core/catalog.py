@@ -161,6 +161,13 @@ _CATALOG: tuple[CatalogEntry, ...] = (
 )
 
 
+def source_from_config(config: Mapping[str, Any], *, name: str = "config") -> ModelConfigSource:
+    """A ``ModelConfigSource`` for a config.json mapping already in memory (traces, tests)."""
+    if not isinstance(config.get("model_type"), str):
+        raise MemfitError(f"{name}: the config has no model_type, so it is not a transformers config.json")
+    return ModelConfigSource(name=name, config=_freeze(_thaw(config)), path=None, origin="local")
+
+
 def list_catalog() -> tuple[CatalogEntry, ...]:
     """Every shipped model, in display order (for ``memfit models``)."""
     return _CATALOG

@@ -170,6 +170,8 @@ class LayerLayout:
     dense_intermediate_size: int = 0
     shared_expert_size: int = 0
     """Width of the always-on shared expert(s) of a MoE layer (0: none)."""
+    router_renorm: bool = False
+    """The top-k routing weights are renormalised to sum to 1 (Mixtral; ``norm_topk_prob``)."""
     shared_expert_gate: bool = False
     """Qwen2-MoE's sigmoid gate on the shared expert."""
     moe_kind: str = ""
@@ -193,6 +195,18 @@ class LayerLayout:
     sliding_layers: int = 0
     """Layers with sliding-window attention (an explicit mask for sdpa)."""
     sliding_window: int = 0
+    layer_kinds: tuple[str, ...] = ()
+    """Per layer, when layers differ: ``m`` (experts) or ``d`` (dense MLP), plus ``s`` for a
+    sliding-window layer and ``n`` for a layer without q/k norm (Llama 4's NoPE layers)."""
+    classifier_dropout: float = 0.1
+    """Dropout before a token classifier (GenericForTokenClassification: ``classifier_dropout``, else
+    ``hidden_dropout``, else 0.1; BERT: ``hidden_dropout_prob``; T5: ``classifier_dropout``, 0.0)."""
+    rotary_fp32: bool = False
+    """cos/sin kept in fp32 (OLMo2 rotates in fp32) rather than the training dtype."""
+    loss_upcast: bool = True
+    """The loss upcasts the logits to fp32 (transformers/loss/loss_utils.py ``ForCausalLMLoss``,
+    ``ForMaskedLMLoss``); False where the model calls ``CrossEntropyLoss`` on them directly (BERT's
+    masked LM, T5's seq2seq LM)."""
 
 
 @dataclass(frozen=True, slots=True)

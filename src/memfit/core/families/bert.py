@@ -133,6 +133,8 @@ def build_bert(name: str, config: Mapping[str, Any], task: str | None = None) ->
         attention_dropout=read_float(config, "attention_probs_dropout_prob", default=0.1) or 0.0,
         tied_embeddings=tied, pooler=task == "sequence-classification" and not roberta,
         head_transform=task == "masked-lm",
+        classifier_dropout=(read_float(config, "classifier_dropout", default=None) if config.get("classifier_dropout")
+                            is not None else read_float(config, "hidden_dropout_prob", default=0.1)) or 0.0,
     )
     arch = ArchSpec(
         model_type=model_type,

@@ -139,6 +139,8 @@ def build_deberta_v2(name: str, config: Mapping[str, Any], task: str | None = No
         attention_dropout=read_float(config, "attention_probs_dropout_prob", default=0.1) or 0.0,
         relative_attention="deberta" if relative else "", position_buckets=att_span if relative else 0,
         tied_embeddings=tied, pooler=task == "sequence-classification", head_transform=task == "masked-lm",
+        classifier_dropout=(read_float(config, "cls_dropout", default=None) if config.get("cls_dropout") is not None
+                            else read_float(config, "hidden_dropout_prob", default=0.1)) or 0.0,
     )
     arch = ArchSpec(
         model_type="deberta-v2", num_layers=layers, hidden_size=d, num_heads=heads, num_kv_heads=heads,

@@ -92,6 +92,9 @@ def build_falcon(name: str, config: Mapping[str, Any], task: str | None = None) 
         hidden_dropout=read_float(config, "hidden_dropout", default=0.0) or 0.0,
         attention_dropout=read_float(config, "attention_dropout", default=0.0) or 0.0,
         tied_embeddings=tied,
+        classifier_dropout=(read_float(config, "classifier_dropout", default=None)
+                            if config.get("classifier_dropout") is not None
+                            else read_float(config, "hidden_dropout", default=0.0)) or 0.0,
     )
     arch = ArchSpec(
         model_type="falcon", num_layers=layers, hidden_size=d, num_heads=heads, num_kv_heads=kv_heads,

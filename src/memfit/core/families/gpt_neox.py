@@ -80,6 +80,7 @@ def build_gpt_neox(name: str, config: Mapping[str, Any], task: str | None = None
         hidden_dropout=read_float(config, "hidden_dropout", default=0.0) or 0.0,
         attention_dropout=read_float(config, "attention_dropout", default=0.0) or 0.0,
         tied_embeddings=tied,
+        classifier_dropout=read_float(config, "classifier_dropout", default=0.1) or 0.0,
     )
     arch = ArchSpec(
         model_type="gpt_neox", num_layers=layers, hidden_size=d, num_heads=heads, num_kv_heads=heads,

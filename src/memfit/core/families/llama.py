@@ -258,6 +258,15 @@ def _buffers(model_type: str, variant: _Variant, config: Mapping[str, Any], hd: 
     return tuple(buffers)
 
 
+def _first_float(config: Mapping[str, Any], *keys: str, default: float) -> float:
+    """The first of ``keys`` the config sets (GenericForTokenClassification's dropout rule)."""
+    for key in keys:
+        value = read_float(config, key, default=None)
+        if value is not None:
+            return value
+    return default
+
+
 def _gemma3_layer_types(config: Mapping[str, Any], layers: int) -> list[str]:
     types = config.get("layer_types")
     if types is not None:
@@ -326,9 +335,21 @@ def build_llama_like(name: str, config: Mapping[str, Any], task: str | None = No
         window = read_int(config, "sliding_window", default=4096)
     elif window and read_bool(config, "use_sliding_window", default=model_type in ("mistral", "mixtral", "phi3")):
         sliding = layers
+    kinds = []
+    gemma3_types = _gemma3_layer_types(config, layers) if model_type == "gemma3_text" else ()
+    interval = read_int(config, "no_rope_layer_interval", default=4) if model_type == "llama4_text" else 0
+    for index in range(layers):
+        kind = "m" if moe is not None and moe.moe_layers[index] else "d"
+        sliding_here = (gemma3_types[index] == "sliding_attention") if gemma3_types else (
+            sliding == layers or (model_type == "gemma2" and index % 2 == 0))
+        kind += "s" if sliding_here and sliding else ""
+        kind += "n" if interval and (index + 1) % interval == 0 else ""
+        kinds.append(kind)
     layout = LayerLayout(
+        layer_kinds=tuple(kinds),
         family="llama",
-        norm="rms_gemma" if v.gemma_norm else "rms",
+        norm="rms_gemma" if v.gemma_norm else ("rms_olmo2" if model_type == "olmo2" else "rms"),
+        rotary_fp32=model_type == "olmo2",
         act=_act(v, config),
         qk_norm=v.qk_norm,
         norms=v.norms,
@@ -342,10 +363,13 @@ def build_llama_like(name: str, config: Mapping[str, Any], task: str | None = No
         dense_intermediate_size=0 if moe is None else moe.dense_size,
         shared_expert_size=0 if moe is None else moe.shared_size,
         shared_expert_gate=bool(moe and moe.shared_gate),
+        router_renorm=model_type == "mixtral" or (model_type in ("qwen2_moe", "qwen3_moe")
+                                                  and read_bool(config, "norm_topk_prob", default=False)),
         moe_kind="" if moe is None else ("llama4" if model_type == "llama4_text" else "grouped"),
         mla=mla,
         attention_dropout=read_float(config, "attention_dropout", default=0.0) or 0.0,
         tied_embeddings=tied,
+        classifier_dropout=_first_float(config, "classifier_dropout", "hidden_dropout", default=0.1),
         sliding_layers=sliding,
         sliding_window=window,
     )

@@ -52,7 +52,7 @@ _DEFAULTS = {
     "mt5": (250112, 512, 1024, 8, 6, "gated-gelu"),
     "umt5": (250112, 512, 1024, 8, 6, "gated-gelu"),
 }
-_ACTS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "silu": "silu"}
+_ACTS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_tanh", "silu": "silu"}
 
 
 def _attention(name: str, d: int, inner: int) -> list[Entry]:
@@ -105,7 +105,7 @@ def build_t5(name: str, config: Mapping[str, Any], task: str | None = None) -> M
             f"config.json feed_forward_proj {projection!r} is not 'ACT' or 'gated-ACT' (T5Config)"
         )
     gated = parts[0] == "gated"
-    act = parts[-1]
+    act = "gelu_new" if projection == "gated-gelu" else parts[-1]  # T5Config: gated-gelu means gelu_new
     separate_head = not read_bool(config, "tie_word_embeddings", default=True)
     inner = heads * d_kv
     labels = num_labels(config)
@@ -141,6 +141,7 @@ def build_t5(name: str, config: Mapping[str, Any], task: str | None = None) -> M
         relative_buckets=buckets, hidden_dropout=read_float(config, "dropout_rate", default=0.1) or 0.0,
         attention_dropout=read_float(config, "dropout_rate", default=0.1) or 0.0,
         tied_embeddings=not separate_head,
+        classifier_dropout=read_float(config, "classifier_dropout", default=0.0) or 0.0,
     )
     arch = ArchSpec(
         model_type=model_type,
