@@ -56,7 +56,12 @@ def plan(
     model_parameters: Optional[str] = typer.Option(None, help="What the script passes to deepspeed.initialize(model_parameters=...): trainable (default) or all."),
     accelerator: Optional[str] = typer.Option(None, help="cuda (default) or cpu (DeepSpeed's CPU accelerator, as CPU replays run)."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow configs whose model needs remote code (never on by default)."),
-    attention: Optional[str] = typer.Option(None, help="Attention implementation: sdpa (default) or eager."),
+    attention: Optional[str] = typer.Option(None, help="attn_implementation: eager, sdpa, flash_attention_2, flash_attention_3 or flex_attention (default: transformers' choice for the model, sdpa where supported)."),
+    task: Optional[str] = typer.Option(None, "--task", help="Head to plan: causal-lm, masked-lm, seq2seq-lm, sequence-classification, token-classification, question-answering (default: the config's architectures)."),
+    target_len: Optional[int] = typer.Option(None, "--target-len", help="Encoder-decoder models: decoder tokens per sequence (--seq-len is the encoder's; default: the same)."),
+    lengths: Optional[Path] = typer.Option(None, "--lengths", help="File of token counts per sample (one per line), or a histogram (length,count lines or JSON): plan the largest batch the batching forms."),
+    batching: Optional[str] = typer.Option(None, "--batching", help="With --lengths: pad-longest (default: each batch padded to its longest sample), bucket (group_by_length) or pack (rows of --max-seq-length)."),
+    max_seq_length: Optional[int] = typer.Option(None, "--max-seq-length", help="With --lengths: truncation length, and the row length of --batching pack."),
     torch_version: Optional[str] = typer.Option(None, "--torch-version", help="torch release whose allocator rules apply, e.g. 2.13 (default) or 1.10 (pinned blocks not rounded to powers of two)."),
     alloc_conf: Optional[str] = typer.Option(None, "--alloc-conf", help="PYTORCH_CUDA_ALLOC_CONF of the run, e.g. expandable_segments:True (checked against that torch version)."),
     alloc_conf_from_env: bool = typer.Option(False, "--alloc-conf-from-env", help="Read PYTORCH_CUDA_ALLOC_CONF (then PYTORCH_ALLOC_CONF) from this environment; never done unless asked."),
@@ -89,12 +94,18 @@ def plan(
         seq_len=seq_len, micro_batch=micro_batch, gradient_checkpointing=gradient_checkpointing,
         model_parameters=model_parameters, accelerator=accelerator, trust_remote_code=trust_remote_code or None,
         attention=attention, torch_version=torch_version, alloc_conf=alloc_conf,
-        alloc_conf_from_env=alloc_conf_from_env or None, cuda_version=cuda_version, pin_memory_backend=pin_memory_backend, dataloader_workers=dataloader_workers,
-        dataset_tokens=dataset_tokens,
+        alloc_conf_from_env=alloc_conf_from_env or None, cuda_version=cuda_version, pin_memory_backend=pin_memory_backend,
+        dataloader_workers=dataloader_workers, dataset_tokens=dataset_tokens,
+        task=task, target_len=target_len, lengths=str(lengths) if lengths else None,
+        batching=batching, max_seq_length=max_seq_length,
     )
     inputs = merge_inputs(read_scenario_file(scenario), flags) if scenario else flags
     sc = build_scenario(inputs)
     traced = None
+    if sc.model.source == "meta" and not exact:  # no pure builder: its activations come from a trace
+        for note in sc.model.notes:
+            _console(stderr=True).print(f"memfit: {note}")
+        exact = True
     if exact:
         from memfit.trace.ledger_step import ledger_step
 
@@ -173,7 +184,9 @@ def trace(
     seq_len: Optional[int] = typer.Option(None, help="Sequence length (default 2048)."),
     micro_batch: Optional[int] = typer.Option(None, help="Micro-batch per GPU."),
     gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing/--no-gradient-checkpointing", help="Activation checkpointing."),
-    attention: Optional[str] = typer.Option(None, help="sdpa (default) or eager."),
+    attention: Optional[str] = typer.Option(None, help="attn_implementation (default: transformers' choice for the model)."),
+    task: Optional[str] = typer.Option(None, "--task", help="Head to trace (default: the config's architectures)."),
+    target_len: Optional[int] = typer.Option(None, "--target-len", help="Encoder-decoder models: decoder tokens per sequence."),
     top: int = typer.Option(12, help="Modules to list at each peak."),
     json_out: bool = typer.Option(False, "--json", help="Print the breakdown as JSON."),
 ) -> None:
@@ -184,7 +197,7 @@ def trace(
 
     flags = ScenarioInputs(model=model, peft_method=peft, deepspeed=str(deepspeed) if deepspeed else None, gpus=gpus,
                            seq_len=seq_len, micro_batch=micro_batch, gradient_checkpointing=gradient_checkpointing,
-                           attention=attention)
+                           attention=attention, task=task, target_len=target_len)
     inputs = merge_inputs(read_scenario_file(scenario), flags) if scenario else flags
     sc = build_scenario(inputs)
     result = _trace_with_progress(sc)

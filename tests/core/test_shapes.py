@@ -58,35 +58,45 @@ def test_catalog_shape_names_are_unique_and_arch_follows_the_config(entry):
     assert len(names) == len(set(names))
     buffer_names = {b.name for b in shape.buffers}
     assert len(buffer_names) == len(shape.buffers) and not buffer_names & set(names)
-    assert not any(b.follows_load_dtype for b in shape.buffers)
+    # only Gemma's embed_scale is created in the default dtype (the load dtype)
+    assert {b.name for b in shape.buffers if b.follows_load_dtype} <= {"model.embed_tokens.embed_scale"}
     assert shape.name == entry.name
     assert shape.architecture == entry.architecture == modelled_architecture(source)
     assert all(p.trainable for p in shape.params)
     arch = shape.arch
     assert arch.model_type == config["model_type"]
-    assert arch.head_dim == config.get("d_kv", arch.hidden_size // arch.num_heads)
-    if arch.model_type in ("llama", "mistral", "mixtral", "qwen2"):
-        assert arch.mlp_kind == "gated"
-        assert arch.num_kv_heads == config["num_key_value_heads"]
-        assert arch.intermediate_size == config["intermediate_size"]
-    if arch.model_type == "mixtral":
-        assert (arch.num_experts, arch.experts_per_token) == (
-            config["num_local_experts"],
-            config["num_experts_per_tok"],
-        )
+    heads = config.get("num_attention_heads", config.get("n_head", config.get("num_heads")))
+    hidden = config.get("hidden_size", config.get("n_embd", config.get("d_model")))
+    assert arch.num_heads == heads and arch.hidden_size == hidden
+    if arch.model_type == "deepseek_v3":  # multi-head latent attention: no single head_dim
+        assert arch.layout.mla == (config["q_lora_rank"], config["kv_lora_rank"], config["qk_nope_head_dim"],
+                                   config["qk_rope_head_dim"], config["v_head_dim"])
     else:
-        assert arch.num_experts == 1
-    if arch.model_type == "t5":
+        assert arch.head_dim == config.get("head_dim") or config.get("d_kv") or hidden // heads
+    if arch.mlp_kind == "gated" and "intermediate_size" in config:
+        assert arch.num_kv_heads == config.get("num_key_value_heads", heads)
+        moe_width = config.get("moe_intermediate_size")
+        assert arch.intermediate_size == (moe_width if moe_width and arch.num_experts > 1 else config["intermediate_size"])
+    experts = config.get("num_local_experts") or config.get("num_experts") or config.get("n_routed_experts") or 1
+    assert (arch.num_experts, arch.experts_per_token) == (experts, config.get("num_experts_per_tok", 1))
+    if arch.model_type in ("t5", "mt5", "umt5"):
         assert (arch.num_encoder_layers, arch.num_layers) == (
             config["num_layers"],
-            config["num_decoder_layers"],
+            config.get("num_decoder_layers", config["num_layers"]),
         )
-        gated = config["feed_forward_proj"].startswith("gated")
+        gated = config.get("feed_forward_proj", "relu").startswith("gated")
         assert arch.mlp_kind == ("gated" if gated else "gelu")
     else:
         assert arch.num_encoder_layers == 0
-    assert arch.is_encoder_only == (arch.model_type == "bert")
+    assert arch.is_encoder_only == (arch.model_type in ("bert", "roberta", "deberta-v2"))
     assert arch.vocab_size == config["vocab_size"]
+    assert arch.task == entry_task(entry.architecture)
+
+
+def entry_task(architecture: str) -> str:
+    from memfit.core.families.heads import task_of_class
+
+    return task_of_class(architecture)
 
 
 def test_kogpt_arch_numbers():

@@ -123,11 +123,14 @@ def test_malformed_config_from_the_hub(offline):
 
 
 def test_remote_code_config_from_the_hub_needs_the_flag(offline):
-    custom = {**TINY_QWEN, "auto_map": {"AutoConfig": "x.C"}}
+    custom = {**TINY_QWEN, "model_type": "acme_lm", "auto_map": {"AutoConfig": "x.C"}}
     put_in_cache(offline, "acme/custom", json.dumps(custom))
-    with pytest.raises(MemfitError, match="custom modeling code"):
+    with pytest.raises(MemfitError, match="custom code|auto_map"):
         resolve_model_config("acme/custom")
     assert resolve_model_config("acme/custom", trust_remote_code=True).origin == "hub"
+    # a model_type transformers ships is built by transformers' own class: no flag needed
+    put_in_cache(offline, "acme/shipped", json.dumps({**TINY_QWEN, "auto_map": {"AutoConfig": "x.C"}}))
+    assert resolve_model_config("acme/shipped").origin == "hub"
 
 
 def test_downloads_off_never_reads_the_hub_cache(offline):

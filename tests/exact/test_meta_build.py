@@ -83,11 +83,15 @@ def test_arch_numbers_match_the_transformers_config(entry):
     assert arch.hidden_size == config.hidden_size
     assert arch.num_heads == config.num_attention_heads
     assert arch.vocab_size == config.vocab_size
-    layers = config.num_decoder_layers if entry.model_type == "t5" else config.num_hidden_layers
+    t5 = entry.model_type in ("t5", "mt5", "umt5")
+    layers = config.num_decoder_layers if t5 else config.num_hidden_layers
     assert arch.num_layers == layers
-    assert arch.num_kv_heads == getattr(config, "num_key_value_heads", config.num_attention_heads)
-    if entry.model_type == "mixtral":
-        assert arch.num_experts == config.num_local_experts
+    if entry.model_type == "falcon":  # multi_query: one key/value head
+        assert arch.num_kv_heads == (1 if config.multi_query and not config.new_decoder_architecture else config.num_kv_heads)
+    else:
+        assert arch.num_kv_heads == getattr(config, "num_key_value_heads", config.num_attention_heads)
+    if hasattr(config, "num_experts_per_tok"):
+        assert arch.num_experts == getattr(config, "num_local_experts", getattr(config, "num_experts", None))
         assert arch.experts_per_token == config.num_experts_per_tok
 
 
@@ -98,74 +102,7 @@ def test_kogpt_total_is_the_published_count_in_memfit_and_in_transformers():
     assert build_model_shape(source).total_params == KOGPT_PARAMS
 
 
-TINY = {
-    "gptj": {"n_embd": 32, "n_head": 4, "n_layer": 2, "vocab_size": 97, "rotary_dim": 4},
-    "gpt2": {"n_embd": 32, "n_head": 4, "n_layer": 2, "vocab_size": 97, "n_positions": 64},
-    "llama": {
-        "hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 4,
-        "num_hidden_layers": 2, "vocab_size": 97,
-    },
-    "opt": {
-        "hidden_size": 32, "ffn_dim": 48, "num_attention_heads": 4, "num_hidden_layers": 2,
-        "vocab_size": 97, "max_position_embeddings": 64,
-    },
-    "bloom": {"n_layer": 2, "n_head": 4, "vocab_size": 97},
-    "t5": {"vocab_size": 97, "d_model": 32, "d_kv": 8, "d_ff": 48, "num_layers": 2, "num_heads": 4},
-    "bert": {
-        "hidden_size": 32, "intermediate_size": 48, "num_attention_heads": 4,
-        "num_hidden_layers": 2, "vocab_size": 97, "max_position_embeddings": 64,
-    },
-}
-TINY["mistral"] = TINY["mixtral"] = TINY["qwen2"] = {**TINY["llama"], "num_key_value_heads": 2}
-
-VARIANTS = {
-    "gptj-tied-n_inner-aliases": ("gptj", {
-        "hidden_size": 32, "n_embd": None, "n_inner": 40, "tie_word_embeddings": True,
-    }),
-    "gpt2-untied-cross-attention": ("gpt2", {
-        "tie_word_embeddings": False, "n_inner": 40, "add_cross_attention": True,
-    }),
-    "llama-biases-head_dim-tied": ("llama", {
-        "attention_bias": True, "mlp_bias": True, "head_dim": 16, "tie_word_embeddings": True,
-    }),
-    "llama-gqa": ("llama", {"num_key_value_heads": 1}),
-    "mistral-head_dim-tied": ("mistral", {"head_dim": 12, "tie_word_embeddings": True}),
-    "mixtral-4-experts-top-1": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 1}),
-    "mixtral-num_experts-alias-tied": ("mixtral", {"num_experts": 3, "tie_word_embeddings": True}),
-    "qwen2-tied": ("qwen2", {"tie_word_embeddings": True}),
-    "opt-350m-style-projection": ("opt", {
-        "word_embed_proj_dim": 16, "do_layer_norm_before": False, "tie_word_embeddings": False,
-    }),
-    "opt-no-bias-no-affine-no-final": ("opt", {
-        "enable_bias": False, "layer_norm_elementwise_affine": False,
-        "_remove_final_layer_norm": True,
-    }),
-    "bloom-n_embed-untied": ("bloom", {"n_embed": 48, "tie_word_embeddings": False}),
-    "bloom-hidden-size": ("bloom", {"hidden_size": 40}),
-    "t5-relu-tied": ("t5", {"feed_forward_proj": "relu"}),
-    "t5-gated-untied-deeper-decoder": ("t5", {
-        "feed_forward_proj": "gated-silu", "tie_word_embeddings": False, "num_decoder_layers": 3,
-    }),
-    "bert-untied-one-token-type": ("bert", {"tie_word_embeddings": False, "type_vocab_size": 1}),
-    "bert-decoder-cross-attention": ("bert", {"is_decoder": True, "add_cross_attention": True}),
-    "gptj-odd-rotary_dim": ("gptj", {"rotary_dim": 5, "n_positions": 48}),
-    "gptj-rotary_dim-absent-is-64": ("gptj", {"rotary_dim": None}),
-    "llama-llama3-rope": ("llama", {"rope_scaling": {
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 1024,
-    }, "rope_theta": 500000.0}),
-    "llama-linear-rope-partial-factor": ("llama", {
-        "head_dim": 12, "rope_scaling": {"type": "linear", "factor": 2.0},
-        "partial_rotary_factor": 0.5,
-    }),
-    "qwen2-rope_parameters-own-partial-factor": ("qwen2", {"rope_parameters": {
-        "rope_type": "linear", "factor": 2.0, "rope_theta": 1e4, "partial_rotary_factor": 0.25,
-    }}),
-    "mistral-default-rope-ignores-partial-factor": ("mistral", {"partial_rotary_factor": 0.5}),
-    "mixtral-proportional-rope": ("mixtral", {"rope_scaling": {
-        "rope_type": "proportional", "partial_rotary_factor": 0.5,
-    }}),
-}
+from family_configs import TINY, VARIANTS  # noqa: E402
 
 
 def tiny_source(tmp_path: Path, model_type: str, changes: dict):
@@ -285,7 +222,7 @@ def test_model_type_outside_the_families_builds_through_auto_class(tmp_path):
         "model_type": "phi", "hidden_size": 32, "intermediate_size": 48,
         "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 97,
     }))
-    source = resolve_model_config(str(tmp_path), trust_remote_code=True)
+    source = resolve_model_config(str(tmp_path))  # transformers ships phi: no remote code
     model = build_meta_model(source)
     assert type(model).__name__ == "PhiForCausalLM"
     with pytest.raises(MemfitError, match="no pure-Python shape builder"):

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memfit.core.families.attention import IMPLEMENTATIONS
 from memfit.core.model import ArchSpec
 from memfit.core.peft_spec import PeftSpec
 from memfit.errors import MemfitError
@@ -65,25 +66,80 @@ _GELU_TANH_INTERMEDIATES = 4
 """``gelu_new`` = 0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³))) keeps x, tanh(·), 1 + tanh(·) and 0.5·x."""
 
 
+@dataclass(frozen=True, slots=True)
+class LayerGroup:
+    """Layers that keep the same activation bytes (without checkpointing)."""
+
+    name: str
+    """``layer``, ``encoder``, ``decoder``, ``dense``, ``moe``, ``sliding`` ..."""
+    count: int
+    bytes: int
+    """Per layer."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ActivationEstimate:
-    """Activation bytes live at the end of the forward (what backward will need)."""
+    """Activation bytes live at the end of the forward (what backward will need).
+
+    Per layer, for a ledger that allocates one layer at a time: ``layers`` (groups of identical
+    layers, in execution order; the very first layer keeps ``first_layer_bytes`` instead of its
+    group's ``bytes``), ``per_layer_bytes()`` (one entry per layer, in order, checkpointing
+    applied) and ``non_layer_bytes`` (embeddings + head and loss, kept outside the layers).
+    """
 
     total_bytes: int
     """Everything below together: layers + embeddings + head and loss (+ checkpointed inputs)."""
     layer_bytes: int
-    """One layer (every layer but the first) without checkpointing."""
+    """One layer (every layer but the first) without checkpointing; the largest group's when
+    layers differ."""
     first_layer_bytes: int
     """The first layer without checkpointing (less when the embeddings are frozen)."""
     embedding_bytes: int
     """Before the first layer (embedding output, dropout mask, rotary tables)."""
     head_bytes: int
-    """Final norm, lm_head input, logits (kept with the outputs) and the loss's fp32 log-softmax."""
+    """Final norm, the head's input, logits (kept with the outputs) and the loss's log-softmax."""
     logits_bytes: int
-    """Part of ``head_bytes``: logits in the training dtype plus the fp32 log-softmax."""
+    """Part of ``head_bytes``: logits in the training dtype plus the loss's log-softmax."""
     recompute_bytes: int
     """With checkpointing: one layer recomputed during backward, on top of ``total_bytes``."""
     formula: str
+    layers: tuple[LayerGroup, ...] = ()
+    checkpointed_layer_bytes: int = 0
+    """With checkpointing: what each layer keeps (its input), instead of its activations."""
+    loss_forward_bytes: int = 0
+    """Transient on top of ``total_bytes`` while the loss runs: the fp32 copy of the logits
+    (``logits.float()`` in ForCausalLMLoss/ForMaskedLMLoss) alive next to the log-softmax it feeds,
+    and the shifted label copies (transformers/loss/loss_utils.py)."""
+    loss_backward_bytes: int = 0
+    """Transient on top of ``total_bytes`` when backward starts: the gradient of the log-softmax
+    output (nll_loss's backward) and the log-softmax backward's result, both logits-sized, while the
+    saved log-softmax is still alive."""
+
+    @property
+    def non_layer_bytes(self) -> int:
+        """Embeddings plus head and loss: kept outside the layers."""
+        return self.embedding_bytes + self.head_bytes
+
+    @property
+    def forward_peak_bytes(self) -> int:
+        """Highest activation bytes of the forward: at the loss, when the logits peak."""
+        return self.total_bytes + self.loss_forward_bytes
+
+    @property
+    def backward_peak_bytes(self) -> int:
+        """Activation bytes when backward starts (the loss's gradients; layer-by-layer transients of
+        the backward are not modelled)."""
+        return self.total_bytes + self.loss_backward_bytes
+
+    def per_layer_bytes(self) -> tuple[int, ...]:
+        """Bytes each layer keeps, in execution order (encoder layers first)."""
+        if self.checkpointed_layer_bytes:
+            count = sum(g.count for g in self.layers)
+            return (self.checkpointed_layer_bytes,) * count
+        out = [g.bytes for g in self.layers for _ in range(g.count)]
+        if out:
+            out[0] = self.first_layer_bytes
+        return tuple(out)
 
 
 def estimate_activation_bytes(
@@ -97,12 +153,27 @@ def estimate_activation_bytes(
     attention: str = "sdpa",
     keep_outputs: bool = True,
     linear_saves_frozen_inputs: bool = False,
+    target_len: int | None = None,
 ) -> ActivationEstimate:
-    """Activation bytes of one micro-batch of ``micro_batch`` x ``seq_len`` tokens (see module doc)."""
+    """Activation bytes of one micro-batch of ``micro_batch`` x ``seq_len`` tokens (see module doc).
+
+    ``attention``: an ``attn_implementation`` (``memfit.core.families.attention.IMPLEMENTATIONS``);
+    every one but ``eager`` keeps the fused kernels' tensors. ``target_len``: decoder tokens of an
+    encoder-decoder (default ``seq_len``).
+    """
     if seq_len < 1 or micro_batch < 1 or dtype_bytes < 1:
         raise MemfitError(f"seq_len, micro_batch and dtype_bytes must be >= 1, got {seq_len}, {micro_batch}, {dtype_bytes}")
-    if attention not in ("eager", "sdpa"):
-        raise MemfitError(f"attention must be 'eager' or 'sdpa', got {attention!r}")
+    if attention not in IMPLEMENTATIONS:
+        raise MemfitError(f"attention must be one of {', '.join(IMPLEMENTATIONS)}, got {attention!r}")
+    if target_len is not None and target_len < 1:
+        raise MemfitError(f"target_len must be >= 1, got {target_len}")
+    if arch.layout is not None:
+        from memfit.core.activation_layout import estimate_from_layout
+
+        return estimate_from_layout(arch, peft, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes,
+                                    gradient_checkpointing=gradient_checkpointing, attention=attention,
+                                    keep_outputs=keep_outputs, linear_saves_frozen_inputs=linear_saves_frozen_inputs,
+                                    target_len=target_len)
     method = peft.method
     fam = _FAMILY.get(arch.model_type, "llama" if arch.mlp_kind == "gated" else "gpt2")
     D = dtype_bytes
@@ -157,6 +228,7 @@ def estimate_activation_bytes(
         recompute = 0
         formula = (f"{fam} {method} {attention}: first layer {first:,} + {L - 1} x {layer:,} B per layer "
                    f"(b={b}, s={s}, s_kv={skv}, h={h}, a={a}, i={i}, {D} B) + embeddings {embed:,} + head {head:,}")
+    V = arch.vocab_size
     return ActivationEstimate(
         total_bytes=total,
         layer_bytes=layer,
@@ -166,6 +238,10 @@ def estimate_activation_bytes(
         logits_bytes=logits,
         recompute_bytes=recompute,
         formula=formula,
+        layers=(LayerGroup("layer", L, layer),),
+        checkpointed_layer_bytes=D * t * h if gradient_checkpointing else 0,
+        loss_forward_bytes=4 * t * V + 16 * t,  # the fp32 copy of the logits; padded and shifted labels
+        loss_backward_bytes=8 * t * V,  # nll_loss's gradient and log_softmax's backward result (fp32)
     )
 
 

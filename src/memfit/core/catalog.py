@@ -9,9 +9,10 @@ is resolved in this order:
 3. a Hugging Face repo id (``org/name``, optionally ``@revision``): only ``config.json`` is
    downloaded, through ``memfit.exact.hub`` which imports ``huggingface_hub`` when called.
 
-The parsed config is checked once here (a JSON object with a ``model_type``) and frozen; configs
-that need custom modeling code (``auto_map``) or whose ``model_type`` memfit cannot size are refused
-unless ``trust_remote_code`` is set, and even then only the exact path can build those.
+The parsed config is checked once here (a JSON object with a ``model_type``) and frozen. A
+``model_type`` transformers ships is accepted (memfit's pure builder or the exact path sizes it);
+one only custom code (``auto_map``) builds is refused unless ``trust_remote_code`` is set, and then
+only the exact path can build it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
-from memfit.core.families import SUPPORTED_MODEL_TYPES
+from memfit.core.families.transformers_types import TRANSFORMERS_MODEL_TYPES, TRANSFORMERS_VERSION
 from memfit.errors import MemfitError
 
 Origin = Literal["catalog", "local", "hub"]
@@ -109,7 +110,62 @@ _CATALOG: tuple[CatalogEntry, ...] = (
         "bert-large-uncased", "bert", "BertForMaskedLM", "google-bert/bert-large-uncased",
         "bert-large",
     ),
+    _entry("EleutherAI/pythia-410m", "gpt_neox", "GPTNeoXForCausalLM"),
+    _entry("EleutherAI/pythia-1.4b", "gpt_neox", "GPTNeoXForCausalLM"),
+    _entry("EleutherAI/pythia-6.9b", "gpt_neox", "GPTNeoXForCausalLM"),
+    _entry("Qwen/Qwen2.5-0.5B", "qwen2", "Qwen2ForCausalLM", "qwen-2.5-0.5b"),
+    _entry("Qwen/Qwen2.5-1.5B", "qwen2", "Qwen2ForCausalLM", "qwen-2.5-1.5b"),
+    _entry("Qwen/Qwen2.5-3B", "qwen2", "Qwen2ForCausalLM", "qwen-2.5-3b"),
+    _entry("Qwen/Qwen2.5-14B", "qwen2", "Qwen2ForCausalLM", "qwen-2.5-14b"),
+    _entry("Qwen/Qwen2.5-32B", "qwen2", "Qwen2ForCausalLM", "qwen-2.5-32b"),
+    _entry("Qwen/Qwen2.5-72B", "qwen2", "Qwen2ForCausalLM", "qwen-2.5-72b"),
+    _entry("Qwen/Qwen3-0.6B", "qwen3", "Qwen3ForCausalLM", "qwen-3-0.6b"),
+    _entry("Qwen/Qwen3-1.7B", "qwen3", "Qwen3ForCausalLM", "qwen-3-1.7b"),
+    _entry("Qwen/Qwen3-4B", "qwen3", "Qwen3ForCausalLM", "qwen-3-4b"),
+    _entry("Qwen/Qwen3-8B", "qwen3", "Qwen3ForCausalLM", "qwen-3-8b"),
+    _entry("Qwen/Qwen3-14B", "qwen3", "Qwen3ForCausalLM", "qwen-3-14b"),
+    _entry("Qwen/Qwen3-32B", "qwen3", "Qwen3ForCausalLM", "qwen-3-32b"),
+    _entry("Qwen/Qwen3-30B-A3B", "qwen3_moe", "Qwen3MoeForCausalLM", "qwen-3-30b-a3b"),
+    _entry("Qwen/Qwen1.5-MoE-A2.7B", "qwen2_moe", "Qwen2MoeForCausalLM", "qwen1.5-moe"),
+    _entry("meta-llama/Llama-3.2-1B", "llama", "LlamaForCausalLM", "llama-3.2-1b"),
+    _entry("meta-llama/Llama-3.2-3B", "llama", "LlamaForCausalLM", "llama-3.2-3b"),
+    _entry("meta-llama/Llama-3.1-8B", "llama", "LlamaForCausalLM", "llama-3.1-8b", "meta-llama/Meta-Llama-3.1-8B"),
+    _entry("mistralai/Mistral-Nemo-Base-2407", "mistral", "MistralForCausalLM", "mistral-nemo"),
+    _entry("google/gemma-2b", "gemma", "GemmaForCausalLM"),
+    _entry("google/gemma-7b", "gemma", "GemmaForCausalLM"),
+    _entry("google/gemma-2-2b", "gemma2", "Gemma2ForCausalLM"),
+    _entry("google/gemma-2-9b", "gemma2", "Gemma2ForCausalLM"),
+    _entry("google/gemma-2-27b", "gemma2", "Gemma2ForCausalLM"),
+    _entry("google/gemma-3-1b-pt", "gemma3_text", "Gemma3ForCausalLM", "gemma-3-1b"),
+    _entry(
+        "microsoft/Phi-3-mini-4k-instruct", "phi3", "Phi3ForCausalLM", "phi-3-mini",
+        note="config.json names custom code (auto_map); transformers ships phi3, memfit plans its own class",
+    ),
+    _entry("tiiuae/falcon-7b", "falcon", "FalconForCausalLM"),
+    _entry("allenai/OLMo-2-1124-7B", "olmo2", "Olmo2ForCausalLM", "olmo-2-7b"),
+    _entry(
+        "deepseek-ai/DeepSeek-V3", "deepseek_v3", "DeepseekV3ForCausalLM", "deepseek-v3",
+        note=("config.json names custom code (auto_map), which transformers' own deepseek_v3 class replaces; "
+              "published with fp8 weights (quantization_config): memfit plans the load dtype you give"),
+    ),
+    _entry("bert-base-uncased", "bert", "BertForMaskedLM", "google-bert/bert-base-uncased", "bert-base"),
+    _entry("roberta-base", "roberta", "RobertaForMaskedLM", "FacebookAI/roberta-base"),
+    _entry("roberta-large", "roberta", "RobertaForMaskedLM", "FacebookAI/roberta-large"),
+    _entry(
+        "microsoft/deberta-v3-base", "deberta-v2", "DebertaV2ForMaskedLM", "deberta-v3-base",
+        note="config.json names no architectures; memfit plans the masked-LM head",
+    ),
+    _entry("t5-base", "t5", "T5ForConditionalGeneration", "google-t5/t5-base"),
+    _entry("google/flan-t5-large", "t5", "T5ForConditionalGeneration", "flan-t5-large"),
+    _entry("google/mt5-base", "mt5", "MT5ForConditionalGeneration", "mt5-base"),
 )
+
+
+def source_from_config(config: Mapping[str, Any], *, name: str = "config") -> ModelConfigSource:
+    """A ``ModelConfigSource`` for a config.json mapping already in memory (traces, tests)."""
+    if not isinstance(config.get("model_type"), str):
+        raise MemfitError(f"{name}: the config has no model_type, so it is not a transformers config.json")
+    return ModelConfigSource(name=name, config=_freeze(_thaw(config)), path=None, origin="local")
 
 
 def list_catalog() -> tuple[CatalogEntry, ...]:
@@ -227,22 +283,24 @@ def _read_config(file: Path) -> Mapping[str, Any]:
 
 
 def _check_supported(source: ModelConfigSource, *, trust_remote_code: bool) -> None:
-    """Refuse custom-code or unknown model types unless the user trusts remote code."""
-    if trust_remote_code:
+    """Refuse what neither memfit nor transformers can build without running the repo's own code.
+
+    A ``model_type`` transformers ships is always accepted (memfit sizes it with its pure builder or,
+    without one, from a meta-device build of the class): ``--trust-remote-code`` is never needed for
+    it. A ``model_type`` transformers does not know needs custom code (``auto_map``) and
+    ``trust_remote_code``; without ``auto_map`` nothing can build it.
+    """
+    if source.model_type in TRANSFORMERS_MODEL_TYPES or trust_remote_code:
         return
-    config = source.config
-    if "auto_map" in config:
+    if "auto_map" in source.config:
         raise MemfitError(
-            f"{source.name} uses custom modeling code (auto_map in config.json); pass "
-            "trust_remote_code (--trust-remote-code) to accept it, knowing only the exact path "
-            f"can build it (pure shapes cover: {', '.join(SUPPORTED_MODEL_TYPES)})"
+            f"{source.name} has model_type {source.model_type!r}, which transformers {TRANSFORMERS_VERSION} does not "
+            "ship: only its own code (auto_map) builds it; pass --trust-remote-code to let the exact path run it"
         )
-    if source.model_type not in SUPPORTED_MODEL_TYPES:
-        raise MemfitError(
-            f"{source.name} has model_type {source.model_type!r}, which memfit cannot size "
-            f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)}); pass trust_remote_code "
-            "(--trust-remote-code) to hand it to the exact path instead"
-        )
+    raise MemfitError(
+        f"{source.name} has model_type {source.model_type!r}, which transformers {TRANSFORMERS_VERSION} does not "
+        "know (and config.json names no custom code): check the model_type, or upgrade transformers"
+    )
 
 
 def _freeze(value: Any) -> Any:

@@ -66,7 +66,8 @@ class BufferSpec:
     follows_load_dtype: bool = False
     """True if ``from_pretrained(dtype=fp16)`` creates it in fp16 rather than in ``dtype``.
 
-    No buffer of the supported families does: transformers 5 builds rotary tables with an explicit
+    Only Gemma's ``embed_scale`` does (``torch.tensor(hidden ** 0.5)`` takes the default dtype,
+    which ``from_pretrained(dtype=...)`` sets); transformers 5 builds rotary tables with an explicit
     ``dtype=torch.float``/``.float()`` and position ids as int64. An explicit cast of the whole
     module (``model.half()``, ``model.to(dtype)``) still casts every floating buffer.
     """
@@ -114,6 +115,98 @@ class ArchSpec:
     is_encoder_only: bool = False
     max_positions: int = 0
     """Longest sequence the config allows (0 if unbounded, e.g. rotary models without a limit)."""
+    task: str = "causal-lm"
+    """Head the class puts on the backbone (``memfit.core.families.heads.TASKS``)."""
+    num_labels: int = 0
+    """Outputs per position (token classification) or per sequence (sequence classification);
+    2 for question answering (start and end logits); 0 for language-model heads (the vocabulary)."""
+    layout: "LayerLayout | None" = None
+    """What the family's layer code computes, for the activation model (None: infer from the
+    fields above, as memfit did before layouts existed)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerLayout:
+    """How a family's transformers code computes a layer: what ``memfit.core.activations`` needs
+    beyond the widths of ``ArchSpec`` to count the tensors autograd saves."""
+
+    family: str
+    """Activation model to use: ``llama`` (pre-norm RMSNorm decoders and their variants), ``gptj``,
+    ``gpt2``, ``neox`` (GPT-NeoX, Falcon: LayerNorm, fused qkv, optional parallel residual),
+    ``bert`` (post-norm encoders), ``t5`` (encoder-decoder)."""
+    norm: str = "rms"
+    """``rms`` (fp32 upcast RMSNorm: Llama's), ``rms_gemma`` (Gemma: ``1 + weight``, fp32 product),
+    ``layer`` (``nn.LayerNorm``)."""
+    act: str = "silu"
+    """MLP activation: ``silu``, ``gelu`` (erf), ``gelu_tanh`` (``gelu_pytorch_tanh``, one op),
+    ``gelu_new`` (tanh formula in elementwise ops), ``relu``."""
+    gated: bool = True
+    """SwiGLU-style MLP (gate, up, down) rather than up, down."""
+    qk_norm: str = ""
+    """``head``: RMSNorm over head_dim of q and k (Qwen3, Gemma3); ``full``: over the whole q and k
+    projections (OLMo2); ``l2``: parameter-free L2 norm (Llama 4); empty: none."""
+    norms: str = "pre"
+    """``pre`` (before attention and MLP), ``sandwich`` (Gemma 2/3: before and after each),
+    ``post`` (OLMo2: after each only)."""
+    fused_qkv: bool = False
+    """One projection for q, k, v (Phi-3, GPT-NeoX, Falcon), split into views."""
+    fused_gate_up: bool = False
+    """One projection for gate and up (Phi-3), chunked into views."""
+    parallel: bool = False
+    """Attention and MLP read the same normed input and add into one residual (GPT-J, NeoX)."""
+    two_norms_parallel: bool = False
+    """Parallel block with its own norm for the MLP (Falcon's new decoder architecture)."""
+    rotary_dim: int = 0
+    """Rotated channels per head (0: no rotary embeddings)."""
+    embed_scale: bool = False
+    """Embeddings multiplied by sqrt(hidden) (Gemma)."""
+    logit_softcap: float = 0.0
+    """``final_logit_softcapping`` (Gemma 2): logits / cap, tanh, x cap before the loss."""
+    attn_softcap: float = 0.0
+    """``attn_logit_softcapping`` (Gemma 2, eager attention)."""
+    dense_layers: int = 0
+    """Mixture-of-experts models: layers with a dense MLP instead of experts (DeepSeek's first_k_dense_replace,
+    Qwen-MoE's mlp_only_layers, Llama 4's interleaving)."""
+    dense_intermediate_size: int = 0
+    shared_expert_size: int = 0
+    """Width of the always-on shared expert(s) of a MoE layer (0: none)."""
+    router_renorm: bool = False
+    """The top-k routing weights are renormalised to sum to 1 (Mixtral; ``norm_topk_prob``)."""
+    shared_expert_gate: bool = False
+    """Qwen2-MoE's sigmoid gate on the shared expert."""
+    moe_kind: str = ""
+    """``grouped`` (transformers 5's grouped_mm experts: tokens sorted by expert), ``llama4`` (every
+    expert runs on every token, scaled by its router score), empty without experts."""
+    mla: tuple[int, int, int, int, int] = ()
+    """DeepSeek multi-head latent attention: (q_lora_rank or 0, kv_lora_rank, qk_nope_head_dim,
+    qk_rope_head_dim, v_head_dim)."""
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    relative_attention: str = ""
+    """``t5`` (bucketed bias added to the scores), ``deberta`` (disentangled c2p/p2c), empty: none."""
+    relative_buckets: int = 0
+    position_buckets: int = 0
+    """DeBERTa-v2: relative positions kept (2 x att_span rows of rel_embeddings)."""
+    tied_embeddings: bool = False
+    pooler: bool = False
+    """A pooler (dense + tanh on the first token) before a sequence-classification head."""
+    head_transform: bool = False
+    """Masked-LM head with a dense + activation + LayerNorm transform before the decoder (BERT)."""
+    sliding_layers: int = 0
+    """Layers with sliding-window attention (an explicit mask for sdpa)."""
+    sliding_window: int = 0
+    layer_kinds: tuple[str, ...] = ()
+    """Per layer, when layers differ: ``m`` (experts) or ``d`` (dense MLP), plus ``s`` for a
+    sliding-window layer and ``n`` for a layer without q/k norm (Llama 4's NoPE layers)."""
+    classifier_dropout: float = 0.1
+    """Dropout before a token classifier (GenericForTokenClassification: ``classifier_dropout``, else
+    ``hidden_dropout``, else 0.1; BERT: ``hidden_dropout_prob``; T5: ``classifier_dropout``, 0.0)."""
+    rotary_fp32: bool = False
+    """cos/sin kept in fp32 (OLMo2 rotates in fp32) rather than the training dtype."""
+    loss_upcast: bool = True
+    """The loss upcasts the logits to fp32 (transformers/loss/loss_utils.py ``ForCausalLMLoss``,
+    ``ForMaskedLMLoss``); False where the model calls ``CrossEntropyLoss`` on them directly (BERT's
+    masked LM, T5's seq2seq LM)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +221,11 @@ class ModelShape:
     params: tuple[ParamSpec, ...]
     buffers: tuple[BufferSpec, ...] = ()
     """Every buffer as ``named_buffers()`` yields it, persistent or not (empty if it has none)."""
+    notes: tuple[str, ...] = ()
+    """What the builder resolved or ignored that the user should hear (e.g. the head it chose)."""
+    source: str = "pure"
+    """``pure``: memfit's family builder; ``meta``: read from a meta-device build of the
+    transformers class (a model_type without a pure builder)."""
 
     @property
     def total_params(self) -> int:

@@ -28,6 +28,8 @@ def make_plan(sc: Scenario, traced: TracedStep | None = None) -> Plan:
         "`memfit plan --exact` traces them from the model's code.",
         f"Allocation behaviour of DeepSpeed {sc.ds_version}.x. " + allocator_note(sc),
         *timeline.granularity_notes,
+        *sc.model.notes,
+        *((sc.train.batch_shape.describe(),) if sc.train.batch_shape is not None else ()),
     )
     return Plan(scenario_name=sc.name, params=count_params(sc), phases=phases, verdict=verdict,
                 findings=derive_findings(sc, phases, verdict), notes=notes)

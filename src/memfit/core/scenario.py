@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from memfit.core.batch_shapes import BatchShape
 from memfit.core.checkpoint import CheckpointLayout
 from memfit.core.ds_settings import DeepSpeedSettings
 from memfit.core.hardware import Hardware
@@ -60,7 +61,13 @@ class TrainSettings:
     """What the script passes as ``deepspeed.initialize(model_parameters=...)``: ``trainable``
     (only requires_grad params, e.g. ``model.prefix_encoder.parameters()``) or ``all``."""
     attention: str = "sdpa"
-    """Attention implementation: ``eager`` materializes the score matrix; ``sdpa`` does not."""
+    """Attention implementation (``memfit.core.families.attention.IMPLEMENTATIONS``): ``eager``
+    materializes the score matrix; ``sdpa``, ``flash_attention_2/3`` and ``flex_attention`` keep a
+    logsumexp instead. ``build_scenario`` resolves it per family (transformers' default when not given)."""
+    target_len: int | None = None
+    """Encoder-decoder models: decoder tokens per sequence (``seq_len`` is the encoder's); None: seq_len."""
+    batch_shape: BatchShape | None = None
+    """From a length distribution: the largest batch the batching rule forms (``seq_len`` is its length)."""
     dataloader_workers: int = 0
     """``DataLoader(num_workers=...)``: forked worker processes per rank (their host memory)."""
     dataset_tokens: int = 0
@@ -74,8 +81,12 @@ class TrainSettings:
             raise MemfitError(f"seq_len and micro_batch must be >= 1, got {self.seq_len} and {self.micro_batch}")
         if self.model_parameters not in ("trainable", "all"):
             raise MemfitError(f"model_parameters must be 'trainable' or 'all', got {self.model_parameters!r}")
-        if self.attention not in ("eager", "sdpa"):
-            raise MemfitError(f"attention must be 'eager' or 'sdpa', got {self.attention!r}")
+        from memfit.core.families.attention import IMPLEMENTATIONS
+
+        if self.attention not in IMPLEMENTATIONS:
+            raise MemfitError(f"attention must be one of {', '.join(IMPLEMENTATIONS)}, got {self.attention!r}")
+        if self.target_len is not None and self.target_len < 1:
+            raise MemfitError(f"target_len must be >= 1, got {self.target_len}")
 
 
 PIN_MEMORY_BACKENDS = ("torch", "native")

@@ -32,7 +32,7 @@ _RUNTIME = {"torch_version", "alloc_conf", "cuda_version", "pin_memory_backend",
 _HW = {"gpus", "nodes", "cpu_ram", "nvme"}
 _LOAD = {"dtype", "zero_init", "low_cpu_mem_usage", "checkpoint_index", "max_shard_size"}
 _TRAIN = {"seq_len", "micro_batch", "gradient_checkpointing", "model_parameters", "attention", "dataloader_workers",
-          "dataset_tokens"}
+          "dataset_tokens", "task", "target_len", "lengths", "batching", "max_seq_length"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,6 +69,16 @@ class ScenarioInputs:
     gradient_checkpointing: bool | None = None
     model_parameters: str | None = None
     attention: str | None = None
+    task: str | None = None
+    """Head to plan (``memfit.core.families.heads.TASKS``); default: config's ``architectures[0]``."""
+    target_len: int | None = None
+    """Encoder-decoders: decoder tokens per sequence (``seq_len`` is the encoder's)."""
+    lengths: str | None = None
+    """A file of token counts per sample (or a histogram): the plan takes the largest batch."""
+    batching: str | None = None
+    """How batches are formed from ``lengths``: pad-longest (default), bucket, pack."""
+    max_seq_length: int | None = None
+    """Truncation length (and the row length of ``pack``)."""
     trust_remote_code: bool | None = None
     accelerator: str | None = None
     torch_version: str | None = None
@@ -169,6 +179,10 @@ def read_scenario_file(path: str | Path) -> ScenarioInputs:
         gradient_checkpointing=train.get("gradient_checkpointing"), model_parameters=train.get("model_parameters"),
         attention=train.get("attention"), trust_remote_code=raw.get("trust_remote_code"),
         dataloader_workers=train.get("dataloader_workers"), dataset_tokens=train.get("dataset_tokens"),
+        task=train.get("task"), target_len=train.get("target_len"),
+        lengths=(str(p.parent / train["lengths"]) if train.get("lengths") and not Path(str(train["lengths"])).is_absolute()
+                 else train.get("lengths")),
+        batching=train.get("batching"), max_seq_length=train.get("max_seq_length"),
         accelerator=raw.get("accelerator"),
         torch_version=None if rt.get("torch_version") is None else str(rt["torch_version"]),
         alloc_conf=None if rt.get("alloc_conf") is None else str(rt["alloc_conf"]),
@@ -285,7 +299,7 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
     if not inputs.model:
         raise MemfitError("no model given: pass --model (e.g. --model kakaobrain/kogpt) or a scenario file")
     source = resolve_model_config(inputs.model, trust_remote_code=bool(inputs.trust_remote_code))
-    base = build_model_shape(source)
+    base = _model_shape(source, inputs)
     method = inputs.peft_method or "full"
     if method.endswith(".json") or Path(method).is_file():
         if inputs.peft_options:
@@ -327,12 +341,15 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
     load = LoadSettings(dtype=inputs.load_dtype or "fp32", zero_init=bool(inputs.zero_init),
                         low_cpu_mem_usage=True if inputs.low_cpu_mem_usage is None else _bool(inputs.low_cpu_mem_usage, "low_cpu_mem_usage"),
                         checkpoint=_checkpoint_layout(inputs, source, model))
+    seq_len, batch_shape = _sequence_shape(inputs, micro, hw.world_size)
     train = TrainSettings(
-        seq_len=_positive_int(inputs.seq_len if inputs.seq_len is not None else 2048, "seq_len"),
+        seq_len=seq_len,
         micro_batch=micro,
         gradient_checkpointing=bool(inputs.gradient_checkpointing),
         model_parameters=inputs.model_parameters or "trainable",
-        attention=inputs.attention or "sdpa",
+        attention=_attention(base, inputs.attention),
+        target_len=_target_len(base, inputs.target_len),
+        batch_shape=batch_shape,
         dataloader_workers=_count(inputs.dataloader_workers, "dataloader_workers"),
         dataset_tokens=_count(inputs.dataset_tokens, "dataset_tokens"),
     )
@@ -367,6 +384,64 @@ def runtime_settings(inputs: ScenarioInputs):  # -> RuntimeSettings
                            cuda_version=inputs.cuda_version, pin_memory_backend=inputs.pin_memory_backend or "torch")
 
 
+def _model_shape(source, inputs: ScenarioInputs):
+    """The pure builder's shapes, or, for a model_type transformers ships without a pure builder,
+    the meta build's (torch and transformers run: slower, and said so in the shape's notes)."""
+    from memfit.core.shapes import NoPureBuilder, build_model_shape
+
+    try:
+        return build_model_shape(source, task=inputs.task, trust_remote_code=bool(inputs.trust_remote_code))
+    except NoPureBuilder:
+        from memfit.core.families import TRANSFORMERS_MODEL_TYPES
+
+        if source.model_type not in TRANSFORMERS_MODEL_TYPES and not inputs.trust_remote_code:
+            raise
+        try:
+            from memfit.exact.meta_build import shape_from_meta_build
+        except ImportError as exc:
+            raise MemfitError(f"model_type {source.model_type!r} has no pure-Python builder and the exact path "
+                              "needs torch and transformers (pip install 'memfit[exact]')") from exc
+        return shape_from_meta_build(source, task=inputs.task, trust_remote_code=bool(inputs.trust_remote_code))
+
+
+def _attention(shape, requested: str | None) -> str:
+    """transformers' choice for the family (sdpa, or eager where sdpa is not supported), or the
+    requested one if the family supports it (the same one-line refusal as the exact path)."""
+    from memfit.core.families import FAMILIES
+    from memfit.core.families.attention import IMPLEMENTATIONS, resolve
+
+    if shape.arch.model_type in FAMILIES:
+        return resolve(shape.arch.model_type, requested)
+    if requested is not None and requested not in IMPLEMENTATIONS:
+        raise MemfitError(f"attention must be one of {', '.join(IMPLEMENTATIONS)}, got {requested!r}")
+    return requested or "sdpa"
+
+
+def _target_len(shape, value: Any) -> int | None:
+    if value is None:
+        return None
+    if not shape.arch.num_encoder_layers:
+        raise MemfitError(f"target_len applies to encoder-decoder models; {shape.architecture} has no decoder "
+                          "of its own (use seq_len)")
+    return _positive_int(value, "target_len")
+
+
+def _sequence_shape(inputs: ScenarioInputs, micro: int, world: int):
+    """``(seq_len, batch_shape)``: the given seq_len, or the largest batch of a length distribution."""
+    from memfit.core.batch_shapes import longest_batch, read_lengths
+
+    if inputs.lengths is None:
+        if inputs.batching is not None:
+            raise MemfitError("batching needs a length distribution (--lengths FILE)")
+        return _positive_int(inputs.seq_len if inputs.seq_len is not None else 2048, "seq_len"), None
+    if inputs.seq_len is not None:
+        raise MemfitError("give either seq_len or lengths (the plan then takes the largest batch's length)")
+    cap = None if inputs.max_seq_length is None else _positive_int(inputs.max_seq_length, "max_seq_length")
+    shape = longest_batch(read_lengths(inputs.lengths), rule=inputs.batching or "pad-longest", micro_batch=micro,
+                          max_seq_length=cap, world_size=world)
+    return shape.seq_len, shape
+
+
 def describe_scenario(sc: Scenario) -> dict[str, Any]:
     """The resolved scenario, for JSON output and fixtures."""
     from memfit.core.alloc.versions import resolve_torch_version
@@ -391,6 +466,13 @@ def describe_scenario(sc: Scenario) -> dict[str, Any]:
         "load_dtype": sc.load.dtype,
         "zero_init": sc.load.zero_init,
         "seq_len": sc.train.seq_len,
+        "task": sc.model.arch.task,
+        "target_len": sc.train.target_len,
+        "attention": sc.train.attention,
+        "batch_shape": None if sc.train.batch_shape is None else {
+            "rule": sc.train.batch_shape.rule, "micro_batch": sc.train.batch_shape.micro_batch,
+            "seq_len": sc.train.batch_shape.seq_len, "probability": sc.train.batch_shape.probability,
+            "batches_per_epoch": sc.train.batch_shape.batches_per_epoch},
         "micro_batch": sc.train.micro_batch,
         "gradient_checkpointing": sc.train.gradient_checkpointing,
         "accelerator": sc.accelerator,

@@ -2,40 +2,74 @@
 
 ``build_model_shape`` dispatches on ``model_type`` to a family builder in
 ``memfit.core.families``; each reproduces the ``(name, shape)`` pairs of ``named_parameters()`` of
-one transformers class (tied weights listed once, as ``named_parameters`` does) and the
-``(name, shape, dtype)`` of its ``named_buffers()`` (dtype as transformers creates them), and the
-test suite checks every catalog model against a meta-device build with the installed transformers
-(``memfit.exact.meta_build``). It is on the ``memfit plan`` hot path: Llama-3-70B (723 params)
-builds in about a millisecond.
+the transformers class for the task (tied weights listed once, as ``named_parameters`` does) and
+the ``(name, shape, dtype)`` of its ``named_buffers()`` (dtype as transformers creates them), and
+the test suite checks every catalog model against a meta-device build with the installed
+transformers (``memfit.exact.meta_build``). It is on the ``memfit plan`` hot path: Llama-3-70B (723
+params) builds in about a millisecond.
+
+A ``model_type`` without a pure builder raises ``NoPureBuilder``; ``memfit.exact.meta_build.
+shape_from_meta_build`` then reads the shapes from the real class (slower, needs torch).
+
+Custom code (``auto_map`` in config.json): transformers builds a ``model_type`` it ships with its own
+class unless ``trust_remote_code`` is set (``AutoModel*.from_pretrained``: local code wins when
+remote code is not trusted), and memfit plans it the same way, saying so in a note.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from memfit.core.families import SUPPORTED_MODEL_TYPES, family_for
+from memfit.core.families import TRANSFORMERS_MODEL_TYPES, NoPureBuilder, family_for
 from memfit.core.model import ModelShape
 from memfit.errors import MemfitError
 
 if TYPE_CHECKING:
     from memfit.core.catalog import ModelConfigSource
 
-
-def build_model_shape(source: ModelConfigSource) -> ModelShape:
-    """Every parameter and buffer of the model ``source`` describes, with its architecture numbers."""
-    if "auto_map" in source.config:
-        raise MemfitError(
-            f"{source.name} uses custom modeling code (auto_map); the pure path models only stock "
-            f"transformers classes ({', '.join(SUPPORTED_MODEL_TYPES)}): use the exact path"
-        )
-    return family_for(source.config).build(source.name, source.config)
+__all__ = ["NoPureBuilder", "build_model_shape", "modelled_architecture"]
 
 
-def modelled_architecture(source: ModelConfigSource) -> str:
-    """The transformers class whose parameters ``build_model_shape`` lists.
+def build_model_shape(
+    source: ModelConfigSource, *, task: str | None = None, trust_remote_code: bool = False
+) -> ModelShape:
+    """Every parameter and buffer of the model ``source`` describes, with its architecture numbers.
 
-    That is the family's class (``GPTJForCausalLM``, ``T5ForConditionalGeneration``,
-    ``BertForMaskedLM`` ...) whatever head ``architectures[0]`` names: memfit sizes the model as
-    ``AutoModelForCausalLM`` (or the encoder-decoder / masked-LM equivalent) loads it.
+    ``task``: one of ``memfit.core.families.heads.TASKS`` (default: from ``architectures[0]``).
     """
-    return family_for(source.config).architecture
+    config = source.config
+    remote = "auto_map" in config
+    if remote and (trust_remote_code or source.model_type not in TRANSFORMERS_MODEL_TYPES):
+        raise MemfitError(
+            f"{source.name} uses custom modeling code (auto_map) and the pure path models only the classes "
+            "transformers ships: the exact path builds it from a local directory with --trust-remote-code"
+        )
+    shape = family_for(config).build(source.name, config, task)
+    if remote:
+        from dataclasses import replace
+
+        note = (f"config.json names custom code (auto_map); transformers ships model_type {source.model_type!r}, "
+                f"so without --trust-remote-code it builds {shape.architecture}, as memfit plans it")
+        shape = replace(shape, notes=(*shape.notes, note))
+    return shape
+
+
+def modelled_architecture(source: ModelConfigSource, *, task: str | None = None) -> str:
+    """The transformers class whose parameters ``build_model_shape`` lists for ``task``.
+
+    That is the family's class for the task (``GPTJForCausalLM``, ``T5ForConditionalGeneration``,
+    ``BertForSequenceClassification`` ...): the head of ``architectures[0]`` when memfit sizes it,
+    else the family's usual one.
+    """
+    family = family_for(source.config)
+    if task is None:
+        from memfit.core.families.heads import resolve_task
+
+        task, _ = resolve_task(source.model_type, family.classes, family.default_task, source.config, None)
+    if task not in family.classes:
+        raise MemfitError(f"transformers has no {task} class for model_type {source.model_type!r}")
+    return family.classes[task]
+
+
+if TYPE_CHECKING:  # re-exported for callers that catch it
+    NoPureBuilder = NoPureBuilder

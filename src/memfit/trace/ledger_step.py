@@ -24,13 +24,14 @@ def trace_options_for(sc: Scenario) -> TraceOptions:
     z = sc.deepspeed.zero
     return TraceOptions(seq_len=sc.train.seq_len, micro_batch=sc.train.micro_batch, dtype=sc.deepspeed.precision,
                         gradient_checkpointing=sc.train.gradient_checkpointing, attention=sc.train.attention,
-                        zero3_linear=z.stage == 3 and z.memory_efficient_linear)
+                        zero3_linear=z.stage == 3 and z.memory_efficient_linear, task=sc.model.arch.task,
+                        target_len=sc.train.target_len)
 
 
 def trace_scenario(sc: Scenario, *, progress: Callable[[str, int, int], None] | None = None) -> TraceResult:
     from memfit.trace.step import trace_training_step
 
-    source = resolve_model_config(sc.model_ref)
+    source = resolve_model_config(sc.model_ref, trust_remote_code=True)  # accepted when the scenario was built
     return trace_training_step(source.config_dict(), sc.peft, trace_options_for(sc), progress=progress)
 
 
@@ -48,8 +49,12 @@ def ledger_step(sc: Scenario, trace: TraceResult) -> TracedStep:
     fwd = (_activations_item(trace.forward, "forward"),)
     bwd = (_activations_item(trace.backward, "backward"),)
     opts = trace.options
+    from memfit.trace.model_build import TRACED_AS
+
+    kernel = f" (traced through sdpa's flash kernel: the same saved tensors)" if opts.attention in TRACED_AS else ""
+    target = f", target {opts.target_len}" if opts.target_len else ""
     note = (f"Forward/backward traced from the model's code ({trace.architecture}, micro-batch {opts.micro_batch} x "
-            f"seq {opts.seq_len}, {opts.dtype}, {opts.attention}"
+            f"seq {opts.seq_len}{target}, {opts.dtype}, {opts.attention}{kernel}"
             + (", gradient checkpointing" if opts.gradient_checkpointing else "") + ")")
     if sc.deepspeed.zero.stage == 3:
         from memfit.trace.zero3_step import zero3_step_memory

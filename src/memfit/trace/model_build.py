@@ -1,5 +1,6 @@
-"""The model a trace runs: built from config.json on the meta device, PEFT applied by the real peft
-library, then given fake storage in the training dtype.
+"""The model a trace runs: built from config.json on the meta device (``memfit.exact.meta_build``,
+the same class and task the pure shapes mirror), PEFT applied by the real peft library, then given
+fake storage in the training dtype.
 
 Building on ``torch.device("meta")`` skips weight initialization (a 6B model builds in a tenth of
 a second); ``materialize_fake`` then swaps every meta parameter, buffer and tensor attribute (peft's
@@ -22,23 +23,25 @@ from memfit.errors import MemfitError
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 PEFT_METHODS = ("full", "freeze", "lora", "prefix", "prompt")
 
+TRACED_AS = {"flash_attention_2": "sdpa", "flash_attention_3": "sdpa", "flex_attention": "sdpa"}
+"""Implementations a CPU cannot run, traced through sdpa's flash kernel (the same saved tensors)."""
 
-def build_meta_model(config: Mapping[str, Any], *, attention: str) -> torch.nn.Module:
-    """``AutoModelForCausalLM`` for a config.json mapping, on the meta device, in fp32."""
-    import transformers
 
-    cfg = dict(config)
-    model_type = cfg.get("model_type")
-    if model_type not in transformers.CONFIG_MAPPING:
-        raise MemfitError(f"transformers {transformers.__version__} does not know model_type {model_type!r}")
-    hf_config = transformers.CONFIG_MAPPING[model_type].from_dict(cfg)
-    with torch.device("meta"):
-        try:
-            return transformers.AutoModelForCausalLM.from_config(
-                hf_config, attn_implementation=attention, dtype=torch.float32
-            )
-        except ValueError as exc:
-            raise MemfitError(f"cannot build {model_type} with attention={attention}: {exc}") from exc
+def build_meta_model(config: Mapping[str, Any], *, attention: str, task: str | None = None) -> torch.nn.Module:
+    """The transformers model for a config.json mapping and task, on the meta device, in fp32.
+
+    ``attention`` is checked against the family's support first (one line if unsupported), then
+    built as ``TRACED_AS`` says.
+    """
+    from memfit.core.catalog import source_from_config
+    from memfit.core.families import FAMILIES
+    from memfit.core.families.attention import resolve
+    from memfit.exact import meta_build
+
+    source = source_from_config(config, name=str(config.get("_name_or_path") or config.get("model_type")))
+    if source.model_type in FAMILIES:
+        resolve(source.model_type, attention)
+    return meta_build.build_meta_model(source, task=task, attention=TRACED_AS.get(attention, attention))
 
 
 def apply_peft(model: torch.nn.Module, spec: PeftSpec) -> torch.nn.Module:
@@ -48,7 +51,12 @@ def apply_peft(model: torch.nn.Module, spec: PeftSpec) -> torch.nn.Module:
 
     if spec.method not in PEFT_METHODS:
         raise MemfitError(f"PEFT method must be one of {', '.join(PEFT_METHODS)}, got {spec.method!r}")
-    return build_peft_meta_model(model, spec)
+    try:
+        return build_peft_meta_model(model, spec)
+    except ValueError as exc:  # peft's NoMatchingPeftModuleError and config checks
+        first = str(exc).strip().split(". ")[0]
+        raise MemfitError(f"peft cannot apply {spec.method} to {type(model).__name__}: {first} "
+                          "(give target_modules)") from exc
 
 
 def materialize_fake(model: torch.nn.Module, fake_mode: Any, dtype: torch.dtype) -> None:

@@ -47,7 +47,14 @@ class TraceOptions:
     gradient_checkpointing: bool = False
     """``model.gradient_checkpointing_enable()`` (transformers' default: non-reentrant)."""
     attention: str = "sdpa"
-    """``eager`` or ``sdpa`` (the ``attn_implementation`` transformers builds)."""
+    """The ``attn_implementation`` (``memfit.core.families.attention.IMPLEMENTATIONS``). ``eager``
+    and ``sdpa`` are traced as built; ``flash_attention_2/3`` and ``flex_attention`` cannot run on a
+    CPU, so the model is built with ``sdpa`` and traced through its flash kernel, which keeps the same
+    tensors for backward (q, k, v, the output and the fp32 logsumexp)."""
+    task: str | None = None
+    """Head to build and train (``memfit.core.families.heads.TASKS``); None: ``architectures[0]``'s."""
+    target_len: int | None = None
+    """Encoder-decoder models: decoder tokens per sequence (the labels); None: ``seq_len``."""
     keep_outputs: bool = True
     """The training loop holds the model outputs (logits) through backward, as
     ``outputs = model(**batch); loss = outputs.loss; loss.backward()`` does."""
@@ -73,8 +80,12 @@ class TraceOptions:
             raise MemfitError(f"seq_len and micro_batch must be >= 1, got {self.seq_len} and {self.micro_batch}")
         if self.dtype not in ("fp16", "bf16", "fp32"):
             raise MemfitError(f"dtype must be fp16, bf16 or fp32, got {self.dtype!r}")
-        if self.attention not in ("eager", "sdpa"):
-            raise MemfitError(f"attention must be 'eager' or 'sdpa', got {self.attention!r}")
+        from memfit.core.families.attention import IMPLEMENTATIONS
+
+        if self.attention not in IMPLEMENTATIONS:
+            raise MemfitError(f"attention must be one of {', '.join(IMPLEMENTATIONS)}, got {self.attention!r}")
+        if self.target_len is not None and self.target_len < 1:
+            raise MemfitError(f"target_len must be >= 1, got {self.target_len}")
         if self.kernels not in ("cuda", "cpu"):
             raise MemfitError(f"kernels must be 'cuda' or 'cpu', got {self.kernels!r}")
         if self.granularity_bytes < 1:

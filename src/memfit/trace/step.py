@@ -69,7 +69,8 @@ def _trace_training_step(
     start = perf_counter()
     if progress:
         progress("build", 0, 1)
-    model = build_meta_model(config, attention=options.attention)
+    config = _with_pad_token(config, options)
+    model = build_meta_model(config, attention=options.attention, task=options.task)
     model = apply_peft(model, peft)
     if options.gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -77,7 +78,7 @@ def _trace_training_step(
     fake_mode = FakeTensorMode()
     materialize_fake(model, fake_mode, TORCH_DTYPES[options.dtype])
     with fake_mode:
-        inputs = causal_lm_inputs(options)
+        inputs = task_inputs(model, options)
     build_s = perf_counter() - start
     if progress:
         progress("build", 1, 1)
@@ -90,6 +91,41 @@ def causal_lm_inputs(options: TraceOptions) -> dict[str, torch.Tensor]:
     """``input_ids`` and ``labels`` (no attention mask: unpadded sequences, causal attention)."""
     ids = torch.zeros(options.micro_batch, options.seq_len, dtype=torch.long)
     return {"input_ids": ids, "labels": torch.zeros_like(ids)}
+
+
+def task_inputs(model: torch.nn.Module, options: TraceOptions) -> dict[str, torch.Tensor]:
+    """The batch the model's head trains on: ``input_ids`` (b, seq_len) and its labels.
+
+    Language models: ``labels`` (b, s), the decoder's (b, target_len) for encoder-decoders (the
+    model shifts them right into ``decoder_input_ids``); sequence classification: one label per
+    sequence; token classification: one per token; question answering: ``start_positions`` and
+    ``end_positions`` per sequence. No attention mask (unpadded rows, as ``causal_lm_inputs``).
+    """
+    from memfit.core.families.heads import task_of_class
+
+    b = options.micro_batch
+    ids = torch.zeros(b, options.seq_len, dtype=torch.long)
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wraps the class
+    task = options.task or task_of_class(type(inner).__name__) or "causal-lm"
+    config = getattr(model, "config", None)
+    if task == "seq2seq-lm" or (getattr(config, "is_encoder_decoder", False) and task == "causal-lm"):
+        target = options.target_len or options.seq_len
+        return {"input_ids": ids, "labels": torch.zeros(b, target, dtype=torch.long)}
+    if task == "sequence-classification":
+        return {"input_ids": ids, "labels": torch.zeros(b, dtype=torch.long)}
+    if task == "question-answering":
+        zeros = torch.zeros(b, dtype=torch.long)
+        return {"input_ids": ids, "start_positions": zeros, "end_positions": zeros.clone()}
+    return {"input_ids": ids, "labels": torch.zeros_like(ids)}
+
+
+def _with_pad_token(config: Mapping[str, Any], options: TraceOptions) -> Mapping[str, Any]:
+    """Decoder sequence classifiers find each row's last token through ``pad_token_id`` and refuse
+    batches > 1 without one (GenericForSequenceClassification); the traced rows hold no padding, so
+    any id gives the same tensors: 0 where the config has none."""
+    if options.task == "sequence-classification" and config.get("pad_token_id") is None:
+        return {**config, "pad_token_id": 0}
+    return config
 
 
 def trace_model(
@@ -265,7 +301,7 @@ def _run(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], method: str
     user's to know about (e.g. transformers drops peft's prefix cache under checkpointing)."""
     try:
         return model(**inputs)
-    except (RuntimeError, ValueError, TypeError) as exc:
+    except (RuntimeError, ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         hint = ""
         if method == "prefix" and options.gradient_checkpointing:

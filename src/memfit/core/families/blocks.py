@@ -66,3 +66,13 @@ def stack(prefix: str, count: int, block: Sequence[Entry]) -> list[ParamSpec]:
         for index in range(count)
         for suffix, shape in block
     ]
+
+
+def stack_layers(prefix: str, templates: Sequence[Sequence[Entry]]) -> list[ParamSpec]:
+    """``ParamSpec`` rows of an ``nn.ModuleList`` whose layers differ (``templates[i]`` is layer i),
+    e.g. dense and mixture-of-experts layers."""
+    return [
+        ParamSpec(f"{prefix}.{index}.{suffix}", shape)
+        for index, block in enumerate(templates)
+        for suffix, shape in block
+    ]

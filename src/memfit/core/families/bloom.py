@@ -19,13 +19,21 @@ from typing import Any
 
 from memfit.core.families.blocks import embedding, layer_norm, linear, specs, stack
 from memfit.core.families.config_fields import divide_heads, read_bool, read_int
+from memfit.core.families.heads import head_labels, decoder_head, num_labels, resolve_task
 from memfit.core.model import ArchSpec, ModelShape
 
-ARCHITECTURE = "BloomForCausalLM"
+TASK_CLASSES = {
+    "causal-lm": "BloomForCausalLM",
+    "sequence-classification": "BloomForSequenceClassification",
+    "token-classification": "BloomForTokenClassification",
+    "question-answering": "BloomForQuestionAnswering",
+}
+ARCHITECTURE = TASK_CLASSES["causal-lm"]
 
 
-def build_bloom(name: str, config: Mapping[str, Any]) -> ModelShape:
-    """Parameters of ``BloomForCausalLM(config)``, named as ``named_parameters()`` names them."""
+def build_bloom(name: str, config: Mapping[str, Any], task: str | None = None) -> ModelShape:
+    """Parameters of the BLOOM class for ``task``, named as ``named_parameters()`` names them."""
+    task, notes = resolve_task("bloom", TASK_CLASSES, "causal-lm", config, task)
     vocab = read_int(config, "vocab_size", default=250880)
     d = read_int(config, "n_embed", "hidden_size", default=64)
     layers = read_int(config, "n_layer", "num_hidden_layers", default=2)
@@ -45,7 +53,7 @@ def build_bloom(name: str, config: Mapping[str, Any]) -> ModelShape:
         *specs(layer_norm("transformer.word_embeddings_layernorm", d)),
         *stack("transformer.h", layers, block),
         *specs(layer_norm("transformer.ln_f", d)),
-        *([] if tied else specs(linear("lm_head", d, vocab, bias=False))),
+        *specs(decoder_head(task, d=d, vocab=vocab, labels=num_labels(config), tied=tied, token_head="classifier")),
     )
     arch = ArchSpec(
         model_type="bloom",
@@ -58,5 +66,7 @@ def build_bloom(name: str, config: Mapping[str, Any]) -> ModelShape:
         vocab_size=vocab,
         mlp_kind="gelu",
         max_positions=0,  # ALiBi: no position table, no hard limit in the config
+        task=task,
+        num_labels=head_labels(task, num_labels(config)),
     )
-    return ModelShape(name=name, architecture=ARCHITECTURE, arch=arch, params=params)
+    return ModelShape(name=name, architecture=TASK_CLASSES[task], arch=arch, params=params, notes=notes)

@@ -74,3 +74,27 @@ def divide_heads(hidden_size: int, num_heads: int, *, what: str = "hidden size")
             f"{what} {hidden_size} is not divisible by the number of attention heads {num_heads}"
         )
     return hidden_size // num_heads
+
+
+def read_float(config: Mapping[str, Any], key: str, *, default: float | None) -> float | None:
+    """A number field, ``default`` if absent or null; ``MemfitError`` if not a finite number."""
+    value = config.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise MemfitError(f"config.json field {key!r} must be a number, got {value!r}")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise MemfitError(f"config.json field {key!r} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def read_int_list(config: Mapping[str, Any], key: str) -> tuple[int, ...]:
+    """A list of integers (layer indices), empty if absent or null."""
+    value = config.get(key)
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple) or any(
+        isinstance(v, bool) or not isinstance(v, int) for v in value
+    ):
+        raise MemfitError(f"config.json field {key!r} must be a list of integers, got {value!r}")
+    return tuple(value)

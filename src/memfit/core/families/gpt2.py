@@ -21,13 +21,21 @@ from typing import Any
 
 from memfit.core.families.blocks import conv1d, embedding, layer_norm, linear, specs, stack
 from memfit.core.families.config_fields import divide_heads, read_bool, read_int, read_optional_int
+from memfit.core.families.heads import head_labels, decoder_head, num_labels, resolve_task
 from memfit.core.model import ArchSpec, ModelShape
 
-ARCHITECTURE = "GPT2LMHeadModel"
+TASK_CLASSES = {
+    "causal-lm": "GPT2LMHeadModel",
+    "sequence-classification": "GPT2ForSequenceClassification",
+    "token-classification": "GPT2ForTokenClassification",
+    "question-answering": "GPT2ForQuestionAnswering",
+}
+ARCHITECTURE = TASK_CLASSES["causal-lm"]
 
 
-def build_gpt2(name: str, config: Mapping[str, Any]) -> ModelShape:
-    """Parameters of ``GPT2LMHeadModel(config)``, named as ``named_parameters()`` names them."""
+def build_gpt2(name: str, config: Mapping[str, Any], task: str | None = None) -> ModelShape:
+    """Parameters of the GPT-2 class for ``task``, named as ``named_parameters()`` names them."""
+    task, notes = resolve_task("gpt2", TASK_CLASSES, "causal-lm", config, task)
     vocab = read_int(config, "vocab_size", default=50257)
     d = read_int(config, "n_embd", "hidden_size", default=768)
     layers = read_int(config, "n_layer", "num_hidden_layers", default=12)
@@ -36,6 +44,7 @@ def build_gpt2(name: str, config: Mapping[str, Any]) -> ModelShape:
     inner = read_optional_int(config, "n_inner") or 4 * d
     tied = read_bool(config, "tie_word_embeddings", default=True)
     cross = read_bool(config, "add_cross_attention", default=False)
+    labels = num_labels(config)
 
     block = [
         *layer_norm("ln_1", d),
@@ -56,7 +65,7 @@ def build_gpt2(name: str, config: Mapping[str, Any]) -> ModelShape:
         *specs(embedding("transformer.wpe", positions, d)),
         *stack("transformer.h", layers, block),
         *specs(layer_norm("transformer.ln_f", d)),
-        *([] if tied else specs(linear("lm_head", d, vocab, bias=False))),
+        *specs(decoder_head(task, d=d, vocab=vocab, labels=labels, tied=tied, token_head="classifier")),
     )
     arch = ArchSpec(
         model_type="gpt2",
@@ -69,5 +78,7 @@ def build_gpt2(name: str, config: Mapping[str, Any]) -> ModelShape:
         vocab_size=vocab,
         mlp_kind="gelu",
         max_positions=positions,
+        task=task,
+        num_labels=head_labels(task, labels),
     )
-    return ModelShape(name=name, architecture=ARCHITECTURE, arch=arch, params=params)
+    return ModelShape(name=name, architecture=TASK_CLASSES[task], arch=arch, params=params, notes=notes)

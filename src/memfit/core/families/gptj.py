@@ -22,9 +22,15 @@ from typing import Any
 
 from memfit.core.families.blocks import embedding, layer_norm, linear, specs, stack
 from memfit.core.families.config_fields import divide_heads, read_bool, read_int, read_optional_int
+from memfit.core.families.heads import head_labels, decoder_head, num_labels, resolve_task
 from memfit.core.model import ArchSpec, BufferSpec, ModelShape
 
-ARCHITECTURE = "GPTJForCausalLM"
+TASK_CLASSES = {
+    "causal-lm": "GPTJForCausalLM",
+    "sequence-classification": "GPTJForSequenceClassification",
+    "question-answering": "GPTJForQuestionAnswering",
+}
+ARCHITECTURE = TASK_CLASSES["causal-lm"]
 
 
 def _rotary_table(positions: int, rotary_dim: int) -> BufferSpec:
@@ -37,8 +43,9 @@ def _rotary_table(positions: int, rotary_dim: int) -> BufferSpec:
     )
 
 
-def build_gptj(name: str, config: Mapping[str, Any]) -> ModelShape:
-    """Parameters and buffers of ``GPTJForCausalLM(config)``, named as torch names them."""
+def build_gptj(name: str, config: Mapping[str, Any], task: str | None = None) -> ModelShape:
+    """Parameters and buffers of the GPT-J class for ``task``, named as torch names them."""
+    task, notes = resolve_task("gptj", TASK_CLASSES, "causal-lm", config, task)
     vocab = read_int(config, "vocab_size", default=50400)
     d = read_int(config, "n_embd", "hidden_size", default=4096)
     layers = read_int(config, "n_layer", "num_hidden_layers", default=28)
@@ -57,9 +64,9 @@ def build_gptj(name: str, config: Mapping[str, Any]) -> ModelShape:
         *linear("mlp.fc_in", d, inner),
         *linear("mlp.fc_out", inner, d),
     ]
-    head = linear("lm_head", d, vocab)
-    if tied:  # lm_head.weight is transformer.wte.weight; the bias stays its own parameter
-        head = head[1:]
+    labels = num_labels(config)
+    # tied: lm_head.weight is transformer.wte.weight; the bias stays its own parameter
+    head = decoder_head(task, d=d, vocab=vocab, labels=labels, tied=tied, lm_bias=True)
     params = (
         *specs(embedding("transformer.wte", vocab, d)),
         *stack("transformer.h", layers, block),
@@ -77,10 +84,13 @@ def build_gptj(name: str, config: Mapping[str, Any]) -> ModelShape:
         vocab_size=vocab,
         mlp_kind="gelu",
         max_positions=positions,
+        task=task,
+        num_labels=head_labels(task, labels),
     )
     return ModelShape(
+        notes=notes,
         name=name,
-        architecture=ARCHITECTURE,
+        architecture=TASK_CLASSES[task],
         arch=arch,
         params=params,
         buffers=(_rotary_table(positions, rotary_dim),),

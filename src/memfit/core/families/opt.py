@@ -21,16 +21,23 @@ from typing import Any
 
 from memfit.core.families.blocks import embedding, layer_norm, linear, specs, stack
 from memfit.core.families.config_fields import divide_heads, read_bool, read_int
+from memfit.core.families.heads import head_labels, decoder_head, num_labels, resolve_task
 from memfit.core.model import ArchSpec, ModelShape
 
-ARCHITECTURE = "OPTForCausalLM"
+TASK_CLASSES = {
+    "causal-lm": "OPTForCausalLM",
+    "sequence-classification": "OPTForSequenceClassification",
+    "question-answering": "OPTForQuestionAnswering",
+}
+ARCHITECTURE = TASK_CLASSES["causal-lm"]
 
 _POSITION_OFFSET = 2
 """``OPTLearnedPositionalEmbedding.offset``: fairseq reserves two rows for padding."""
 
 
-def build_opt(name: str, config: Mapping[str, Any]) -> ModelShape:
-    """Parameters of ``OPTForCausalLM(config)``, named as ``named_parameters()`` names them."""
+def build_opt(name: str, config: Mapping[str, Any], task: str | None = None) -> ModelShape:
+    """Parameters of the OPT class for ``task``, named as ``named_parameters()`` names them."""
+    task, notes = resolve_task("opt", TASK_CLASSES, "causal-lm", config, task)
     vocab = read_int(config, "vocab_size", default=50272)
     d = read_int(config, "hidden_size", default=768)
     layers = read_int(config, "num_hidden_layers", default=12)
@@ -67,7 +74,7 @@ def build_opt(name: str, config: Mapping[str, Any]) -> ModelShape:
     params = (
         *specs(decoder),
         *stack("model.decoder.layers", layers, block),
-        *([] if tied else specs(linear("lm_head", proj, vocab, bias=False))),
+        *specs(decoder_head(task, d=proj, vocab=vocab, labels=num_labels(config), tied=tied)),
     )
     arch = ArchSpec(
         model_type="opt",
@@ -80,5 +87,7 @@ def build_opt(name: str, config: Mapping[str, Any]) -> ModelShape:
         vocab_size=vocab,
         mlp_kind="gelu",  # two matrices (fc1, fc2); OPT's activation is ReLU
         max_positions=positions,
+        task=task,
+        num_labels=head_labels(task, num_labels(config)),
     )
-    return ModelShape(name=name, architecture=ARCHITECTURE, arch=arch, params=params)
+    return ModelShape(name=name, architecture=TASK_CLASSES[task], arch=arch, params=params, notes=notes)
