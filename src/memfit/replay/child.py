@@ -25,6 +25,10 @@ Steps (phase names from ``memfit.core.ledger_types.PHASES``):
 
 Any exception is caught with the phase it happened in and written to OUT.json like a success; a
 phase log (OUT.json.progress) lets the parent name the phase even when the process is killed.
+A SIGTERM (the deadline, torchrun stopping the peers of a failed rank, the supervisor's death)
+unwinds the run and ends the process group without a result, as a kill would
+(``memfit.replay.supervision``); a stale or long-held op build lock ends the run before ``load``
+with ``ReplayError.kind`` ``build_lock`` or ``build_lock_timeout`` (``memfit.replay.ops``).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from memfit.replay.measurement import (
     TimelinePoint,
 )
 from memfit.replay.spec import ReplaySpec, parse_fault
+from memfit.replay.supervision import Terminated, end_own_group, guard_process
 
 MAX_TIMELINE_POINTS = 400
 """Timeline samples kept (every phase's first, last and peak samples survive; see ``downsample``)."""
@@ -105,6 +110,10 @@ def prepare_deepspeed_config(spec: ReplaySpec, *, fp16_supported: bool) -> tuple
 
 def classify(exc: BaseException) -> str:
     """``ReplayError.kind`` of an exception."""
+    from memfit.replay.ops import BuildLockError
+
+    if isinstance(exc, BuildLockError):
+        return exc.kind
     import torch
 
     message = str(exc)
@@ -199,23 +208,21 @@ def _preload_ops(ds_config: dict[str, Any]) -> None:
     """Load (JIT-building if needed) the optimizer op DeepSpeed will load for this config.
 
     Mirrors ``DeepSpeedEngine.get_optimizer_configuration``: Adam/AdamW with an offloaded optimizer
-    uses DeepSpeedCPUAdam, otherwise FusedAdam (unless ``torch_adam``). A failure here is left for
-    ``deepspeed.initialize`` to raise in its own phase.
+    uses DeepSpeedCPUAdam, otherwise FusedAdam (unless ``torch_adam``). A stale or long-held build
+    lock raises ``BuildLockError`` (``memfit.replay.ops.load_op``); any other failure here is left
+    for ``deepspeed.initialize`` to raise in its own phase.
     """
+    from memfit.replay.ops import BuildLockError, load_op
+
     optimizer = ds_config.get("optimizer") or {}
     if str(optimizer.get("type", "")).lower() not in ("adam", "adamw") or (optimizer.get("params") or {}).get("torch_adam"):
         return
     zero = ds_config.get("zero_optimization") or {}
     offload = (zero.get("offload_optimizer") or {}).get("device", "none")
     try:
-        if offload in ("cpu", "nvme"):
-            from deepspeed.ops.op_builder import CPUAdamBuilder
-
-            CPUAdamBuilder().load()
-        else:
-            from deepspeed.ops.op_builder import FusedAdamBuilder
-
-            FusedAdamBuilder().load()
+        load_op("cpu_adam" if offload in ("cpu", "nvme") else "fused_adam")
+    except BuildLockError:
+        raise
     except Exception:  # noqa: BLE001
         return
 
@@ -265,11 +272,14 @@ class ChildRun:
         try:
             self._run(recorder, tracker)
             recorder.close(completed=True)
+        except Terminated:
+            raise  # stopped from outside: no result, as if killed
         except BaseException as exc:  # noqa: BLE001 - every failure is a result
             phase = recorder.current_phase
             recorder.close(completed=False)
-            self.error = ReplayError(phase=phase, kind=classify(exc), message=f"{type(exc).__name__}: {exc}",
-                                     traceback=traceback.format_exc())
+            kind = classify(exc)
+            message = str(exc) if kind.startswith("build_lock") else f"{type(exc).__name__}: {exc}"
+            self.error = ReplayError(phase=phase, kind=kind, message=message, traceback=traceback.format_exc())
         result = tracker.stop()
         phases = recorder.finish(result)
         timeline: tuple[TimelinePoint, ...] = ()
@@ -410,7 +420,19 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 2:
         print("usage: python -m memfit.replay.child SPEC.json OUT.json", file=sys.stderr)
         return 2
-    spec_path, out_path = argv
+    guard_process()
+    try:
+        return _main(*argv)
+    except Terminated:
+        # Unwound (build locks released by their ``finally``); what this process started goes
+        # with it, and it ends by SIGTERM as before, so torchrun reports the signal.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        end_own_group(signal.SIGTERM)
+        return 143
+
+
+def _main(spec_path: str, out_path: str) -> int:
+    argv = [spec_path, out_path]
     with open(spec_path, encoding="utf-8") as fh:
         spec = ReplaySpec.from_json(fh.read())
     if spec.launcher == "torchrun":

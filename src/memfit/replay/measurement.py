@@ -30,12 +30,14 @@ from typing import Any
 from memfit.errors import MemfitError
 from memfit.replay.spec import ReplaySpec
 
-ERROR_KINDS = ("oom", "host_oom", "error", "killed", "timeout", "crash")
+ERROR_KINDS = ("oom", "host_oom", "error", "killed", "timeout", "crash", "build_lock", "build_lock_timeout")
 """``oom``: the device allocator failed (``torch.OutOfMemoryError`` or "CUDA error: out of memory",
 which is also how a failed pinned host allocation surfaces); ``host_oom``: the CPU allocator failed
 ("DefaultCPUAllocator: can't allocate memory", ``MemoryError``); ``error``: any other exception;
 ``killed``: the child died of a signal (e.g. the kernel's OOM killer's SIGKILL); ``timeout``: the
-parent killed it at the deadline; ``crash``: it exited non-zero without reporting."""
+parent killed it at the deadline; ``crash``: it exited non-zero without reporting; ``build_lock``: a
+DeepSpeed op's build lock is stale (held by no live process); ``build_lock_timeout``: another
+process held that lock longer than the child may wait (``memfit.replay.ops``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

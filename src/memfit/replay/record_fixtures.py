@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from typing import Any
 
@@ -146,21 +145,11 @@ CASES: dict[str, ReplaySpec] = {
 }
 
 
-OPS = {"cpu_adam": "CPUAdamBuilder", "fused_adam": "FusedAdamBuilder"}
-"""DeepSpeed ops the cases load: cpu_adam with an offloaded optimizer, fused_adam without."""
+def warm_ops(ops: tuple[str, ...] = ("cpu_adam", "fused_adam"), timeout_s: float = 1800) -> float:
+    """``memfit.replay.ops.warm_ops``: build the ops once, up front, in a supervised process."""
+    from memfit.replay.ops import warm_ops as _warm
 
-
-def warm_ops(ops: tuple[str, ...] = ("cpu_adam", "fused_adam"), timeout_s: float = 1800) -> None:
-    """JIT-build DeepSpeed's CPU ``ops`` in a child process (cached in ~/.cache/torch_extensions).
-
-    Its own process, so a build cut short by the caller's timeout does not happen inside a replay
-    (a killed build leaves a stale ``lock`` file that makes the next build wait forever).
-    """
-    builders = ", ".join(OPS[op] for op in ops)
-    code = f"from deepspeed.ops.op_builder import {builders}\n" + "".join(f"{OPS[op]}().load()\n" for op in ops)
-    env = dict(os.environ, DS_ACCELERATOR="cpu")
-    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=timeout_s,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return _warm(ops, timeout_s=timeout_s)
 
 
 def main(argv: list[str] | None = None) -> int:
