@@ -317,7 +317,7 @@ class ChildRun:
         import deepspeed
         from deepspeed.accelerator import get_accelerator
 
-        from memfit.replay.attribution import model_items, read_items
+        from memfit.replay.attribution import PinRegistry, model_items, read_items
         from memfit.replay.model_build import apply_peft, build_config, build_model
         from memfit.replay.seams import initialize_phases, record_pins
 
@@ -335,7 +335,13 @@ class ChildRun:
 
         _preload_ops(self.ds_config)
 
-        with record_pins(tracker.note_pinned):
+        pins = PinRegistry()
+
+        def note_pinned(tensor) -> None:
+            tracker.note_pinned(tensor)
+            pins.add(tensor)
+
+        with record_pins(note_pinned):
             recorder.enter("load")
             hf_ds_config = None
             if spec.zero_init:
@@ -347,7 +353,7 @@ class ChildRun:
             if spec.gradient_checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.model_summary = _model_summary(model, build_config(model_config, attention=spec.attention))
-            self.items.extend(model_items(model, at="load"))
+            self.items.extend(model_items(model, at="load", pins=pins, ds_config=self.ds_config))
             if spec.model_parameters == "trainable":
                 params = [p for p in model.parameters() if p.requires_grad]
             else:
@@ -356,7 +362,7 @@ class ChildRun:
             with initialize_phases(recorder, zero_stage=spec.zero_stage):
                 engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=self.ds_config)
             del params
-            self.items.extend(read_items(engine, at="initialize"))
+            self.items.extend(read_items(engine, at="initialize", pins=pins))
             from memfit.replay.coordinator_log import maybe_install
 
             coordinator_log = maybe_install(model) if spec.zero_stage == 3 else None  # MEMFIT_COORDINATOR_LOG
@@ -385,10 +391,10 @@ class ChildRun:
                     self.skipped_steps = int(getattr(engine, "skipped_steps", 0))
                 step += 1
                 if not step_items_read and step > self.skipped_steps:
-                    self.items.extend(read_items(engine, at="step"))
+                    self.items.extend(read_items(engine, at="step", pins=pins))
                     step_items_read = True
             if not step_items_read and step:
-                self.items.extend(read_items(engine, at="step"))
+                self.items.extend(read_items(engine, at="step", pins=pins))
             if coordinator_log is not None:
                 coordinator_log.close()
             self._save(engine, recorder)

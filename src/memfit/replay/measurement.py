@@ -119,7 +119,17 @@ class AttributedItem:
     """``cpu``, ``cuda:0``, ``mixed``, ``none`` (no tensor) or ``logical`` (model params that
     zero.Init partitioned at load: the bytes are their full, defined size)."""
     pinned: bool | None = None
-    """Whether the accelerator reports the tensors pinned (cpu accelerator: never)."""
+    """Whether the accelerator reports the tensors pinned (``is_pinned``: page-locked; on the cpu
+    accelerator never, so see ``pinned_bytes``)."""
+    pinned_bytes: int | None = None
+    """Bytes of these tensors whose storage DeepSpeed passed through the accelerator's
+    ``pin_memory``/``pin_empty`` (the replay's ``record_pins`` seam; on CUDA the page-locked ones,
+    on the cpu accelerator the ones DeepSpeed *would* page-lock). None in fixtures recorded before
+    this field existed."""
+    deepspeed_pins: bool | None = None
+    """Whether DeepSpeed's code pins these tensors, read off the flags its allocation code decides
+    by (``memfit.replay.attribution``, e.g. ``offload_optimizer_pin_memory``); None where no such
+    flag applies (the model, optimizer states: never pinned)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
