@@ -168,3 +168,23 @@ def test_phase_peaks(path):
             assert abs(p.rel_diff) <= TOL_SAVE_REL, label
         else:
             raise AssertionError(f"no tolerance for phase {p.phase}")
+
+
+def test_the_replay_report_shows_pinned_bytes_and_every_compared_item():
+    import io
+    import json
+
+    from rich.console import Console
+
+    from memfit.render.replay_out import comparison_to_dict, render_comparison
+
+    m, c = _comparison(SEED_FIXTURES[0])
+    out = comparison_to_dict(c, m)
+    json.dumps(out)
+    assert len(out["items"]) == len(c.items) and out["missing_items"] == [] and out["unknown_items"] == []
+    frozen = next(i for i in out["items"] if i["key"] == "zero3.ds_tensor.frozen" and i["at"] == "initialize")
+    assert frozen["predicted_pinned_bytes"] == frozen["measured_pinned_bytes"] == frozen["measured_bytes"] > 0
+    buf = io.StringIO()
+    render_comparison(c, m, Console(file=buf, width=200))
+    text = buf.getvalue()
+    assert "pinned replay" in text and "zero3.ds_tensor.frozen" in text
