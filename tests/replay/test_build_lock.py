@@ -87,6 +87,7 @@ def test_a_released_lock_ends_the_wait(tmp_path, holder):
     p.wait()
     assert ops.lock_state(str(folder)).stale
     (folder / "lock").unlink()  # ...and the fix the report names is applied
+    # a lock that is already gone ends the wait at the first look, well inside one poll interval (0.5 s)
     assert ops.wait_for_lock("cpu_adam", str(folder), timeout_s=1.0) == pytest.approx(0, abs=0.5)
 
 
