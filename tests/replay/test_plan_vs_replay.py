@@ -33,25 +33,27 @@ SEED_FIXTURES = sorted(glob.glob(str(Path(__file__).resolve().parents[1] / "fixt
 ALL = FIXTURES + SEED_FIXTURES
 IDS = [Path(p).stem for p in ALL]
 
-TOL_INIT_BYTES = 194
+TOL_INIT_BYTES = 162
 """load and initialize.*: memory the ledger does not list: peft's prompt_tokens index tensor (8 B
-per virtual token), DeepSpeed's 1-byte overflow flag and a few 0-dim tensors. Worst seen: 97 B
-(the seed replay's initialize.optimizer); 2x that."""
-TOL_STEP_OPT_BYTES = 14_280
-"""optimizer_step, after the one effect named in ``_step_overcount``: the ledger books ZeRO-3's
-persistent params as a gathered copy that DeepSpeed on the CPU accelerator does not hold at the
-step's peak with W = 1 or without offload (7,248 B of persistent params in the GPT-J cases), and the
-step's scalars. Worst seen: 7,140 B; 2x that."""
-TOL_SAVE_REL = 0.34
+per virtual token) and DeepSpeed's 1-byte overflow flag. Worst seen: 81 B (the seed replay's
+initialize.optimizer: 10 virtual tokens x 8 B + 1 B); 2x that. Measured above what the child held
+before the model was built (``PhaseComparison.baseline_bytes``: 16 B on one machine, 144 B on
+another)."""
+TOL_STEP_OPT_BYTES = 14_310
+"""optimizer_step, after the one effect named in ``_step_overcount``: not explained yet, ZeRO-3
+without offload peaks below the plan by about the persistent params' size (7,155 B with GPT-J's
+7,248 B of persistent params, 3,539 B with Llama's); every other case is within 130 B (the step's
+scalars). Worst seen: 7,155 B; 2x that."""
+TOL_SAVE_REL = 0.338
 """save: not modelled is how ``_zero3_consolidated_16bit_state_dict`` runs on the CPU accelerator,
 where a gathered module and its host copy can be one tensor (the ledger books both on a GPU
-machine's terms) and W = 1 gathers nothing. Worst seen: 16.7% (ZeRO-3, W = 1); 2x that."""
-TOL_STEP_REL = 0.43
+machine's terms) and W = 1 gathers nothing. Worst seen: 16.9% (ZeRO-3, W = 1); 2x that."""
+TOL_STEP_REL = 0.423
 """forward/backward with the plan's analytic activations: computed for CUDA kernels (the CPU
 kernels the replay runs save other tensors), plus ZeRO-3's parameter gathers, which the plan bounds
-from above. Worst seen: 21.2% (the seed replay's forward); 2x that. The tight check of these phases
+from above. Worst seen: 21.2% (the seed replay's forward, AMD EPYC; 20.8% on an Intel Xeon); 2x that. The tight check of these phases
 is test_activations_vs_replay.py."""
-TOL_ZERO_INIT_LOAD_REL = 0.63
+TOL_ZERO_INIT_LOAD_REL = 0.626
 """load of a zero.Init build from a config (random init): transformers initialises the weights of a
 zero.Init model through GatheredParameters; the ledger models loading a checkpoint (the real use),
 not that random initialisation. Worst seen: 31.3%; 2x that."""

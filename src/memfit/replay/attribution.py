@@ -19,7 +19,8 @@ ZeRO-3 (``DeepSpeedZeroOptimizer_Stage3``, runtime/zero/stage3.py)
     optimizer's params; views into the flat buffers below). ``zero3.ds_tensor.frozen``: the
     ``ds_tensor`` of every other module param (partitions of frozen params: ceil(n/W) each).
     ``zero3.persistent_params``: full ``param.data`` of ``persistent_parameters`` (params under
-    ``stage3_param_persistence_threshold``, kept whole on the device).
+    ``stage3_param_persistence_threshold``, kept whole on the device), except where it is the
+    param's own partition (W = 1 on the device that holds the partition: no memory of its own).
     ``zero3.fp16_partitioned_groups_flat``: the flat 16-bit partition per sub group.
     ``zero3.param_groups_fp16_flat_cpu_memory``: the (pinned) host buffer those are views of under
     offload_param. ``zero3.lp_param_buffer``: the defragmented device buffer without offload_param.
@@ -156,6 +157,11 @@ def _is_pinned(t) -> bool | None:
         return bool(t.is_pinned())
 
 
+def _aliases_partition(param) -> bool:
+    part = getattr(param, "ds_tensor", None)
+    return part is not None and param.data.untyped_storage().data_ptr() == part.untyped_storage().data_ptr()
+
+
 def logical_numel(param) -> int:
     """Elements of ``param`` as the model defines it (``ds_numel`` once zero.Init partitioned it)."""
     return int(getattr(param, "ds_numel", param.numel()))
@@ -216,7 +222,9 @@ def read_items(engine, *, at: str, pins: PinRegistry | None = None) -> tuple[Att
         add("zero3.ds_tensor.frozen", [p.ds_tensor for p in module_params
                                        if id(p) not in trainable_ids and hasattr(p, "ds_tensor")], part_pins)
         persistent = getattr(opt, "persistent_parameters", None) or []
-        add("zero3.persistent_params", [p.data for p in persistent])
+        # the memory the gathered copies hold: with W = 1 param.data can be the partition itself
+        # (NoGatherHandle: ds_tensor.data.to(device), the same tensor when already on the device)
+        add("zero3.persistent_params", [p.data for p in persistent if not _aliases_partition(p)])
         flags = {"fp16_partitioned_groups_flat": flat_pins, "param_groups_fp16_flat_cpu_memory": flat_pins,
                  "lp_param_buffer": False, "fp32_partitioned_groups_flat": False,
                  "grad_partitions_flat_buffer": grad_pins}

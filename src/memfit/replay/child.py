@@ -83,14 +83,16 @@ def rank_output_path(out_path: str, rank: int) -> str:
     return f"{root}.rank{rank}{ext}"
 
 
-def prepare_deepspeed_config(spec: ReplaySpec, *, fp16_supported: bool) -> tuple[dict[str, Any], list[str]]:
+def prepare_deepspeed_config(spec: ReplaySpec) -> tuple[dict[str, Any], list[str]]:
     """The JSON handed to ``deepspeed.initialize`` and the substitutions made.
 
     Batch sizes: ``train_micro_batch_size_per_gpu = micro_batch`` and ``train_batch_size =
     micro_batch x gradient_accumulation_steps x world_size`` (DeepSpeed checks this identity).
-    Precision: DeepSpeed's CPU accelerator refuses fp16 where oneDNN lacks it
-    (``engine._do_sanity_check``); a cpu replay then runs bf16, which has the same 2 bytes per
-    element and the same default gradient accumulation dtype (the model dtype, ``get_data_types``).
+    Precision: a cpu replay of an fp16 config runs bf16, which has the same 2 bytes per element and
+    the same default gradient accumulation dtype (the model dtype, ``get_data_types``). DeepSpeed's
+    CPU accelerator refuses fp16 where oneDNN lacks it (``engine._do_sanity_check``) and accepts it
+    on CPUs with avx512_fp16/AMX, where the fp16 kernels and DeepSpeed's fp16 path allocate other
+    temporaries: always substituting keeps a recording independent of the CPU it was made on.
     """
     cfg = copy.deepcopy(dict(spec.deepspeed_config))
     notes: list[str] = []
@@ -101,10 +103,10 @@ def prepare_deepspeed_config(spec: ReplaySpec, *, fp16_supported: bool) -> tuple
     cfg["train_micro_batch_size_per_gpu"] = spec.micro_batch
     cfg["train_batch_size"] = spec.micro_batch * ga * spec.world_size
     fp16 = cfg.get("fp16") or {}
-    if spec.accelerator == "cpu" and fp16.get("enabled") is True and not fp16_supported:
+    if spec.accelerator == "cpu" and fp16.get("enabled") is True:
         cfg.pop("fp16")
         cfg["bf16"] = {"enabled": True}
-        notes.append("fp16->bf16: the cpu accelerator has no fp16 here (same 2 bytes per element)")
+        notes.append("fp16->bf16: cpu replays run bf16 (same 2 bytes per element)")
     return cfg, notes
 
 
@@ -322,7 +324,7 @@ class ChildRun:
         from memfit.replay.seams import initialize_phases, record_pins
 
         accel = get_accelerator()
-        self.ds_config, self.substitutions = prepare_deepspeed_config(spec, fp16_supported=accel.is_fp16_supported())
+        self.ds_config, self.substitutions = prepare_deepspeed_config(spec)
         load_dtype = spec.load_dtype
         if self.substitutions and load_dtype == "fp16":
             load_dtype = "bf16"

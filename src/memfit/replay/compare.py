@@ -154,7 +154,11 @@ class PhaseComparison:
     """The plan's host peak of the phase, tensors only (estimates of non-tensor memory removed)."""
     measured_host_bytes: int
     """The replay's host tensor peak in the occurrences of this phase (``occurrences``: step 1's
-    first micro-step for ``forward``, the worst later step for ``step2.*``)."""
+    first micro-step for ``forward``, the worst later step for ``step2.*``), above what the child
+    held before the model was built (``baseline_bytes``)."""
+    baseline_bytes: int = 0
+    """Host tensor bytes live when ``load`` began: what the imported libraries allocated (it varies
+    with the machine: 16 B on one, 144 B on another); the plan starts from nothing."""
     predicted_pinned_bytes: int = 0
     """Pinned part of the plan's host peak (CUDA placement of the items live at it)."""
     measured_pinned_bytes: int | None = None
@@ -370,6 +374,7 @@ def compare(plan: Plan, m: Measurement, *, sc: Scenario | None = None,
     compared = {(i.key, i.at) for i in items}
     unknown = sorted(f"{k}@{a}" for (k, a) in measured if (k, a) not in compared)
     phases = []
+    baseline = (m.phases[0].host_live_start_bytes or 0) if m.phases else 0
     for ph in plan.phases:
         occ = [r for r in occurrences(m, ph.name) if r.host_peak_bytes is not None]
         if not occ:
@@ -377,7 +382,8 @@ def compare(plan: Plan, m: Measurement, *, sc: Scenario | None = None,
         worst = max(occ, key=lambda r: r.host_peak_bytes)  # step2.*: the worst later step
         gpu = measured_peak(m, ph.name, "device_peak_allocated_bytes")
         phases.append(PhaseComparison(
-            phase=ph.name, predicted_host_bytes=_tensor_host_peak(plan, ph.name), measured_host_bytes=worst.host_peak_bytes,
+            phase=ph.name, predicted_host_bytes=_tensor_host_peak(plan, ph.name),
+            measured_host_bytes=worst.host_peak_bytes - baseline, baseline_bytes=baseline,
             predicted_pinned_bytes=_pinned(ph.items, dev), measured_pinned_bytes=worst.host_peak_pinned_bytes,
             predicted_pinned_end_bytes=_pinned(ph.resident, dev), measured_pinned_end_bytes=worst.host_pinned_end_bytes,
             predicted_gpu_bytes=ph.gpu_peak_bytes if gpu is not None else None, measured_gpu_bytes=gpu))

@@ -1,8 +1,10 @@
 """The recorded replay cases, and the command that records them as JSON fixtures.
 
 ``python -m memfit.replay.record_fixtures [--out tests/fixtures/replay] [--only NAME ...]
-[--overwrite] [--list]`` runs each case (``CASES``) with ``run_replay`` and saves its
-``Measurement`` to ``<out>/<case>.json``; existing files are kept unless ``--overwrite``.
+[--overwrite] [--list] [--seed]`` runs each case (``CASES``) with ``run_replay`` and saves its
+``Measurement`` to ``<out>/<case>.json``; existing files are kept unless ``--overwrite``. ``--seed``
+records the seed scenario instead (``seed_case``, to tests/fixtures/replay_seed/; it holds about
+4.3 GB of host memory at its peak).
 
 Every case is small enough for a 2-core CPU machine (tiny GPT-J and Llama configs, a few hundred
 thousand parameters, sequence 32, 2 steps) and runs on DeepSpeed's CPU accelerator in a fake world
@@ -25,6 +27,8 @@ from memfit.replay.measurement import save_fixture
 from memfit.replay.spec import ReplaySpec
 
 FIXTURE_DIR = os.path.join("tests", "fixtures", "replay")
+SEED_FIXTURE = os.path.join("tests", "fixtures", "replay_seed", "kogpt_prefix_zero3_offload_1layer_w2.json")
+SEED_SCENARIO = os.path.join("examples", "kogpt-prefix-zero3-offload.yaml")
 
 TINY_GPTJ: dict[str, Any] = {
     "model_type": "gptj",
@@ -145,6 +149,19 @@ CASES: dict[str, ReplaySpec] = {
 }
 
 
+def seed_case(root: str = ".") -> ReplaySpec:
+    """The seed scenario as ``memfit replay examples/kogpt-prefix-zero3-offload.yaml --layers 1
+    --seq-len 16 --steps 1`` runs it: kogpt's shapes cut to one block, the issue's DeepSpeed config
+    verbatim, W = 2 on the CPU accelerator."""
+    import dataclasses
+
+    from memfit.core.scenario_io import build_scenario, read_scenario_file
+    from memfit.replay.spec import spec_from_scenario
+
+    inputs = dataclasses.replace(read_scenario_file(os.path.join(root, SEED_SCENARIO)), seq_len=16)
+    return spec_from_scenario(build_scenario(inputs), layers=1, steps=1, accelerator="cpu")
+
+
 def warm_ops(ops: tuple[str, ...] = ("cpu_adam", "fused_adam"), timeout_s: float = 1800) -> float:
     """``memfit.replay.ops.warm_ops``: build the ops once, up front, in a supervised process."""
     from memfit.replay.ops import warm_ops as _warm
@@ -161,11 +178,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true", help="replace existing fixture files")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per replay (default %(default)s)")
+    parser.add_argument("--seed", action="store_true", help=f"record the seed scenario to {SEED_FIXTURE} instead")
     args = parser.parse_args(argv)
     if args.list:
         for name in CASES:
             print(name)
         return 0
+    if args.seed:
+        warm_ops(("cpu_adam",))
+        if os.path.exists(SEED_FIXTURE) and not args.overwrite:
+            print(f"seed: {SEED_FIXTURE} exists (use --overwrite)")
+            return 0
+        measurement = run_replay(seed_case(), timeout_s=args.timeout)
+        save_fixture(measurement, SEED_FIXTURE, overwrite=args.overwrite)
+        print(f"seed: {'ok' if measurement.ok else measurement.error.kind}, {measurement.wall_s:.1f} s -> {SEED_FIXTURE}")
+        return 0 if measurement.ok else 1
     names = args.only or list(CASES)
     unknown = [n for n in names if n not in CASES]
     if unknown:
