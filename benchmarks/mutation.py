@@ -81,6 +81,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("param-partitions-unpinned", "ledger", Z3, 'pinned = off != "none" and z.offload_param.pin_memory',
              'pinned = off != "none" and not z.offload_param.pin_memory', PLAN_VS_REPLAY,
              "offload_param's pin flag ignored for the parameter partitions"),
+    Mutation("staging-copy-dropped-step", "ledger", ST, "        t.alloc(STEP_TMP, opt_numel * 4)\n        t.free(STEP_TMP)\n",
+             "", PLAN_VS_REPLAY, "a staging copy dropped: the step's fp32 copy of the gradient partition "
+                                 "(stage_1_and_2.py step: flat_grad_partition.to(fp32))"),
     Mutation("staging-copy-dropped-fp32", "ledger", Z3, "t.alloc(FP32_TMP, n * tmp_bytes)", "pass",
              PLAN_VS_REPLAY, "a staging copy dropped: the .to(fp32) temporary before the master's clone()"),
     Mutation("staging-copy-dropped-defrag", "ledger", Z3, "t.alloc(DEFRAG_TMP, n_part * nb)", "pass",
@@ -102,8 +105,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("temp-grad-buffer-plus-one", "ledger", Z12, "pin(t, TEMP_CPU, p_max * nb, opt_pin)",
              "pin(t, TEMP_CPU, (p_max + 1) * nb, opt_pin)", PLAN_VS_REPLAY,
              "the host gradient staging buffer +1 element"),
-    Mutation("offload-16bit-unpinned", "ledger", Z12, "pin(t, OFFLOAD_16, part * nb, opt_pin)",
-             "pin(t, OFFLOAD_16, part * nb, False)", PLAN_VS_REPLAY,
+    Mutation("offload-16bit-unpinned", "ledger", Z12,
+             't.declare(OFFLOAD_16, name="16-bit host copy of the partition", device=host(opt_pin)',
+             't.declare(OFFLOAD_16, name="16-bit host copy of the partition", device=host(False)', PLAN_VS_REPLAY,
              "ZeRO-2's 16-bit host partition booked pageable"),
     Mutation("adapters-16-bit", "ledger", L, "        t.alloc(HOST_ADAPTERS, n_ad * 4)\n        for p in adapters:",
              "        t.alloc(HOST_ADAPTERS, n_ad * 2)\n        for p in adapters:", PLAN_VS_REPLAY,
@@ -154,10 +158,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("lora-bias-all-ignored", "peft", PEFT, 'is_bias and spec.lora_bias == "all"), []))', "False), []))",
              PEFT_LIBRARY, "lora_bias='all' not training the biases of layers LoRA does not adapt"),
     # ---- DeepSpeed config reading ---------------------------------------------------------------------------
-    Mutation("default-bucket", "config", DSS, "reduce_bucket_size: int = 500_000_000",
-             "reduce_bucket_size: int = 500_000_001", DS_CONFIG, "DeepSpeed's default reduce_bucket_size off by one"),
-    Mutation("default-persistence", "config", DSS, "param_persistence_threshold: int = 100_000",
-             "param_persistence_threshold: int = 10_000", DS_CONFIG, "default stage3_param_persistence_threshold"),
+    Mutation("default-bucket", "config", DSC, 'DsField("reduce_bucket_size", I, 500_000_000, gt=0)',
+             'DsField("reduce_bucket_size", I, 500_000_001, gt=0)', DS_CONFIG,
+             "DeepSpeed's default reduce_bucket_size off by one (the parser's field table)"),
+    Mutation("default-persistence", "config", DSC, 'DsField("param_persistence_threshold", I, 100_000,',
+             'DsField("param_persistence_threshold", I, 10_000,', DS_CONFIG,
+             "default stage3_param_persistence_threshold (the parser's field table)"),
+    Mutation("settings-default-bucket", "config", DSS, "reduce_bucket_size: int = 500_000_000",
+             "reduce_bucket_size: int = 500_000_001", DS_CONFIG,
+             "ZeroSettings()'s own default (what memfit assumes when no JSON was read)"),
     Mutation("default-pin", "config", DSS, "    pin_memory: bool = True", "    pin_memory: bool = False", DS_CONFIG,
              "offload pin_memory default"),
     Mutation("auto-prefetch", "config", DSC, "int(0.9 * h * h)", "int(h * h)", DS_CONFIG,
@@ -173,7 +182,7 @@ allocator's 512 B rounding or its 2 MiB/20 MiB segment sizes, the large-block sp
 pinned host allocator's power-of-two rounding; each with the tests that replay recorded
 ``torch.cuda.memory._snapshot()`` traces through ``check_against_recording``."""
 
-MUST_BE_CAUGHT = ("activations-plus-1pct", "pinned-flag-flipped", "staging-copy-dropped-fp32",
+MUST_BE_CAUGHT = ("activations-plus-1pct", "pinned-flag-flipped", "staging-copy-dropped-step",
                   "ds-buffer-plus-one", "lora-dimension-plus-one")
 """Issue 13's five: each must be killed by a comparison with something measured."""
 

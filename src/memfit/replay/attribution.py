@@ -19,8 +19,10 @@ ZeRO-3 (``DeepSpeedZeroOptimizer_Stage3``, runtime/zero/stage3.py)
     optimizer's params; views into the flat buffers below). ``zero3.ds_tensor.frozen``: the
     ``ds_tensor`` of every other module param (partitions of frozen params: ceil(n/W) each).
     ``zero3.persistent_params``: full ``param.data`` of ``persistent_parameters`` (params under
-    ``stage3_param_persistence_threshold``, kept whole on the device), except where it is the
-    param's own partition (W = 1 on the device that holds the partition: no memory of its own).
+    ``stage3_param_persistence_threshold``, kept whole on the device): the storages of their
+    gathered copies, padded to ceil(p/W) x W elements (the all-gather buffer ``param.data`` is a
+    view of), except where it is the param's own partition (W = 1 on the device that holds the
+    partition: no memory of its own).
     ``zero3.fp16_partitioned_groups_flat``: the flat 16-bit partition per sub group.
     ``zero3.param_groups_fp16_flat_cpu_memory``: the (pinned) host buffer those are views of under
     offload_param. ``zero3.lp_param_buffer``: the defragmented device buffer without offload_param.
@@ -120,9 +122,10 @@ def _tensors(value, depth: int = 0) -> Iterator:
 
 
 def item(key: str, at: str, tensors: Iterable, *, pins: PinRegistry | None = None,
-         deepspeed_pins: bool | None = None) -> AttributedItem:
+         deepspeed_pins: bool | None = None, storage: bool = False) -> AttributedItem:
     """Sum ``tensors`` (each distinct tensor once) into one ``AttributedItem``; ``pinned_bytes`` from
-    ``pins`` (None without a registry)."""
+    ``pins`` (None without a registry). ``storage``: count each distinct storage's whole size
+    instead (a view of a padded buffer holds all of it)."""
     seen = set()
     total = count = pinned_total = 0
     devices = set()
@@ -130,13 +133,18 @@ def item(key: str, at: str, tensors: Iterable, *, pins: PinRegistry | None = Non
     for t in tensors:
         if t is None:
             continue
-        ident = (str(t.device), t.data_ptr(), t.numel(), t.dtype)
+        if storage:
+            ident = (str(t.device), t.untyped_storage().data_ptr())
+            nbytes = t.untyped_storage().nbytes()
+        else:
+            ident = (str(t.device), t.data_ptr(), t.numel(), t.dtype)
+            nbytes = t.numel() * t.element_size()
         if ident in seen:
             continue
         seen.add(ident)
-        total += t.numel() * t.element_size()
+        total += nbytes
         if pins is not None and t in pins:
-            pinned_total += t.numel() * t.element_size()
+            pinned_total += nbytes
         count += 1
         devices.add(str(t.device))
         pinned.add(_is_pinned(t))
@@ -207,8 +215,8 @@ def read_items(engine, *, at: str, pins: PinRegistry | None = None) -> tuple[Att
     out: list[AttributedItem] = []
     kind = type(opt).__name__
 
-    def add(key, tensors, flag=False):
-        out.append(item(key, at, tensors, pins=pins, deepspeed_pins=flag))
+    def add(key, tensors, flag=False, storage=False):
+        out.append(item(key, at, tensors, pins=pins, deepspeed_pins=flag, storage=storage))
 
     if hasattr(opt, "fp16_partitioned_groups_flat"):  # ZeRO-3
         po = getattr(opt, "parameter_offload", None)
@@ -224,7 +232,9 @@ def read_items(engine, *, at: str, pins: PinRegistry | None = None) -> tuple[Att
         persistent = getattr(opt, "persistent_parameters", None) or []
         # the memory the gathered copies hold: with W = 1 param.data can be the partition itself
         # (NoGatherHandle: ds_tensor.data.to(device), the same tensor when already on the device)
-        add("zero3.persistent_params", [p.data for p in persistent if not _aliases_partition(p)])
+        # and each gathered param is a view of its all-gather buffer, padded to ceil(p/W) x W
+        # (partition_parameters.py _allgather_param): count the buffers
+        add("zero3.persistent_params", [p.data for p in persistent if not _aliases_partition(p)], storage=True)
         flags = {"fp16_partitioned_groups_flat": flat_pins, "param_groups_fp16_flat_cpu_memory": flat_pins,
                  "lp_param_buffer": False, "fp32_partitioned_groups_flat": False,
                  "grad_partitions_flat_buffer": grad_pins}

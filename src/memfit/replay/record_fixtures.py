@@ -145,6 +145,10 @@ CASES: dict[str, ReplaySpec] = {
               gradient_accumulation_steps=3),
         _case("gptj_full_z3_offload_ga2_w2", TINY_GPTJ, PeftSpec(method="full"), 3, offload=True, world_size=2,
               gradient_accumulation_steps=2),
+        # W = 3: no param size divides evenly (ZeRO-3 rounds each partition up: ceil(p/W)), and
+        # ZeRO-2's flat buffer pads the trainable count to a multiple of 2W, not W.
+        _case("gptj_prefix_z3_offload_w3", TINY_GPTJ, SEED_PREFIX, 3, offload=True, world_size=3),
+        _case("llama_lora_z2_offload_w3", TINY_LLAMA, LORA, 2, offload=True, world_size=3),
     )
 }
 
