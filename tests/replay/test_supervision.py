@@ -61,38 +61,41 @@ def test_the_direct_child_dies_with_a_sigkilled_supervisor(marker):
     assert gone is not None, "left behind:\n" + describe(marked(marker))
 
 
-def test_a_worker_in_its_own_session_dies_by_its_watchdog(marker):
+def _launch_worker(worker: str, marker: str) -> subprocess.Popen:
+    """supervisor -> launcher -> worker, the worker in a session of its own (as torchrun starts them)."""
+    launcher = ("import subprocess, sys, time; "
+                f"subprocess.Popen([sys.executable, '-c', {worker!r}], start_new_session=True); time.sleep(300)")
+    return start_marked(textwrap.dedent(f"""
+        import os, sys
+        from memfit.replay.runner import run_supervised
+        run_supervised([sys.executable, "-c", {launcher!r}], env=dict(os.environ), timeout_s=300)
+    """), marker)
+
+
+def test_a_worker_in_its_own_session_dies_by_its_watchdog(marker, tmp_path):
     """As torchrun starts its workers: a new session, no parent-death signal. The worker's watchdog
     (``guard_process``) sees the supervisor and its parent die and ends it."""
-    worker = "from memfit.replay.supervision import guard_process; import time; guard_process(); time.sleep(300)"
-    launcher = ("import subprocess, sys, time; "
-                f"subprocess.Popen([sys.executable, '-c', {worker!r}], start_new_session=True); time.sleep(300)")
-    sup = start_marked(textwrap.dedent(f"""
-        import os, sys
-        from memfit.replay.runner import run_supervised
-        run_supervised([sys.executable, "-c", {launcher!r}], env=dict(os.environ), timeout_s=300)
-    """), marker)
-    assert wait_until(lambda: len(marked(marker)) == 3, START_WITHIN_S) is not None, describe(marked(marker))
+    ready = tmp_path / "ready"
+    worker = ("from memfit.replay.supervision import guard_process; import time; guard_process(); "
+              f"open({str(ready)!r}, 'w').close(); time.sleep(300)")
+    sup = _launch_worker(worker, marker)
+    assert wait_until(ready.exists, START_WITHIN_S) is not None, describe(marked(marker))
+    assert len(marked(marker)) == 3, describe(marked(marker))
     gone = _sigkill_and_wait(sup, marker)
     assert gone is not None, "left behind:\n" + describe(marked(marker))
-    assert gone >= supervision.WATCHDOG_POLL_S / 2  # it took the watchdog, not the parent-death signal
 
 
-def test_the_watchdog_ends_a_process_that_ignores_sigterm(marker):
+def test_the_watchdog_ends_a_process_that_ignores_sigterm(marker, tmp_path):
     """A worker stuck where SIGTERM cannot unwind it (here: ignored) is SIGKILLed after the grace."""
+    ready = tmp_path / "ready"
     worker = ("import signal, time; from memfit.replay.supervision import start_watchdog; "
-              "start_watchdog(); signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)")
-    launcher = ("import subprocess, sys, time; "
-                f"subprocess.Popen([sys.executable, '-c', {worker!r}], start_new_session=True); time.sleep(300)")
-    sup = start_marked(textwrap.dedent(f"""
-        import os, sys
-        from memfit.replay.runner import run_supervised
-        run_supervised([sys.executable, "-c", {launcher!r}], env=dict(os.environ), timeout_s=300)
-    """), marker)
-    assert wait_until(lambda: len(marked(marker)) == 3, START_WITHIN_S) is not None, describe(marked(marker))
+              "start_watchdog(); signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+              f"open({str(ready)!r}, 'w').close(); time.sleep(300)")
+    sup = _launch_worker(worker, marker)
+    assert wait_until(ready.exists, START_WITHIN_S) is not None, describe(marked(marker))
     gone = _sigkill_and_wait(sup, marker)
     assert gone is not None, "left behind:\n" + describe(marked(marker))
-    assert gone >= supervision.WATCHDOG_GRACE_S
+    assert gone >= supervision.WATCHDOG_GRACE_S  # it took the SIGKILL after the grace, not the SIGTERM
 
 
 @pytest.mark.skipif(not supervision.has_pdeathsig(), reason="PR_SET_PDEATHSIG is Linux only")
