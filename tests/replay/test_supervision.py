@@ -18,6 +18,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -151,7 +152,10 @@ def test_sigkill_of_the_supervisor_leaves_no_replay_process(launcher, case, proc
     def hanging() -> bool:
         return all(read_progress(rank_output_path(out, r) + ".progress")[0] == "load" for r in range(ranks))
 
-    assert wait_until(hanging, 600, poll_s=0.5) is not None, "the replay never reached load"
+    reached = wait_until(lambda: hanging() or sup.poll() is not None, 600, poll_s=0.5)
+    assert reached is not None and sup.poll() is None, (
+        f"the replay never reached load: {(Path(keep) / 'stderr.txt').read_text(errors='replace')[-3000:]}"
+        if (Path(keep) / "stderr.txt").exists() else "the replay never started")
     assert len(marked(marker)) == processes, describe(marked(marker))
     gone = _sigkill_and_wait(sup, marker)
     assert gone is not None, "left behind:\n" + describe(marked(marker))

@@ -32,8 +32,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-OPS = {"cpu_adam": "CPUAdamBuilder", "fused_adam": "FusedAdamBuilder"}
-"""DeepSpeed ops the replays load: cpu_adam with an offloaded optimizer, fused_adam without."""
+OPS = {"cpu_adam": "CPUAdamBuilder", "fused_adam": "FusedAdamBuilder", "deepspeed_shm_comm": "ShareMemCommBuilder"}
+"""DeepSpeed ops the replays load (by builder ``NAME``): cpu_adam with an offloaded optimizer,
+fused_adam without, and on the CPU accelerator the shared-memory collectives deepspeed.comm builds
+when it starts (comm/torch.py ``build_shm_op``: ``ShareMemCommBuilder`` when compatible)."""
 LOCK_TIMEOUT_ENV = "MEMFIT_BUILD_LOCK_TIMEOUT_S"
 DEFAULT_LOCK_TIMEOUT_S = 600.0
 STALE_RECHECK_S = 0.3
@@ -172,11 +174,18 @@ def lock_timeout_s() -> float:
 
 def load_op(op: str, timeout_s: float | None = None):
     """``<Builder>().load()`` for ``op``, never waiting on the build lock for more than ``timeout_s``
-    in all (default ``$MEMFIT_BUILD_LOCK_TIMEOUT_S`` or 600 s) nor on a stale one at all."""
-    from deepspeed.ops import op_builder
+    in all (default ``$MEMFIT_BUILD_LOCK_TIMEOUT_S`` or 600 s) nor on a stale one at all. The builder
+    is the accelerator's (``create_op_builder``); an op it has none for, or one DeepSpeed reports
+    incompatible here (``deepspeed.ops.__compatible_ops__``, as ``build_shm_op`` checks), is not
+    loaded: None."""
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
 
     timeout_s = lock_timeout_s() if timeout_s is None else timeout_s
-    directory = build_directory(op)
+    builder = get_accelerator().create_op_builder(OPS[op])
+    if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, True):
+        return None
+    directory = build_directory(builder.name)
     t0 = time.monotonic()
     wait_for_lock(op, directory, timeout_s)
     failure: list[BuildLockError] = []
@@ -199,7 +208,7 @@ def load_op(op: str, timeout_s: float | None = None):
     watcher = threading.Thread(target=watch, name="memfit-build-lock-watch", daemon=True)
     watcher.start()
     try:
-        return getattr(op_builder, OPS[op])().load()
+        return builder.load()
     except KeyboardInterrupt:
         if failure:
             raise failure[0] from None
@@ -208,7 +217,7 @@ def load_op(op: str, timeout_s: float | None = None):
         done.set()
 
 
-def warm_ops(ops: tuple[str, ...] = ("cpu_adam", "fused_adam"), *, timeout_s: float = 1800,
+def warm_ops(ops: tuple[str, ...] = ("cpu_adam", "fused_adam", "deepspeed_shm_comm"), *, timeout_s: float = 1800,
              lock_timeout_s: float | None = None) -> float:
     """Load (JIT-build if needed) DeepSpeed's CPU ``ops`` in a supervised child process
     (``python -m memfit.replay.ops``); returns its wall time in seconds.

@@ -166,7 +166,7 @@ def seed_case(root: str = ".") -> ReplaySpec:
     return spec_from_scenario(build_scenario(inputs), layers=1, steps=1, accelerator="cpu")
 
 
-def warm_ops(ops: tuple[str, ...] = ("cpu_adam", "fused_adam"), timeout_s: float = 1800) -> float:
+def warm_ops(ops: tuple[str, ...] = ("cpu_adam", "fused_adam", "deepspeed_shm_comm"), timeout_s: float = 1800) -> float:
     """``memfit.replay.ops.warm_ops``: build the ops once, up front, in a supervised process."""
     from memfit.replay.ops import warm_ops as _warm
 
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             print(name)
         return 0
     if args.seed:
-        warm_ops(("cpu_adam",))
+        warm_ops(("cpu_adam", "deepspeed_shm_comm"))
         if os.path.exists(SEED_FIXTURE) and not args.overwrite:
             print(f"seed: {SEED_FIXTURE} exists (use --overwrite)")
             return 0
