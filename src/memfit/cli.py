@@ -234,9 +234,8 @@ def replay(
     import dataclasses
 
     from memfit.core.hardware import parse_gpus, parse_size
-    from memfit.core.plan import make_plan
     from memfit.core.scenario_io import ScenarioInputs, build_scenario, merge_inputs, read_scenario_file
-    from memfit.replay.compare import compare, scenario_of
+    from memfit.replay.compare import compare_replay
     from memfit.replay.measurement import save_fixture as write_fixture
     from memfit.replay.runner import run_replay
     from memfit.replay.spec import spec_from_scenario
@@ -256,7 +255,7 @@ def replay(
         m = run_replay(spec, timeout_s=timeout)
     if save_fixture is not None:
         write_fixture(m, str(save_fixture))
-    result = compare(make_plan(scenario_of(m)), m) if m.ok or m.phases else None
+    result = compare_replay(m) if m.ok or m.phases else None
     if json_out:
         import json
 

@@ -74,12 +74,14 @@ def test_checkpointing_keeps_layer_inputs_and_recomputes_one_layer():
 def test_outputs_dropped_before_backward_free_the_logits():
     kept = est(GPTJ_6B, keep_outputs=True)
     dropped = est(GPTJ_6B, keep_outputs=False)
-    assert kept.total_bytes - dropped.total_bytes >= 2 * 2048 * GPTJ_6B.vocab_size
+    assert kept.total_bytes - dropped.total_bytes >= 2 * 2048 * GPTJ_6B.vocab_size  # at least the kept fp16 logits
     assert dropped.logits_bytes == 4 * 2048 * GPTJ_6B.vocab_size  # the loss's fp32 log-softmax
 
 
 def test_scales_with_micro_batch_and_dtype():
     one = est(LLAMA3_8B, micro_batch=1, attention="eager")
+    # linear in the micro-batch but for a few batch-independent terms (measured ratio 3.9999; 3.9 catches a
+    # term that does not scale)
     assert est(LLAMA3_8B, micro_batch=4, attention="eager").total_bytes > 3.9 * one.total_bytes
     assert est(LLAMA3_8B, dtype_bytes=4).total_bytes > est(LLAMA3_8B, dtype_bytes=2).total_bytes
 

@@ -8,7 +8,6 @@ checked against ``make_plan``'s own ledger for the seed scenario.
 import importlib.util
 import os
 import re
-import shutil
 import subprocess
 import sys
 from dataclasses import FrozenInstanceError, replace
@@ -377,15 +376,21 @@ def test_real_torch_host_allocation_failure():
     assert [f.function for f in d.primary.frames][-1] == "load"
 
 
+TORCHRUN = Path(sys.prefix) / ("Scripts" if os.name == "nt" else "bin") / "torchrun"
+"""torch's console script in this interpreter's environment (never a ``torchrun`` found on PATH,
+which may belong to another Python)."""
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("torchrun") is None, reason="needs torchrun")
+@pytest.mark.skipif(not HAS_TORCH, reason="needs torch (pip install torch): torchrun is part of it")
 def test_real_torchrun_sigkill(tmp_path):
     """A worker killed with SIGKILL (what the kernel's OOM killer sends), reported by the real torchrun."""
     script = tmp_path / "train.py"
     script.write_text("import os, signal\n"
                       "print('[INFO] [logging.py:107:log_dist] [Rank 0] DeepSpeed info: version=0.19.8', flush=True)\n"
                       "os.kill(os.getpid(), signal.SIGKILL)\n")
-    r = subprocess.run([shutil.which("torchrun"), "--nproc_per_node", "2", "--master_port", "29537", str(script)],
+    assert TORCHRUN.exists(), f"torch is installed but its torchrun script is not at {TORCHRUN}"
+    r = subprocess.run([str(TORCHRUN), "--nproc_per_node", "2", "--master_port", "29537", str(script)],
                        capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})
     d = diagnose_log(r.stdout + r.stderr)
     assert r.returncode != 0

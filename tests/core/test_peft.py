@@ -67,7 +67,7 @@ def _tiny_shape() -> ModelShape:
 
 def test_seed_case_prefix_encoder_size() -> None:
     """kakaobrain/kogpt with a 10-token prefix through a 4096-wide projection: the user's report
-    (../shared/seed/deepspeed-prefix-tuning-oom.txt) counts 956,575,744 trainable parameters."""
+    (tests/fixtures/seed/deepspeed-prefix-tuning-oom.txt) counts 956,575,744 trainable parameters."""
     config = json.loads(KOGPT_CONFIG.read_text())
     base = ModelShape(
         name="kakaobrain/kogpt",

@@ -433,3 +433,14 @@ def test_warmup_rounding_matches_transformers():
     args = types.SimpleNamespace(warmup_steps=0.07)
     assert dsconfig._trainer_warmup_steps(None, AutoContext(warmup_steps=0.07, total_steps=333)) == max(
         1, TrainingArguments.get_warmup_steps(args, 333)) == max(1, math.ceil(333 * 0.07))
+
+
+def test_zero_settings_defaults_equal_deepspeeds():
+    """``ZeroSettings()`` (what memfit assumes when nothing was read, e.g. in the recommender) against
+    a default ``DeepSpeedZeroConfig()``; the parse path's own defaults are checked above."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    ours, theirs = ZeroSettings(), DeepSpeedZeroConfig()
+    for f in dataclasses.fields(ZeroSettings):
+        if f.name not in ("offload_optimizer", "offload_param"):
+            assert getattr(ours, f.name) == getattr(theirs, f.name), f.name

@@ -3,6 +3,7 @@
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -66,7 +67,7 @@ def test_markdown_report(seed_plan):
 def test_report_never_overwrites(tmp_path):
     target = tmp_path / "mine.html"
     target.write_text("my own file")
-    r = subprocess.run(["python", "-m", "memfit.cli", "plan", str(SEED), "--report", str(target)],
+    r = subprocess.run([sys.executable, "-m", "memfit.cli", "plan", str(SEED), "--report", str(target)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "never overwrites" in r.stderr
     assert target.read_text() == "my own file"
@@ -80,11 +81,11 @@ def test_recommend_and_diagnose_reports(tmp_path, cmd):
     from conftest import ROOT
 
     page = tmp_path / "r.html"
-    r = subprocess.run(["python", "-m", "memfit.cli", *cmd, "--report", str(page)], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "memfit.cli", *cmd, "--report", str(page)], capture_output=True, text=True,
                        timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     md = tmp_path / "r.md"
-    r = subprocess.run(["python", "-m", "memfit.cli", *cmd, "--report", str(md)], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "memfit.cli", *cmd, "--report", str(md)], capture_output=True, text=True,
                        timeout=300, cwd=ROOT)
     assert r.returncode == 0 and "## The plan" in md.read_text()
     exe = _chromium()

@@ -15,7 +15,7 @@ import pytest
 from memfit.core.ledger_types import PHASES
 from memfit.replay import attribution
 from memfit.replay.measurement import load_fixture
-from memfit.replay.record_fixtures import CASES
+from memfit.replay.record_fixtures import CASES, SEED_FIXTURE, seed_case
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "replay"
 INIT = ["load", "initialize.cast", "initialize.move", "initialize.partition", "initialize.optimizer"]
@@ -35,6 +35,8 @@ def test_fixture_is_current_complete_and_consistent(name):
     assert m.spec == CASES[name], "case changed since recording: rerun record_fixtures --only " + name
     assert m.error is None
     assert m.versions["deepspeed"] == "0.19.8"
+    if (m.spec.deepspeed_config.get("fp16") or {}).get("enabled"):  # every cpu replay of fp16 runs bf16
+        assert "fp16" not in m.deepspeed_config_used and m.deepspeed_config_used["bf16"] == {"enabled": True}
     names = [p.name for p in m.phases]
     ga = m.deepspeed_config_used["gradient_accumulation_steps"]
     tail = ["save"] if "save" in names else []
@@ -49,9 +51,18 @@ def test_fixture_is_current_complete_and_consistent(name):
         assert p.host_peak_bytes == p.host_peak_pinned_bytes + p.host_peak_pageable_bytes
     assert m.timeline and max(t.host_live_bytes for t in m.timeline) == max(p.host_peak_bytes for p in m.phases)
     for item in m.attributed:
+        assert item.pinned_bytes is not None and 0 <= item.pinned_bytes <= item.bytes, item
         prefix = item.key.split(".")[0]
         documented = item.key.startswith("optimizer.state.") or f"``{item.key}``" in attribution.__doc__
         assert prefix in {"model", "load", "zero3", "zero12", "optimizer"} and documented, item.key
+
+
+def test_the_seed_fixture_is_the_seed_case_recorded_today():
+    root = Path(__file__).resolve().parents[2]
+    m = load_fixture(str(root / SEED_FIXTURE))
+    assert m.spec == seed_case(str(root)), "rerun python -m memfit.replay.record_fixtures --seed --overwrite"
+    assert m.error is None and m.versions["deepspeed"] == "0.19.8"
+    assert all(i.pinned_bytes is not None for i in m.attributed)
 
 
 @pytest.mark.parametrize("name", sorted(n for n, s in CASES.items()

@@ -1,21 +1,21 @@
 """The plan against real DeepSpeed runs, without running anything heavy: every replay fixture in
 tests/fixtures/replay (recorded by `python -m memfit.replay.record_fixtures`, real
 deepspeed.initialize + 2 training steps on the CPU accelerator, rank 0 of a W-rank fake world) is
-re-planned by the pure core and compared.
+re-planned by the pure core and compared (``memfit.replay.compare.compare_replay``).
 
-Tolerances:
-- allocations DeepSpeed's objects report (partitions, flat buffers, fp32 masters, gradient buffers,
-  reduce buckets, optimizer states, the loaded model): 0 bytes;
-- host tensor peaks of load and initialize.*: within TOL_INIT_SLACK. What is left is memory the
-  ledger does not list: peft's prompt_tokens index tensor (8 B per virtual token), DeepSpeed's
-  1-byte overflow flag and a few scalars;
-- optimizer_step: within TOL_STEP_OPT_REL (the step's small temporaries: norms, loss scaler);
-- forward and backward: within TOL_STEP_REL, because the plan's activations are analytic, computed
-  for CUDA kernels, while the CPU replay runs the CPU kernels (`memfit plan --exact` traces them);
-- save: within TOL_SAVE_REL;
-- the load phase of a zero.Init build from a config (random init): within TOL_ZERO_INIT_LOAD_REL.
-  transformers initialises the weights of a zero.Init model through GatheredParameters; the ledger
-  models loading a checkpoint (the real use), not that random initialisation.
+What is compared, and how tightly:
+- every size the replay read off DeepSpeed's and the model's objects (``ITEM_RULES``: partitions,
+  flat buffers, fp32 masters, gradient buffers, reduce buckets, optimizer states, the loaded
+  model), after initialize and after the first step: 0 bytes, and 0 bytes of their pinned part; a
+  key the replay did not report, or one no rule compares, fails;
+- each item's measured pinned bytes (storages passed through ``pin_memory``) against DeepSpeed's
+  own flag for those tensors (``offload_*_pin_memory``, read off its optimizer);
+- per phase (step phases: step 1), the pinned part of the host peak and of what is live at the
+  end: 0 bytes; the pageable part then follows from the host peak below;
+- per phase, the host tensor peak, within the tolerances below, each with what it leaves out.
+  The forward and backward peaks are checked tightly, with activations traced for the CPU kernels
+  the replay runs, in test_activations_vs_replay.py; here the plan's own (analytic, CUDA-kernel)
+  activations are checked only loosely.
 """
 
 import glob
@@ -23,35 +23,54 @@ from pathlib import Path
 
 import pytest
 
-from memfit.core.plan import make_plan
-from memfit.replay.compare import compare, scenario_of
+from memfit.replay.compare import ITEM_RULES, compare_replay
 from memfit.replay.measurement import load_fixture
 
 FIXTURES = sorted(glob.glob(str(Path(__file__).resolve().parents[1] / "fixtures" / "replay" / "*.json")))
 SEED_FIXTURES = sorted(glob.glob(str(Path(__file__).resolve().parents[1] / "fixtures" / "replay_seed" / "*.json")))
 """The seed scenario itself (kogpt shapes, the issue's DeepSpeed config verbatim, 1 layer), recorded by
 `memfit replay examples/kogpt-prefix-zero3-offload.yaml --layers 1 --seq-len 16 --steps 1 --save-fixture ...`."""
-TOL_INIT_SLACK = 256
-TOL_STEP_OPT_REL = 0.05
-TOL_STEP_OPT_GA_OFFLOAD_REL = 0.15
-TOL_STEP_REL = 0.45
-TOL_SAVE_REL = 0.20
-TOL_ZERO_INIT_LOAD_REL = 0.35
+ALL = FIXTURES + SEED_FIXTURES
+IDS = [Path(p).stem for p in ALL]
+
+TOL_INIT_BYTES = 162
+"""load and initialize.*: memory the ledger does not list: peft's prompt_tokens index tensor (8 B
+per virtual token) and DeepSpeed's 1-byte overflow flag. Worst seen: 81 B (the seed replay's
+initialize.optimizer: 10 virtual tokens x 8 B + 1 B); 2x that. Measured above what the child held
+before the model was built (``PhaseComparison.baseline_bytes``: 16 B on one machine, 144 B on
+another)."""
+TOL_STEP_OPT_BYTES = 14_310
+"""optimizer_step, after the one effect named in ``_step_overcount``: not explained yet, ZeRO-3
+without offload peaks below the plan by about the persistent params' size (7,155 B with GPT-J's
+7,248 B of persistent params, 3,539 B with Llama's); every other case is within 130 B (the step's
+scalars). Worst seen: 7,155 B; 2x that."""
+TOL_SAVE_REL = 0.338
+"""save: not modelled is how ``_zero3_consolidated_16bit_state_dict`` runs on the CPU accelerator,
+where a gathered module and its host copy can be one tensor (the ledger books both on a GPU
+machine's terms) and W = 1 gathers nothing. Worst seen: 16.9% (ZeRO-3, W = 1); 2x that."""
+TOL_STEP_REL = 0.423
+"""forward/backward with the plan's analytic activations: computed for CUDA kernels (the CPU
+kernels the replay runs save other tensors), plus ZeRO-3's parameter gathers, which the plan bounds
+from above. Worst seen: 21.2% (the seed replay's forward, AMD EPYC; 20.8% on an Intel Xeon); 2x that. The tight check of these phases
+is test_activations_vs_replay.py."""
+TOL_ZERO_INIT_LOAD_REL = 0.626
+"""load of a zero.Init build from a config (random init): transformers initialises the weights of a
+zero.Init model through GatheredParameters; the ledger models loading a checkpoint (the real use),
+not that random initialisation. Worst seen: 31.3%; 2x that."""
 INIT_PHASES = ("load", "initialize.cast", "initialize.move", "initialize.partition", "initialize.optimizer")
 
 
 def _comparison(path):
     m = load_fixture(path)
     assert m.ok, f"{path}: the replay failed: {m.error}"
-    return compare(make_plan(scenario_of(m)), m)
+    return m, compare_replay(m)
 
 
 def test_every_step_phase_is_compared():
     """Each fixture's plan phases all find their replay occurrences (two steps recorded)."""
     for path in FIXTURES:
-        c = _comparison(path)
+        m, c = _comparison(path)
         names = {p.phase for p in c.phases}
-        m = load_fixture(path)
         expected = {"forward", "backward", "optimizer_step", "step2.forward", "step2.backward", "step2.optimizer_step"}
         if m.deepspeed_config_used.get("gradient_accumulation_steps", 1) > 1:
             expected |= {"accum.forward", "accum.backward"}
@@ -66,32 +85,92 @@ def test_fixtures_cover_the_issue_cases():
     assert {w for n in names for w in (1, 2, 4) if n.endswith(f"w{w}") or f"_w{w}_" in n} == {1, 2, 4}
 
 
-@pytest.mark.parametrize("path", FIXTURES + SEED_FIXTURES, ids=[Path(p).stem for p in FIXTURES + SEED_FIXTURES])
-def test_deterministic_allocations_are_byte_exact(path):
-    c = _comparison(path)
+KNOWN_LEDGER_GAPS: dict[tuple[str, str], tuple[int, int]] = {}
+"""Items where the ledger is known to differ from DeepSpeed: (case, key@at) -> (plan, replay) bytes.
+Empty: the one listed before (zero.Init's never-cast fp32 persistent adapters, 7,248 vs 8,400 B) is
+fixed on main. A new entry makes the test fail until the ledger is fixed and the entry removed."""
+
+
+@pytest.mark.parametrize("path", ALL, ids=IDS)
+def test_every_measured_item_is_byte_exact_with_its_pinned_part(path):
+    m, c = _comparison(path)
     assert c.items, "no attributable allocations in this fixture"
-    wrong = [f"{i.key}: plan {i.predicted_bytes:,} B vs replay {i.measured_bytes:,} B" for i in c.items if not i.matches]
-    assert not wrong, "\n".join(wrong)
+    assert not c.missing, f"the replay did not report {c.missing}: re-record the fixture or fix the rule"
+    assert not c.unknown, f"no rule compares {c.unknown}: add it to memfit.replay.compare.ITEM_RULES"
+    assert all(i.measured_pinned_bytes is not None for i in c.items), \
+        "fixture predates pinned_bytes: rerun python -m memfit.replay.record_fixtures --overwrite"
+    wrong = {f"{i.key}@{i.at}": (i.predicted_bytes, i.measured_bytes, i.predicted_pinned_bytes, i.measured_pinned_bytes)
+             for i in c.items if not i.matches}
+    known = {item: (plan, replay, 0, 0) for (case, item), (plan, replay) in KNOWN_LEDGER_GAPS.items()
+             if case == m.spec.name}
+    assert wrong == known, "\n".join(f"{k}: plan {v[0]:,} B ({v[2]:,} pinned) vs replay {v[1]:,} B ({v[3]:,} pinned)"
+                                     for k, v in wrong.items())
 
 
-@pytest.mark.parametrize("path", FIXTURES + SEED_FIXTURES, ids=[Path(p).stem for p in FIXTURES + SEED_FIXTURES])
-def test_phase_peaks(path):
-    c = _comparison(path)
-    m = load_fixture(path)
-    zero_init = m.spec.zero_init
+def test_every_rule_is_exercised_by_some_fixture():
+    seen = {i.key for p in ALL for i in _comparison(p)[1].items}
+    assert seen == set(ITEM_RULES)
+
+
+@pytest.mark.parametrize("path", ALL, ids=IDS)
+def test_pinned_bytes_are_what_deepspeeds_flags_say(path):
+    """The pin_memory calls the replay saw, per item, against the flag DeepSpeed's code tests."""
+    m, c = _comparison(path)
+    off = [f"{i.key}@{i.at}: flag {i.deepspeed_pins}, {i.measured_pinned_bytes:,} of {i.measured_bytes:,} B pinned"
+           for i in c.items if not i.flag_agrees]
+    assert not off, "\n".join(off)
+    offload = any(d.get("pin_memory") for d in (m.deepspeed_config_used["zero_optimization"].get(k) or {}
+                                                 for k in ("offload_param", "offload_optimizer")))
+    assert any(i.measured_pinned_bytes for i in c.items) == offload
+
+
+@pytest.mark.parametrize("path", ALL, ids=IDS)
+def test_pinned_and_pageable_per_phase(path):
+    """The plan's pinned bytes (items DeepSpeed pins, by the CUDA placement rules) equal the
+    replay's at every phase's end, and at its host peak; the pageable part is the rest of the peak."""
+    m, c = _comparison(path)
     for p in c.phases:
-        if p.phase == "load" and zero_init:
-            assert abs(p.rel_diff) <= TOL_ZERO_INIT_LOAD_REL, f"load: {p.rel_diff:+.1%}"
+        assert p.measured_pinned_end_bytes == p.predicted_pinned_end_bytes, (p.phase, "end")
+        if p.phase == "load" and m.spec.zero_init:
+            continue  # the peak is reached at another moment (random init, see TOL_ZERO_INIT_LOAD_REL)
+        assert p.measured_pinned_bytes == p.predicted_pinned_bytes, (p.phase, "peak")
+        assert p.measured_pageable_bytes == p.measured_host_bytes - p.measured_pinned_bytes
+
+
+@pytest.mark.parametrize("path", ALL, ids=IDS)
+def test_phase_peaks(path):
+    m, c = _comparison(path)
+    for p in c.phases:
+        label = f"{p.phase}: plan {p.predicted_host_bytes:,} vs replay {p.measured_host_bytes:,} ({p.rel_diff:+.2%})"
+        if p.phase == "load" and m.spec.zero_init:
+            assert abs(p.rel_diff) <= TOL_ZERO_INIT_LOAD_REL, label
         elif p.phase in INIT_PHASES:
-            assert abs(p.diff_bytes) <= TOL_INIT_SLACK, f"{p.phase}: plan {p.predicted_host_bytes:,} vs {p.measured_host_bytes:,}"
+            assert abs(p.diff_bytes) <= TOL_INIT_BYTES, label
         elif p.phase in ("optimizer_step", "step2.optimizer_step"):
-            ga = m.deepspeed_config_used.get("gradient_accumulation_steps", 1)
-            zero = m.deepspeed_config_used.get("zero_optimization", {})
-            offloaded = (zero.get("offload_optimizer") or {}).get("device", "none") != "none"
-            tol = (TOL_STEP_OPT_GA_OFFLOAD_REL if p.phase == "step2.optimizer_step" and ga > 1 and offloaded
-                   and zero.get("stage") == 3 else TOL_STEP_OPT_REL)
-            assert abs(p.rel_diff) <= tol, f"{p.phase}: {p.rel_diff:+.1%}"
+            assert abs(p.diff_bytes) <= TOL_STEP_OPT_BYTES, label
         elif p.phase in ("forward", "backward", "accum.forward", "accum.backward", "step2.forward", "step2.backward"):
-            assert abs(p.rel_diff) <= TOL_STEP_REL, f"{p.phase}: {p.rel_diff:+.1%}"
+            assert abs(p.rel_diff) <= TOL_STEP_REL, label
         elif p.phase == "save":
-            assert abs(p.rel_diff) <= TOL_SAVE_REL, f"{p.phase}: {p.rel_diff:+.1%}"
+            assert abs(p.rel_diff) <= TOL_SAVE_REL, label
+        else:
+            raise AssertionError(f"no tolerance for phase {p.phase}")
+
+
+def test_the_replay_report_shows_pinned_bytes_and_every_compared_item():
+    import io
+    import json
+
+    from rich.console import Console
+
+    from memfit.render.replay_out import comparison_to_dict, render_comparison
+
+    m, c = _comparison(SEED_FIXTURES[0])
+    out = comparison_to_dict(c, m)
+    json.dumps(out)
+    assert len(out["items"]) == len(c.items) and out["missing_items"] == [] and out["unknown_items"] == []
+    frozen = next(i for i in out["items"] if i["key"] == "zero3.ds_tensor.frozen" and i["at"] == "initialize")
+    assert frozen["predicted_pinned_bytes"] == frozen["measured_pinned_bytes"] == frozen["measured_bytes"] > 0
+    buf = io.StringIO()
+    render_comparison(c, m, Console(file=buf, width=200))
+    text = buf.getvalue()
+    assert "pinned replay" in text and "zero3.ds_tensor.frozen" in text

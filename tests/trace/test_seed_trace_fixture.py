@@ -12,6 +12,8 @@ from memfit.core.scenario_io import build_scenario, read_scenario_file
 from conftest import FIXTURES, SEED
 
 ROWS = json.loads((FIXTURES / "trace" / "seed_activations.json").read_text())
+SEED_TOLERANCE = 0.0023
+"""Analytic vs traced activations of the seed's full-size step: 2x the worst seen (0.115%)."""
 
 
 def _scenario(seq):
@@ -33,4 +35,5 @@ def test_analytic_model_close_to_the_seed_trace(row):
     sc = _scenario(row["seq_len"])
     a = estimate_activation_bytes(sc.model.arch, sc.peft, seq_len=row["seq_len"], micro_batch=1, dtype_bytes=2,
                                   attention="sdpa", linear_saves_frozen_inputs=True)
-    assert abs(a.total_bytes - row["activation_bytes"]) / row["activation_bytes"] < 0.02
+    # worst seen over the four sequence lengths: 0.115% (seq 256); 2x that, so +1% in the model fails
+    assert abs(a.total_bytes - row["activation_bytes"]) / row["activation_bytes"] <= SEED_TOLERANCE

@@ -81,6 +81,8 @@ def test_cuda_kernels_keep_dropout_attention_linear_in_sequence_length():
 
     cuda_ratio = act(256, "cuda") / act(128, "cuda")
     cpu_ratio = act(256, "cpu") / act(128, "cpu")
+    # linear in s: doubling s at most doubles it (the s-independent terms keep it just under 2; 2.05 allows
+    # rounding of the 512 B granularity off); the math kernel's s x s matrices push the CPU ratio above
     assert cuda_ratio < 2.05 < cpu_ratio
 
 
@@ -152,4 +154,4 @@ def test_seed_case_traces_at_full_size():
     assert trace.trainable_param_bytes >= 2 * trainable
     assert trace.forward.peak_bytes > trace.param_bytes + trace.saved_bytes
     assert trace.end_of_backward.gradient_bytes >= 2 * trainable
-    assert trace.timings.total_s < 60
+    assert trace.timings.total_s < 60  # a speed guard, not a measurement: the full-size trace must stay interactive

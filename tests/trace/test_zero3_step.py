@@ -54,7 +54,7 @@ def test_without_prefetch_or_reuse_only_the_running_module_is_gathered(llama_tra
     res = zero3_step_memory(llama_trace, _ds(prefetch_bucket_size=0, max_reuse_distance=0,
                                              param_persistence_threshold=0), world_size=2)
     largest = max(_module_bytes(llama_trace))
-    assert 0 < res.max_gathered_bytes <= 2 * largest
+    assert 0 < res.max_gathered_bytes <= 2 * largest  # the module plus its one coalesced all-gather copy
     assert res.first_step_peak_bytes <= res.peak_bytes
 
 

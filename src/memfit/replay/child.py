@@ -25,6 +25,10 @@ Steps (phase names from ``memfit.core.ledger_types.PHASES``):
 
 Any exception is caught with the phase it happened in and written to OUT.json like a success; a
 phase log (OUT.json.progress) lets the parent name the phase even when the process is killed.
+A SIGTERM (the deadline, torchrun stopping the peers of a failed rank, the supervisor's death)
+unwinds the run and ends the process group without a result, as a kill would
+(``memfit.replay.supervision``); a stale or long-held op build lock ends the run before ``load``
+with ``ReplayError.kind`` ``build_lock`` or ``build_lock_timeout`` (``memfit.replay.ops``).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from memfit.replay.measurement import (
     TimelinePoint,
 )
 from memfit.replay.spec import ReplaySpec, parse_fault
+from memfit.replay.supervision import Terminated, end_own_group, guard_process
 
 MAX_TIMELINE_POINTS = 400
 """Timeline samples kept (every phase's first, last and peak samples survive; see ``downsample``)."""
@@ -78,14 +83,16 @@ def rank_output_path(out_path: str, rank: int) -> str:
     return f"{root}.rank{rank}{ext}"
 
 
-def prepare_deepspeed_config(spec: ReplaySpec, *, fp16_supported: bool) -> tuple[dict[str, Any], list[str]]:
+def prepare_deepspeed_config(spec: ReplaySpec) -> tuple[dict[str, Any], list[str]]:
     """The JSON handed to ``deepspeed.initialize`` and the substitutions made.
 
     Batch sizes: ``train_micro_batch_size_per_gpu = micro_batch`` and ``train_batch_size =
     micro_batch x gradient_accumulation_steps x world_size`` (DeepSpeed checks this identity).
-    Precision: DeepSpeed's CPU accelerator refuses fp16 where oneDNN lacks it
-    (``engine._do_sanity_check``); a cpu replay then runs bf16, which has the same 2 bytes per
-    element and the same default gradient accumulation dtype (the model dtype, ``get_data_types``).
+    Precision: a cpu replay of an fp16 config runs bf16, which has the same 2 bytes per element and
+    the same default gradient accumulation dtype (the model dtype, ``get_data_types``). DeepSpeed's
+    CPU accelerator refuses fp16 where oneDNN lacks it (``engine._do_sanity_check``) and accepts it
+    on CPUs with avx512_fp16/AMX, where the fp16 kernels and DeepSpeed's fp16 path allocate other
+    temporaries: always substituting keeps a recording independent of the CPU it was made on.
     """
     cfg = copy.deepcopy(dict(spec.deepspeed_config))
     notes: list[str] = []
@@ -96,15 +103,19 @@ def prepare_deepspeed_config(spec: ReplaySpec, *, fp16_supported: bool) -> tuple
     cfg["train_micro_batch_size_per_gpu"] = spec.micro_batch
     cfg["train_batch_size"] = spec.micro_batch * ga * spec.world_size
     fp16 = cfg.get("fp16") or {}
-    if spec.accelerator == "cpu" and fp16.get("enabled") is True and not fp16_supported:
+    if spec.accelerator == "cpu" and fp16.get("enabled") is True:
         cfg.pop("fp16")
         cfg["bf16"] = {"enabled": True}
-        notes.append("fp16->bf16: the cpu accelerator has no fp16 here (same 2 bytes per element)")
+        notes.append("fp16->bf16: cpu replays run bf16 (same 2 bytes per element)")
     return cfg, notes
 
 
 def classify(exc: BaseException) -> str:
     """``ReplayError.kind`` of an exception."""
+    from memfit.replay.ops import BuildLockError
+
+    if isinstance(exc, BuildLockError):
+        return exc.kind
     import torch
 
     message = str(exc)
@@ -199,23 +210,21 @@ def _preload_ops(ds_config: dict[str, Any]) -> None:
     """Load (JIT-building if needed) the optimizer op DeepSpeed will load for this config.
 
     Mirrors ``DeepSpeedEngine.get_optimizer_configuration``: Adam/AdamW with an offloaded optimizer
-    uses DeepSpeedCPUAdam, otherwise FusedAdam (unless ``torch_adam``). A failure here is left for
-    ``deepspeed.initialize`` to raise in its own phase.
+    uses DeepSpeedCPUAdam, otherwise FusedAdam (unless ``torch_adam``). A stale or long-held build
+    lock raises ``BuildLockError`` (``memfit.replay.ops.load_op``); any other failure here is left
+    for ``deepspeed.initialize`` to raise in its own phase.
     """
+    from memfit.replay.ops import BuildLockError, load_op
+
     optimizer = ds_config.get("optimizer") or {}
     if str(optimizer.get("type", "")).lower() not in ("adam", "adamw") or (optimizer.get("params") or {}).get("torch_adam"):
         return
     zero = ds_config.get("zero_optimization") or {}
     offload = (zero.get("offload_optimizer") or {}).get("device", "none")
     try:
-        if offload in ("cpu", "nvme"):
-            from deepspeed.ops.op_builder import CPUAdamBuilder
-
-            CPUAdamBuilder().load()
-        else:
-            from deepspeed.ops.op_builder import FusedAdamBuilder
-
-            FusedAdamBuilder().load()
+        load_op("cpu_adam" if offload in ("cpu", "nvme") else "fused_adam")
+    except BuildLockError:
+        raise
     except Exception:  # noqa: BLE001
         return
 
@@ -265,11 +274,14 @@ class ChildRun:
         try:
             self._run(recorder, tracker)
             recorder.close(completed=True)
+        except Terminated:
+            raise  # stopped from outside: no result, as if killed
         except BaseException as exc:  # noqa: BLE001 - every failure is a result
             phase = recorder.current_phase
             recorder.close(completed=False)
-            self.error = ReplayError(phase=phase, kind=classify(exc), message=f"{type(exc).__name__}: {exc}",
-                                     traceback=traceback.format_exc())
+            kind = classify(exc)
+            message = str(exc) if kind.startswith("build_lock") else f"{type(exc).__name__}: {exc}"
+            self.error = ReplayError(phase=phase, kind=kind, message=message, traceback=traceback.format_exc())
         result = tracker.stop()
         phases = recorder.finish(result)
         timeline: tuple[TimelinePoint, ...] = ()
@@ -307,12 +319,12 @@ class ChildRun:
         import deepspeed
         from deepspeed.accelerator import get_accelerator
 
-        from memfit.replay.attribution import model_items, read_items
+        from memfit.replay.attribution import PinRegistry, model_items, read_items
         from memfit.replay.model_build import apply_peft, build_config, build_model
         from memfit.replay.seams import initialize_phases, record_pins
 
         accel = get_accelerator()
-        self.ds_config, self.substitutions = prepare_deepspeed_config(spec, fp16_supported=accel.is_fp16_supported())
+        self.ds_config, self.substitutions = prepare_deepspeed_config(spec)
         load_dtype = spec.load_dtype
         if self.substitutions and load_dtype == "fp16":
             load_dtype = "bf16"
@@ -325,7 +337,13 @@ class ChildRun:
 
         _preload_ops(self.ds_config)
 
-        with record_pins(tracker.note_pinned):
+        pins = PinRegistry()
+
+        def note_pinned(tensor) -> None:
+            tracker.note_pinned(tensor)
+            pins.add(tensor)
+
+        with record_pins(note_pinned):
             recorder.enter("load")
             hf_ds_config = None
             if spec.zero_init:
@@ -337,7 +355,7 @@ class ChildRun:
             if spec.gradient_checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.model_summary = _model_summary(model, build_config(model_config, attention=spec.attention))
-            self.items.extend(model_items(model, at="load"))
+            self.items.extend(model_items(model, at="load", pins=pins, ds_config=self.ds_config))
             if spec.model_parameters == "trainable":
                 params = [p for p in model.parameters() if p.requires_grad]
             else:
@@ -346,7 +364,7 @@ class ChildRun:
             with initialize_phases(recorder, zero_stage=spec.zero_stage):
                 engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=self.ds_config)
             del params
-            self.items.extend(read_items(engine, at="initialize"))
+            self.items.extend(read_items(engine, at="initialize", pins=pins))
             from memfit.replay.coordinator_log import maybe_install
 
             coordinator_log = maybe_install(model) if spec.zero_stage == 3 else None  # MEMFIT_COORDINATOR_LOG
@@ -375,10 +393,10 @@ class ChildRun:
                     self.skipped_steps = int(getattr(engine, "skipped_steps", 0))
                 step += 1
                 if not step_items_read and step > self.skipped_steps:
-                    self.items.extend(read_items(engine, at="step"))
+                    self.items.extend(read_items(engine, at="step", pins=pins))
                     step_items_read = True
             if not step_items_read and step:
-                self.items.extend(read_items(engine, at="step"))
+                self.items.extend(read_items(engine, at="step", pins=pins))
             if coordinator_log is not None:
                 coordinator_log.close()
             self._save(engine, recorder)
@@ -410,7 +428,19 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 2:
         print("usage: python -m memfit.replay.child SPEC.json OUT.json", file=sys.stderr)
         return 2
-    spec_path, out_path = argv
+    guard_process()
+    try:
+        return _main(*argv)
+    except Terminated:
+        # Unwound (build locks released by their ``finally``); what this process started goes
+        # with it, and it ends by SIGTERM as before, so torchrun reports the signal.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        end_own_group(signal.SIGTERM)
+        return 143
+
+
+def _main(spec_path: str, out_path: str) -> int:
+    argv = [spec_path, out_path]
     with open(spec_path, encoding="utf-8") as fh:
         spec = ReplaySpec.from_json(fh.read())
     if spec.launcher == "torchrun":

@@ -38,6 +38,25 @@ WORK_HOLD_S = 0.002
 ``hold_finished_work``); a few hundred collectives per replay make this well under a second."""
 
 
+def load_comm_op() -> None:
+    """On the CPU accelerator deepspeed.comm loads (JIT-building if needed) its shared-memory
+    collectives op when it starts (comm/torch.py ``build_shm_op``), under torch's build lock, which
+    it would wait on forever: load it first through ``memfit.replay.ops.load_op``, which reports a
+    stale or long-held lock (``BuildLockError``). Any other failure is left to deepspeed.comm."""
+    from deepspeed.accelerator import get_accelerator
+
+    from memfit.replay.ops import BuildLockError, load_op
+
+    if get_accelerator().device_name() != "cpu":
+        return
+    try:
+        load_op("deepspeed_shm_comm")
+    except BuildLockError:
+        raise
+    except Exception:  # noqa: BLE001
+        return
+
+
 def join_fake_world(*, rank: int, world_size: int) -> None:
     """Default process group of ``world_size`` ranks with this process as ``rank``; deepspeed.comm on it."""
     import torch.distributed as tdist
@@ -47,6 +66,7 @@ def join_fake_world(*, rank: int, world_size: int) -> None:
         tdist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     import deepspeed
 
+    load_comm_op()
     # Attach deepspeed.comm now (deepspeed.initialize would do it later) so that a zero.Init
     # entered before initialize sees the world size.
     deepspeed.init_distributed(dist_init_required=False)
@@ -67,6 +87,7 @@ def join_real_world(*, world_size: int) -> tuple[int, str]:
     import torch.distributed as tdist
     from deepspeed.accelerator import get_accelerator
 
+    load_comm_op()
     deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name())
     if tdist.get_world_size() != world_size:
         raise RuntimeError(f"launcher started {tdist.get_world_size()} ranks, the spec asks for {world_size}")

@@ -30,12 +30,14 @@ from typing import Any
 from memfit.errors import MemfitError
 from memfit.replay.spec import ReplaySpec
 
-ERROR_KINDS = ("oom", "host_oom", "error", "killed", "timeout", "crash")
+ERROR_KINDS = ("oom", "host_oom", "error", "killed", "timeout", "crash", "build_lock", "build_lock_timeout")
 """``oom``: the device allocator failed (``torch.OutOfMemoryError`` or "CUDA error: out of memory",
 which is also how a failed pinned host allocation surfaces); ``host_oom``: the CPU allocator failed
 ("DefaultCPUAllocator: can't allocate memory", ``MemoryError``); ``error``: any other exception;
 ``killed``: the child died of a signal (e.g. the kernel's OOM killer's SIGKILL); ``timeout``: the
-parent killed it at the deadline; ``crash``: it exited non-zero without reporting."""
+parent killed it at the deadline; ``crash``: it exited non-zero without reporting; ``build_lock``: a
+DeepSpeed op's build lock is stale (held by no live process); ``build_lock_timeout``: another
+process held that lock longer than the child may wait (``memfit.replay.ops``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,7 +119,17 @@ class AttributedItem:
     """``cpu``, ``cuda:0``, ``mixed``, ``none`` (no tensor) or ``logical`` (model params that
     zero.Init partitioned at load: the bytes are their full, defined size)."""
     pinned: bool | None = None
-    """Whether the accelerator reports the tensors pinned (cpu accelerator: never)."""
+    """Whether the accelerator reports the tensors pinned (``is_pinned``: page-locked; on the cpu
+    accelerator never, so see ``pinned_bytes``)."""
+    pinned_bytes: int | None = None
+    """Bytes of these tensors whose storage DeepSpeed passed through the accelerator's
+    ``pin_memory``/``pin_empty`` (the replay's ``record_pins`` seam; on CUDA the page-locked ones,
+    on the cpu accelerator the ones DeepSpeed *would* page-lock). None in fixtures recorded before
+    this field existed."""
+    deepspeed_pins: bool | None = None
+    """Whether DeepSpeed's code pins these tensors, read off the flags its allocation code decides
+    by (``memfit.replay.attribution``, e.g. ``offload_optimizer_pin_memory``); None where no such
+    flag applies (the model, optimizer states: never pinned)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

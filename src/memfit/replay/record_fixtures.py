@@ -1,8 +1,10 @@
 """The recorded replay cases, and the command that records them as JSON fixtures.
 
 ``python -m memfit.replay.record_fixtures [--out tests/fixtures/replay] [--only NAME ...]
-[--overwrite] [--list]`` runs each case (``CASES``) with ``run_replay`` and saves its
-``Measurement`` to ``<out>/<case>.json``; existing files are kept unless ``--overwrite``.
+[--overwrite] [--list] [--seed]`` runs each case (``CASES``) with ``run_replay`` and saves its
+``Measurement`` to ``<out>/<case>.json``; existing files are kept unless ``--overwrite``. ``--seed``
+records the seed scenario instead (``seed_case``, to tests/fixtures/replay_seed/; it holds about
+4.3 GB of host memory at its peak).
 
 Every case is small enough for a 2-core CPU machine (tiny GPT-J and Llama configs, a few hundred
 thousand parameters, sequence 32, 2 steps) and runs on DeepSpeed's CPU accelerator in a fake world
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from typing import Any
 
@@ -26,6 +27,8 @@ from memfit.replay.measurement import save_fixture
 from memfit.replay.spec import ReplaySpec
 
 FIXTURE_DIR = os.path.join("tests", "fixtures", "replay")
+SEED_FIXTURE = os.path.join("tests", "fixtures", "replay_seed", "kogpt_prefix_zero3_offload_1layer_w2.json")
+SEED_SCENARIO = os.path.join("examples", "kogpt-prefix-zero3-offload.yaml")
 
 TINY_GPTJ: dict[str, Any] = {
     "model_type": "gptj",
@@ -142,25 +145,32 @@ CASES: dict[str, ReplaySpec] = {
               gradient_accumulation_steps=3),
         _case("gptj_full_z3_offload_ga2_w2", TINY_GPTJ, PeftSpec(method="full"), 3, offload=True, world_size=2,
               gradient_accumulation_steps=2),
+        # W = 3: no param size divides evenly (ZeRO-3 rounds each partition up: ceil(p/W)), and
+        # ZeRO-2's flat buffer pads the trainable count to a multiple of 2W, not W.
+        _case("gptj_prefix_z3_offload_w3", TINY_GPTJ, SEED_PREFIX, 3, offload=True, world_size=3),
+        _case("llama_lora_z2_offload_w3", TINY_LLAMA, LORA, 2, offload=True, world_size=3),
     )
 }
 
 
-OPS = {"cpu_adam": "CPUAdamBuilder", "fused_adam": "FusedAdamBuilder"}
-"""DeepSpeed ops the cases load: cpu_adam with an offloaded optimizer, fused_adam without."""
+def seed_case(root: str = ".") -> ReplaySpec:
+    """The seed scenario as ``memfit replay examples/kogpt-prefix-zero3-offload.yaml --layers 1
+    --seq-len 16 --steps 1`` runs it: kogpt's shapes cut to one block, the issue's DeepSpeed config
+    verbatim, W = 2 on the CPU accelerator."""
+    import dataclasses
+
+    from memfit.core.scenario_io import build_scenario, read_scenario_file
+    from memfit.replay.spec import spec_from_scenario
+
+    inputs = dataclasses.replace(read_scenario_file(os.path.join(root, SEED_SCENARIO)), seq_len=16)
+    return spec_from_scenario(build_scenario(inputs), layers=1, steps=1, accelerator="cpu")
 
 
-def warm_ops(ops: tuple[str, ...] = ("cpu_adam", "fused_adam"), timeout_s: float = 1800) -> None:
-    """JIT-build DeepSpeed's CPU ``ops`` in a child process (cached in ~/.cache/torch_extensions).
+def warm_ops(ops: tuple[str, ...] = ("cpu_adam", "fused_adam", "deepspeed_shm_comm"), timeout_s: float = 1800) -> float:
+    """``memfit.replay.ops.warm_ops``: build the ops once, up front, in a supervised process."""
+    from memfit.replay.ops import warm_ops as _warm
 
-    Its own process, so a build cut short by the caller's timeout does not happen inside a replay
-    (a killed build leaves a stale ``lock`` file that makes the next build wait forever).
-    """
-    builders = ", ".join(OPS[op] for op in ops)
-    code = f"from deepspeed.ops.op_builder import {builders}\n" + "".join(f"{OPS[op]}().load()\n" for op in ops)
-    env = dict(os.environ, DS_ACCELERATOR="cpu")
-    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=timeout_s,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return _warm(ops, timeout_s=timeout_s)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,11 +182,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true", help="replace existing fixture files")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per replay (default %(default)s)")
+    parser.add_argument("--seed", action="store_true", help=f"record the seed scenario to {SEED_FIXTURE} instead")
     args = parser.parse_args(argv)
     if args.list:
         for name in CASES:
             print(name)
         return 0
+    if args.seed:
+        warm_ops(("cpu_adam", "deepspeed_shm_comm"))
+        if os.path.exists(SEED_FIXTURE) and not args.overwrite:
+            print(f"seed: {SEED_FIXTURE} exists (use --overwrite)")
+            return 0
+        measurement = run_replay(seed_case(), timeout_s=args.timeout)
+        save_fixture(measurement, SEED_FIXTURE, overwrite=args.overwrite)
+        print(f"seed: {'ok' if measurement.ok else measurement.error.kind}, {measurement.wall_s:.1f} s -> {SEED_FIXTURE}")
+        return 0 if measurement.ok else 1
     names = args.only or list(CASES)
     unknown = [n for n in names if n not in CASES]
     if unknown:

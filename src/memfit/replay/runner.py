@@ -4,8 +4,10 @@ Command line: ``python -m memfit.replay.runner SPEC.json [--save-fixture PATH] [
 [--timeout S]`` prints a one-line summary per phase and optionally saves the measurement.
 
 The parent never imports torch or deepspeed: it writes the spec to a temporary directory, starts
-``python -m memfit.replay.child SPEC.json OUT.json`` in its own process group, waits up to
-``timeout_s``, and reads OUT.json. When the child dies without writing it (killed by a signal, such
+``python -m memfit.replay.child SPEC.json OUT.json`` in its own session, waits up to
+``timeout_s``, and reads OUT.json. The child dies with the parent, however the parent dies
+(``memfit.replay.supervision``: a parent-death signal, a watchdog in every replay process); a
+build lock left by a killed op build is reported, not waited on (``memfit.replay.ops``). When the child dies without writing it (killed by a signal, such
 as the kernel OOM killer's SIGKILL, or by the timeout) the parent builds the measurement from the
 child's progress log: the phases it closed and the phase it was in.
 
@@ -33,7 +35,9 @@ import tempfile
 import time
 
 from memfit.errors import MemfitError
+from memfit.replay import supervision
 from memfit.replay.child import rank_output_path
+from memfit.replay.ops import LOCK_TIMEOUT_ENV
 from memfit.replay.measurement import Measurement, ReplayError, save_fixture
 from memfit.replay.phases import read_progress
 from memfit.replay.spec import ReplaySpec
@@ -41,6 +45,8 @@ from memfit.replay.spec import ReplaySpec
 STDERR_TAIL_CHARS = 4000
 KILL_GRACE_S = 5.0
 """Seconds between SIGTERM and SIGKILL when a replay is stopped."""
+LOCK_TIMEOUT_SHARE = 0.5
+"""Default share of the replay's timeout that the child may wait for another process's op build."""
 TORCHRUN_SUMMARY_CHARS = 65536
 """How much of the end of stderr is searched for torchrun's failure summary."""
 
@@ -67,15 +73,19 @@ def run_replay(
     python: str | None = None,
     keep_dir: str | None = None,
     env: dict[str, str] | None = None,
+    lock_timeout_s: float | None = None,
 ) -> Measurement:
     """Run ``spec`` in a child process; never raises for a failed run (see ``Measurement.error``).
 
     ``keep_dir``: write spec, output, progress log and the child's stdout/stderr there (else a
     temporary directory, removed afterwards). ``env``: extra environment for the child. With the
     ``torchrun`` launcher the result is rank 0's measurement; other ranks' errors are added to its
-    notes (and become its error when rank 0 has none).
+    notes (and become its error when rank 0 has none). ``lock_timeout_s``: how long the child may
+    wait for another process's build of a DeepSpeed op (default: half of ``timeout_s``); a stale
+    build lock is reported at once (``ReplayError.kind`` ``build_lock``, ``build_lock_timeout``).
     """
-    return run_replay_ranks(spec, timeout_s=timeout_s, python=python, keep_dir=keep_dir, env=env)[0]
+    return run_replay_ranks(spec, timeout_s=timeout_s, python=python, keep_dir=keep_dir, env=env,
+                            lock_timeout_s=lock_timeout_s)[0]
 
 
 def run_replay_ranks(
@@ -85,6 +95,7 @@ def run_replay_ranks(
     python: str | None = None,
     keep_dir: str | None = None,
     env: dict[str, str] | None = None,
+    lock_timeout_s: float | None = None,
 ) -> tuple[Measurement, ...]:
     """``run_replay``, returning rank 0's measurement followed by those the other ranks wrote
     (``torchrun``; a rank that wrote none is left out). The ``fake`` launcher returns one."""
@@ -106,18 +117,13 @@ def run_replay_ranks(
     child_env.update(env or {})
     child_env["DS_ACCELERATOR"] = spec.accelerator
     child_env.setdefault("PYTHONUNBUFFERED", "1")
+    lock_wait = timeout_s * LOCK_TIMEOUT_SHARE if lock_timeout_s is None else lock_timeout_s
+    child_env[LOCK_TIMEOUT_ENV] = f"{max(lock_wait, 0.0):g}"
     t0 = time.perf_counter()
     stdout_path = os.path.join(workdir, "stdout.txt")
     stderr_path = os.path.join(workdir, "stderr.txt")
-    timed_out = False
     with open(stdout_path, "wb") as out_fh, open(stderr_path, "wb") as err_fh:
-        proc = subprocess.Popen(argv, stdout=out_fh, stderr=err_fh, env=child_env, start_new_session=True)
-        try:
-            returncode = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_tree(proc)
-            returncode = proc.wait()
+        returncode, timed_out = run_supervised(argv, env=child_env, timeout_s=timeout_s, stdout=out_fh, stderr=err_fh)
     wall = time.perf_counter() - t0
     try:
         others = _other_ranks(spec, out_path) if not timed_out else ()
@@ -213,6 +219,25 @@ def _collect(spec, argv, out_path, progress_path, stderr_path, returncode, timed
     )
 
 
+def run_supervised(argv: list[str], *, env: dict[str, str], timeout_s: float | None, stdout=None,
+                   stderr=None) -> tuple[int, bool]:
+    """Run ``argv`` as a supervised child: in its own session, killed with its descendants when this
+    process dies (``supervision``), stopped at ``timeout_s``. Returns (returncode, timed_out)."""
+    env = dict(env)
+    env[supervision.SUPERVISOR_ENV] = supervision.supervisor_token()
+    proc = subprocess.Popen(supervision.supervised_argv(argv), stdout=stdout, stderr=stderr, env=env,
+                            start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout_s), False
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc)
+        return proc.wait(), True
+    except BaseException:  # KeyboardInterrupt in the supervisor: the child goes with it
+        _kill_tree(proc)
+        proc.wait()
+        raise
+
+
 def _kill_tree(proc: subprocess.Popen) -> None:
     """SIGTERM the child's process group (its session) and those of all its descendants, then
     SIGKILL the groups still there after ``KILL_GRACE_S``.
@@ -251,39 +276,9 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         pass
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    """Fields of /proc/PID/stat after the command name (field 3, the state, first); None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
-            text = fh.read()
-    except OSError:
-        return None
-    return text.rpartition(")")[2].split()
-
-
-def _start_time(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot (proc(5) field 22), None when it is gone."""
-    fields = _stat_fields(pid)
-    return int(fields[19]) if fields and len(fields) > 19 else None
-
-
-def _descendants(root: int) -> list[int]:
-    """Every process below ``root`` (through /proc's parent pids; empty where /proc is missing)."""
-    children: dict[int, list[int]] = {}
-    try:
-        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
-    except OSError:
-        return []
-    for pid in pids:
-        fields = _stat_fields(pid)
-        if fields and len(fields) > 1:
-            children.setdefault(int(fields[1]), []).append(pid)
-    out, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
+_stat_fields = supervision.stat_fields
+_start_time = supervision.start_time
+_descendants = supervision.descendants
 
 
 def _tail(path: str, chars: int = STDERR_TAIL_CHARS) -> str:

@@ -365,6 +365,14 @@ class _Step:
                 else list(gp.persist_live)
         self._after_backward(micro)
 
+    def _persist_bytes(self, g) -> int:
+        """A persistent param's gathered copy: its all-gather buffer, ceil(p/W) x W elements. With
+        W = 1 on the CPU accelerator there is none: ``param.data = ds_tensor.data.to(device)``
+        (partition_parameters.py NoGatherHandle) is the partition itself."""
+        if self.W == 1 and self.t.accelerator == "cpu":
+            return 0
+        return ceil_div(g.numel, self.W) * self.W * g.element_bytes
+
     def _traced_pass(self, *, micro: int, boundary: bool, prefix: str) -> None:
         """``memfit plan --exact``: the traced step memory in place of the analytic activations (and,
         under ZeRO-3, of the gathered params and gradients the trace's coordinator replay gives)."""
@@ -372,7 +380,7 @@ class _Step:
         if self.stage3 and not any(self.persist_live):
             for i, g in enumerate(self.gparams):  # the trace's replay counts persistent params as gathered
                 if g.persist:
-                    t.alloc(PERSIST_FULL, ceil_div(g.numel, self.W) * self.W * g.element_bytes)
+                    t.alloc(PERSIST_FULL, self._persist_bytes(g))
                     self.persist_live[i] = True
         _alloc_items(t, traced.forward_items)
         t.phase(prefix + "backward", "backward pass (traced)")
@@ -452,7 +460,7 @@ class _Step:
         if self.stage3:  # _post_step: all_gather(persistent_parameters)
             for i, g in enumerate(self.gparams):
                 if g.persist and not self.persist_live[i]:
-                    t.alloc(PERSIST_FULL, ceil_div(g.numel, self.W) * self.W * g.element_bytes)
+                    t.alloc(PERSIST_FULL, self._persist_bytes(g))
                     self.persist_live[i] = True
         t.end_phase()  # the model states after a step, gradients included
         t.free(GRADS)  # the step frees the gradients (zero_grad(set_to_none=True), free_grad_in_param_list)
