@@ -64,6 +64,15 @@ GRID = {
         deepspeed=str(DS / "zero2_bf16.json"), gpus="4xa100-80gb", nodes=2, seq_len=256),
     "gpt2-medium-fp32-lion": lambda: ScenarioInputs(model="gpt2-medium", deepspeed_inline=FP32_ZERO1,
                                                     gpus="2xrtx3090", seq_len=256),
+    # an encoder-decoder with its own target length, a 256k vocabulary (the loss's tensors dominate the
+    # step), layers that differ (sliding and full attention)
+    "flan-t5-target-len-lora": lambda: ScenarioInputs(model="google/flan-t5-large", peft_method="lora",
+                                                      deepspeed=str(DS / "zero2_bf16.json"), gpus="2xa100-40gb",
+                                                      seq_len=512, target_len=64),
+    "gemma2-2b-full-256k-vocab": lambda: ScenarioInputs(model="google/gemma-2-2b", deepspeed=str(DS / "zero2_bf16.json"),
+                                                        gpus="2xa100-80gb", seq_len=1024),
+    "gemma3-1b-lora-mixed-layers": lambda: ScenarioInputs(model="gemma-3-1b", peft_method="lora",
+                                                          gpus="1xrtx4090", seq_len=2048),
 }
 
 

@@ -77,27 +77,20 @@ def test_plan_takes_the_longest_batch(runs):
 
 
 def test_longest_batch_plan_agrees_with_a_replay_at_that_length(runs):
-    """The plan's phase peak plus the loss transient the activation estimate reports for it (the fp32
-    copy of the logits in the forward, the log-softmax gradients when backward starts: the ledger's
-    step recipe places the end-of-forward activations, ``estimate_activation_bytes`` exposes the
-    transients as ``loss_forward_bytes``/``loss_backward_bytes``) against the replay's peaks."""
-    from memfit.core.activations import estimate_activation_bytes
+    """The plan's forward and backward peaks (the loss's tensors included: the fp32 copy of the logits
+    and the saved log-softmax in the forward, the log-softmax gradients when backward starts; see
+    ``memfit.core.ledger.step_activations``) against the replay's peaks."""
     from memfit.replay.compare import compare
 
     longest, _, measured = runs
-    est = estimate_activation_bytes(longest.model.arch, longest.peft, seq_len=longest.train.seq_len,
-                                    micro_batch=longest.train.micro_batch, dtype_bytes=2,
-                                    attention=longest.train.attention)
     comparison = {p.phase: p for p in compare(make_plan(longest), measured["longest"]).phases}
     forward, backward = comparison["forward"], comparison["backward"]
-    # forward: the end-of-forward activations plus the fp32 logits copy alive during the loss
-    predicted_forward = forward.predicted_host_bytes + est.loss_forward_bytes
-    # backward: the larger of the plan's backward phase and the moment backward starts, when the
-    # log-softmax gradients join the forward's activations; the replay's loop keeps only the loss
-    # (``engine(...).loss``, child.py), so the dtype logits are already freed then
+    predicted_forward = forward.predicted_host_bytes
+    # the plan's loop holds the model outputs through backward (``outputs = model(**batch)``); the
+    # replay's keeps only the loss (``engine(...).loss``, child.py), so its dtype logits are freed by
+    # then: the plan's backward phase, which holds them throughout, less the logits
     logits = 2 * longest.train.micro_batch * longest.train.seq_len * longest.model.arch.vocab_size
-    predicted_backward = max(backward.predicted_host_bytes,
-                             forward.predicted_host_bytes + est.loss_backward_bytes - logits)
+    predicted_backward = backward.predicted_host_bytes - logits
     rows = []
     for p, predicted in ((forward, predicted_forward), (backward, predicted_backward)):
         rel = (predicted - p.measured_host_bytes) / p.measured_host_bytes

@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 
 from memfit.core.activations import estimate_activation_bytes
-from memfit.core.ledger.step import ActivationPlan
+from memfit.core.ledger.step_activations import ActivationPlan
 from memfit.core.model import ArchSpec
 from memfit.core.peft_spec import PeftSpec
 from memfit.trace.results import TraceOptions
@@ -61,8 +61,9 @@ def _measure(family: str, seq: int):
     plan = ActivationPlan(est, LAYERS, n_seg, 2, True, LAYERS)
     live, segment = est.total_bytes, []
     for s in range(n_seg + 1):  # activations live in each backward segment, its recompute included
+        live += sum(b for _, b in plan.bwd_pre[s])  # the loss's backward (the head's segment)
         segment.append(live + plan.recompute[s])
-        live -= sum(plan.bwd_free[s])
+        live += sum(b for _, b in plan.bwd_free[s])
     names = [m.name for m in trace.modules]
     events = trace.events
     end_forward = next(i for i, e in enumerate(events) if e.kind == "end_forward")

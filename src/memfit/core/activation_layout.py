@@ -18,10 +18,11 @@ Layer formulas are in ``activation_families`` (Llama-style decoders, experts, la
 from __future__ import annotations
 
 from collections import Counter
+from typing import NamedTuple
 
 from memfit.core.activation_families import Ctx, llama_layer, norm_bytes
 from memfit.core.activation_stacks import bert_layer, neox_layer, t5_decoder_layer, t5_encoder_layer, t5_held_biases
-from memfit.core.activations import ActivationEstimate, LayerGroup, _lora_targets
+from memfit.core.activations import CAUSAL_LM_LOSS, ActivationEstimate, LayerGroup, _lora_targets
 from memfit.core.model import ArchSpec
 from memfit.core.peft_spec import PeftSpec
 
@@ -86,7 +87,8 @@ def estimate_from_layout(
 
     t_out = b * (target_len or seq_len) if L.family == "t5" and arch.num_encoder_layers else t
     embed = _embedding_bytes(arch, c, grad_first or gradient_checkpointing)
-    head, logits, loss_fwd, loss_bwd = _head_bytes(arch, c, t_out, keep_outputs=keep_outputs)
+    hd = _head_bytes(arch, c, t_out, keep_outputs=keep_outputs)
+    head, logits = hd.head, hd.logits
     layers_total = sum(g.count * g.bytes for g in groups) - (groups[0].bytes - first if groups else 0)
     n_layers = sum(g.count for g in groups)
     biggest = max(groups, key=lambda g: g.count * g.bytes) if groups else LayerGroup("layer", 0, 0)
@@ -113,8 +115,35 @@ def estimate_from_layout(
         total_bytes=total, layer_bytes=biggest.bytes, first_layer_bytes=first, embedding_bytes=embed,
         head_bytes=head, logits_bytes=logits, recompute_bytes=recompute, formula=formula, layers=tuple(groups),
         checkpointed_layer_bytes=D * t * arch.hidden_size if gradient_checkpointing else 0,
-        loss_forward_bytes=loss_fwd, loss_backward_bytes=loss_bwd,
+        checkpointed_layers=_held_layers(arch, c, groups, target_len or seq_len) if gradient_checkpointing else (),
+        logits_kept_bytes=hd.kept, loss_saved_bytes=hd.saved, loss_forward_tensors=hd.forward,
+        loss_backward_tensors=hd.backward, logits_grad_bytes=hd.grad, loss_source=hd.source,
     )
+
+
+def _held_layers(arch: ArchSpec, c: Ctx, groups: list[LayerGroup], s_dec: int) -> tuple[int, ...]:
+    """Checkpointing: what each layer holds, in order (``ActivationEstimate.checkpointed_layers``):
+    its input (a decoder block's at ``s_dec`` tokens); the first layer also the masks every layer
+    receives, and in T5/mT5 the first encoder (decoder) block the position biases it computes and
+    hands to the others."""
+    L = arch.layout
+    D, b, h = c.D, c.b, arch.hidden_size
+    enc = D * c.t * h
+    out = [enc] * sum(g.count for g in groups)
+    if not out:
+        return ()
+    out[0] += _held_masks(arch, c)
+    if L.family == "t5" and arch.num_encoder_layers:
+        n_enc = arch.num_encoder_layers
+        for k in range(n_enc, len(out)):
+            out[k] = D * b * s_dec * h
+        if arch.model_type != "umt5":
+            a = c.a
+            out[0] += D * a * c.s * c.s  # the encoder's bias (t5_held_biases)
+            out[n_enc] += D * a * s_dec * s_dec + D * a * s_dec * c.s  # the decoder's self and cross biases
+    elif L.family == "t5":
+        out[0] += t5_held_biases(arch, c, s_dec)
+    return tuple(out)
 
 
 def _held_masks(arch: ArchSpec, c: Ctx) -> int:
@@ -190,8 +219,42 @@ def _embedding_bytes(arch: ArchSpec, c: Ctx, grad_in: bool) -> int:
     return 0
 
 
-def _head_bytes(arch: ArchSpec, c: Ctx, t_out: int, *, keep_outputs: bool) -> tuple[int, int, int, int]:
-    """``(head, logits, loss forward transient, loss backward transient)`` for the task."""
+class _Head(NamedTuple):
+    """A task head's bytes: ``head`` (everything it keeps for backward and with the outputs, logits
+    included), ``logits`` (the logits, kept and saved copies), ``kept`` (the logits the outputs hold),
+    ``saved`` (the log-softmax the loss saves), the loss's forward and backward transients as the
+    tensors the code makes, the logits' gradient cast back to the training dtype, and the loss code."""
+
+    head: int
+    logits: int
+    kept: int
+    saved: int = 0
+    forward: tuple[int, ...] = ()
+    backward: tuple[int, ...] = ()
+    grad: int = 0
+    source: str = ""
+
+
+_LOSS_FILE = "transformers/loss/loss_utils.py"
+_UPCAST_LOSS = {
+    "causal-lm": CAUSAL_LM_LOSS,
+    "masked-lm": f"{_LOSS_FILE}:ForMaskedLMLoss (logits.float(); fixed_cross_entropy -> log_softmax + nll_loss) "
+                 "(transformers 5.24)",
+    "seq2seq-lm": f"{_LOSS_FILE}:ForCausalLMLoss (LOSS_MAPPING['ForConditionalGeneration']) (transformers 5.24)",
+}
+_DTYPE_LOSS = {  # model_type -> the head's CrossEntropyLoss on the dtype logits (log_softmax + nll_loss)
+    "bert": "transformers/models/bert/modeling_bert.py:BertForMaskedLM.forward (CrossEntropyLoss)",
+    "roberta": "transformers/models/roberta/modeling_roberta.py:RobertaForMaskedLM.forward (CrossEntropyLoss)",
+    "deberta-v2": "transformers/models/deberta_v2/modeling_deberta_v2.py:DebertaV2ForMaskedLM.forward (CrossEntropyLoss)",
+    "t5": "transformers/models/t5/modeling_t5.py:T5ForConditionalGeneration.forward (CrossEntropyLoss)",
+    "mt5": "transformers/models/mt5/modeling_mt5.py:MT5ForConditionalGeneration.forward (CrossEntropyLoss)",
+    "umt5": "transformers/models/umt5/modeling_umt5.py:UMT5ForConditionalGeneration.forward (CrossEntropyLoss)",
+}
+_TOKEN_LOSS = f"{_LOSS_FILE}:ForTokenClassification (logits.float(); fixed_cross_entropy) (transformers 5.24)"
+
+
+def _head_bytes(arch: ArchSpec, c: Ctx, t_out: int, *, keep_outputs: bool) -> _Head:
+    """The head's and the loss's bytes for the task (see ``_Head``)."""
     L = arch.layout
     D, h, V = c.D, c.h, arch.vocab_size
     task = arch.task
@@ -226,29 +289,36 @@ def _head_bytes(arch: ArchSpec, c: Ctx, t_out: int, *, keep_outputs: bool) -> tu
             logits += D * t * V  # tanh of logits / cap, kept for its backward
         if task == "causal-lm":
             n += 8 * (t + c.b)  # the labels padded by one (ForCausalLMLoss), kept by the shift
-        fwd = (4 * t * V if upcast else 0) + 8 * t
-        bwd = 2 * (4 if upcast else D) * t * V
-        return n + logits, logits, fwd, bwd
+        kept = D * t * V if keep_outputs else 0
+        if upcast:  # logits.float(), then the label copies; nll_loss's and log_softmax's gradients (fp32)
+            fwd, bwd, grad = (4 * t * V, 8 * t), (4 * t * V, 4 * t * V), D * t * V
+            source = _UPCAST_LOSS[task]
+        else:  # CrossEntropyLoss on the dtype logits: log_softmax's backward result is their gradient
+            fwd, bwd, grad = (8 * t,), (D * t * V, D * t * V), 0
+            source = _DTYPE_LOSS.get(arch.model_type, "the model's CrossEntropyLoss on the dtype logits") + \
+                " (transformers 5.24)"
+        return _Head(n + logits, logits, kept, log_softmax, fwd, bwd, grad, source)
     labels = arch.num_labels
     if task == "sequence-classification":
         if L.family == "bert" or L.pooler:
             n += D * c.b * h * 2  # first token (pooler input), tanh output
-            return n + D * c.b * labels + 4 * c.b * labels, D * c.b * labels, 0, 0
+            return _Head(n + D * c.b * labels + 4 * c.b * labels, D * c.b * labels, D * c.b * labels)
         if L.family == "t5":
             n += 3 * D * c.b * h  # eos representation, dense output, tanh output
-            return n + D * c.b * labels, D * c.b * labels, 0, 0
+            return _Head(n + D * c.b * labels, D * c.b * labels, D * c.b * labels)
         n += D * t * labels  # score on every position; the pooled rows are small
-        return n, D * t * labels, 0, 0
+        return _Head(n, D * t * labels, D * t * labels)
     if task == "token-classification":
         if L.classifier_dropout > 0:
             n += t * h + D * t * h  # dropout mask and output (the classifier's input)
         else:
             n += D * t * h  # the stack's output itself
         logits = D * t * labels + 4 * t * labels
-        return n + logits, logits, 4 * t * labels, 8 * t * labels
+        return _Head(n + logits, logits, D * t * labels, 4 * t * labels, (4 * t * labels,),
+                     (4 * t * labels, 4 * t * labels), D * t * labels, _TOKEN_LOSS)
     # question answering: qa_outputs on the stack's output (counted above), start/end copies
     logits = D * t * labels + 2 * D * t
-    return n + logits, logits, 0, 0
+    return _Head(n + logits, logits, logits)
 
 
 def _ctx_at(c: Ctx, t: int) -> Ctx:

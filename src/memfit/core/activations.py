@@ -106,14 +106,38 @@ class ActivationEstimate:
     layers: tuple[LayerGroup, ...] = ()
     checkpointed_layer_bytes: int = 0
     """With checkpointing: what each layer keeps (its input), instead of its activations."""
-    loss_forward_bytes: int = 0
-    """Transient on top of ``total_bytes`` while the loss runs: the fp32 copy of the logits
-    (``logits.float()`` in ForCausalLMLoss/ForMaskedLMLoss) alive next to the log-softmax it feeds,
-    and the shifted label copies (transformers/loss/loss_utils.py)."""
-    loss_backward_bytes: int = 0
-    """Transient on top of ``total_bytes`` when backward starts: the gradient of the log-softmax
-    output (nll_loss's backward) and the log-softmax backward's result, both logits-sized, while the
-    saved log-softmax is still alive."""
+    logits_kept_bytes: int = 0
+    """Part of ``logits_bytes``: the logits the model's outputs hold (training dtype), kept until the
+    training loop drops the outputs (here: the end of backward)."""
+    loss_saved_bytes: int = 0
+    """Part of ``logits_bytes``: the log-softmax ``cross_entropy`` saves for its backward (fp32 when the
+    loss upcasts the logits), freed once log_softmax's backward has run."""
+    loss_forward_tensors: tuple[int, ...] = ()
+    """Transient tensors on top of ``total_bytes`` while the loss runs, all alive at its peak: the fp32
+    copy of the logits (``logits.float()`` in ForCausalLMLoss/ForMaskedLMLoss, alive next to the
+    log-softmax it feeds) and the label copies (transformers/loss/loss_utils.py)."""
+    loss_backward_tensors: tuple[int, ...] = ()
+    """Transients when backward starts, in order, both alive at its peak with the saved log-softmax:
+    the gradient of the log-softmax output (``nll_loss_backward``) and log_softmax's backward result."""
+    logits_grad_bytes: int = 0
+    """After log_softmax's backward, when the loss upcast the logits: their gradient cast back to the
+    training dtype (``ToCopyBackward``), alive through the head's backward (0 when the loss ran in the
+    training dtype: log_softmax's backward result is then that gradient)."""
+    loss_source: str = ""
+    """The code the loss tensors come from (file:function, transformers version)."""
+    checkpointed_layers: tuple[int, ...] = ()
+    """With checkpointing: what each layer holds, in order (its input; the first layer of a stack also
+    the masks or position biases handed to every layer). Sums to ``total_bytes`` minus embeddings and head."""
+
+    @property
+    def loss_forward_bytes(self) -> int:
+        """Transient on top of ``total_bytes`` while the loss runs (``loss_forward_tensors``)."""
+        return sum(self.loss_forward_tensors)
+
+    @property
+    def loss_backward_bytes(self) -> int:
+        """Transient on top of ``total_bytes`` when backward starts (``loss_backward_tensors``)."""
+        return sum(self.loss_backward_tensors)
 
     @property
     def non_layer_bytes(self) -> int:
@@ -132,7 +156,9 @@ class ActivationEstimate:
         return self.total_bytes + self.loss_backward_bytes
 
     def per_layer_bytes(self) -> tuple[int, ...]:
-        """Bytes each layer keeps, in execution order (encoder layers first)."""
+        """Bytes each layer keeps, in execution order (encoder layers first), checkpointing applied."""
+        if self.checkpointed_layers:
+            return self.checkpointed_layers
         if self.checkpointed_layer_bytes:
             count = sum(g.count for g in self.layers)
             return (self.checkpointed_layer_bytes,) * count
@@ -140,6 +166,14 @@ class ActivationEstimate:
         if out:
             out[0] = self.first_layer_bytes
         return tuple(out)
+
+    def recompute_per_layer(self) -> tuple[int, ...]:
+        """With checkpointing: the activations each layer's recompute rebuilds during its backward
+        (its group's bytes: checkpointing makes the embedding output require grad, so the first layer
+        keeps what the others do), in execution order; zeros without checkpointing."""
+        if not self.recompute_bytes:
+            return (0,) * sum(g.count for g in self.layers)
+        return tuple(g.bytes for g in self.layers for _ in range(g.count))
 
 
 def estimate_activation_bytes(
@@ -240,9 +274,29 @@ def estimate_activation_bytes(
         formula=formula,
         layers=(LayerGroup("layer", L, layer),),
         checkpointed_layer_bytes=D * t * h if gradient_checkpointing else 0,
-        loss_forward_bytes=4 * t * V + 16 * t,  # the fp32 copy of the logits; padded and shifted labels
-        loss_backward_bytes=8 * t * V,  # nll_loss's gradient and log_softmax's backward result (fp32)
+        checkpointed_layers=(_held_layers(L, D * t * h, D * b * s * skv if eager else 0)
+                             if gradient_checkpointing else ()),
+        logits_kept_bytes=D * t * V if keep_outputs else 0,
+        loss_saved_bytes=4 * t * V,
+        # the fp32 copy of the logits; the labels padded by one and their shifted copy
+        loss_forward_tensors=(4 * t * V, 8 * t, 8 * t),
+        loss_backward_tensors=(4 * t * V, 4 * t * V),  # nll_loss's gradient, log_softmax's backward result (fp32)
+        logits_grad_bytes=D * t * V,
+        loss_source=CAUSAL_LM_LOSS,
     )
+
+
+CAUSAL_LM_LOSS = ("transformers/loss/loss_utils.py:ForCausalLMLoss (logits.float(), nn.functional.pad + "
+                  "labels[..., 1:].contiguous(); fixed_cross_entropy -> cross_entropy = log_softmax + nll_loss) "
+                  "(transformers 5.24)")
+"""Where the causal-LM loss tensors come from."""
+
+
+def _held_layers(n_layers: int, per_layer: int, first_extra: int) -> tuple[int, ...]:
+    """Checkpointing: each layer's kept input, the first also holding what every layer receives."""
+    if not n_layers:
+        return ()
+    return (per_layer + first_extra,) + (per_layer,) * (n_layers - 1)
 
 
 def _lora_targets(arch: ArchSpec, peft: PeftSpec) -> tuple[str, ...]:

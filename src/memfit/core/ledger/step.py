@@ -8,7 +8,10 @@ accumulating), ``save``. What each adds on top of the model states initialize le
 
 - activations, one set per transformer block (``memfit.core.activations``, analytic; ``memfit plan
   --exact`` uses the traced figure), freed block by block in backward; with gradient checkpointing
-  a block's activations are rebuilt during its backward (``recompute_bytes``);
+  a block's activations are rebuilt during its backward (``recompute_bytes``); the logits and the
+  loss's tensors as transformers' loss code makes them (``step_activations``: the fp32 copy of the
+  logits and the saved log-softmax at the forward's end, their gradients when backward starts);
+  encoder-decoders' decoder blocks at ``target_len`` tokens;
 - ZeRO-3: parameters gathered per module by the coordinator (``zero3_fetch``) over the module order
   (``module_order``): the first micro-step records the trace (no prefetch, every param released
   after its module); from the next micro-step on the trace is complete (prefetch, reuse distance,
@@ -35,6 +38,7 @@ from collections.abc import Sequence
 from memfit.core.activations import ActivationEstimate, estimate_activation_bytes
 from memfit.core.ledger import host_process
 from memfit.core.ledger.context import DTYPE_BYTES, RecipeContext, ceil_div, optimizer_offload
+from memfit.core.ledger.step_activations import ACT, RECOMPUTE, ActivationPlan, declare_activations
 from memfit.core.ledger.step_segments import (BUCKETS, FULL_GRAD, GRAD_COPY, GRAD_FP32, GRADS, GRADS_PART, OLD_IPG,
                                               RS_FLAT, GatherPass, GradSpec, Segment, StepLayout, build_layout,
                                               gather_pass, grad_pass)
@@ -44,8 +48,6 @@ from memfit.core.ledger.zero3_fetch import (AG_FLAT, AG_STAGING, GATHERED, P30, 
                                             persistent_flags, upper_bound_numel)
 from memfit.core.ledger_types import Device, LedgerItem, TracedStep
 
-ACT = "step.activations"
-RECOMPUTE = "step.checkpoint_recompute"
 PERSIST_FULL = PERSISTENT
 GRAD_FULL = FULL_GRAD
 STEP_TMP = "step.fp32_grad_tmp"
@@ -72,7 +74,7 @@ def activation_estimate(ctx: RecipeContext) -> ActivationEstimate:
     return estimate_activation_bytes(sc.model.arch, sc.peft, seq_len=sc.train.seq_len,
                                      micro_batch=sc.train.micro_batch, dtype_bytes=ctx.model_bytes,
                                      gradient_checkpointing=sc.train.gradient_checkpointing,
-                                     attention=sc.train.attention,
+                                     attention=sc.train.attention, target_len=sc.train.target_len,
                                      # ZeRO-3's memory-efficient Linear saves every Linear's input
                                      linear_saves_frozen_inputs=z.stage == 3 and z.memory_efficient_linear)
 
@@ -83,49 +85,6 @@ def step_layout(ctx: RecipeContext) -> StepLayout:
     return build_layout([p.name for p in ctx.params], [p.numel for p in ctx.params], [p.trainable for p in ctx.params],
                         num_layers=arch.num_layers + arch.num_encoder_layers,
                         checkpointing=sc.train.gradient_checkpointing)
-
-
-class ActivationPlan:
-    """Which activation tensors are allocated in each forward segment and freed after each backward
-    segment (see ``step_segments``): the embeddings before the first block, one set per block (its
-    saved tensors, or with checkpointing its kept input), the head after the last; in backward the
-    head's saved tensors go after the loss (the logits stay with the outputs until the end), each
-    block's after its backward, with checkpointing a block's recomputed activations live during it."""
-
-    def __init__(self, est: ActivationEstimate, blocks: int, n_segments: int, dtype_bytes: int, checkpointing: bool,
-                 num_layers: int) -> None:
-        L = num_layers
-        self.fwd: list[list[int]] = [[] for _ in range(n_segments)]
-        self.bwd_free: list[list[int]] = [[] for _ in range(n_segments + 1)]
-        self.recompute = [0] * (n_segments + 1)
-        head = est.head_bytes
-        kept_logits = est.logits_bytes // (dtype_bytes + 4) * dtype_bytes  # logits (D) of (D + 4 fp32) t x V
-        kept_logits = min(kept_logits, head)
-        if checkpointing:
-            held = est.total_bytes - est.embedding_bytes - head
-            q, r = divmod(held, L) if L else (0, held)
-            layer = [q + (r if k == 0 else 0) for k in range(L)]
-        else:
-            layer = [est.first_layer_bytes if k == 0 else est.layer_bytes for k in range(L)]
-        # one tensor per allocation (contract 2): the head's saved tensors and the logits kept with
-        # the outputs are allocated (and freed) apart
-        head_parts = [head - kept_logits, kept_logits]
-        if blocks == L and L:
-            self.fwd[0].append(est.embedding_bytes)
-            for k in range(L):
-                self.fwd[2 * k + 1].append(layer[k])
-                j = L - 1 - k  # backward segment of block k
-                self.bwd_free[2 * j + 1].append(layer[k])
-                if checkpointing:
-                    self.recompute[2 * j + 1] = est.recompute_bytes
-            self.fwd[n_segments - 1] += head_parts
-            self.bwd_free[0].append(head - kept_logits)
-        else:  # blocks not recognised: everything allocated in one segment, freed at the end
-            self.fwd[0] += [est.embedding_bytes, *layer, *head_parts]
-            self.bwd_free[n_segments - 1] += [*layer, head - kept_logits]
-            if checkpointing:
-                self.recompute[0] = est.recompute_bytes
-        self.bwd_free[n_segments] += [est.embedding_bytes, kept_logits]
 
 
 class _Step:
@@ -204,14 +163,8 @@ class _Step:
     def declare(self) -> None:
         t, z, nb, W = self.t, self.z, self.nb, self.W
         est = self.est
-        t.declare(ACT, name="activations saved for backward, one set per block (analytic)", device=Device.GPU,
-                  category="activations", exact=False, formula=est.formula,
-                  source="memfit.core.activations (use `memfit plan --exact` or `memfit trace` for the traced figure)")
-        if self.ckpt:
-            t.declare(RECOMPUTE, name="a checkpointed block's activations, rebuilt during its backward",
-                      device=Device.GPU, category="activations", exact=False,
-                      formula=f"one block's activations {est.recompute_bytes:,} B, live while that block's backward runs",
-                      source="torch/utils/checkpoint.py (non-reentrant: the block's forward re-runs inside backward)")
+        declare_activations(t, est, checkpointing=self.ckpt,
+                            source="memfit.core.activations (use `memfit plan --exact` or `memfit trace` for the traced figure)")
         t.declare(GRAD_FULL, name="full gradient of a trained param before DeepSpeed takes it", device=Device.GPU,
                   category="grads", formula=f"p x {nb} B per param, until copied into the reduce bucket (or reduced)",
                   source=(f"{S3}:reduce_independent_p_g_buckets_and_remove_grads (__add_grad_to_ipg_bucket)"
@@ -335,10 +288,10 @@ class _Step:
             seg = gp.forward[s] if gp else None
             if seg:
                 self.apply(seg.events[:seg.split])
-            for b in acts.fwd[s]:
-                t.alloc(ACT, b)
+            self.apply(acts.fwd[s])
             if seg:
                 self.apply(seg.events[seg.split:])
+            self.apply(acts.fwd_after[s])  # the loss, once the head's modules are done
         t.phase(prefix + "backward", ("backward pass" if not prefix else
                                       "backward of a later micro-step" if prefix == "accum." else
                                       "steady-state backward") + ": gradients of the trained params"
@@ -348,6 +301,7 @@ class _Step:
             self._old_grads_in_partition()
         for s in range(self.layout.n_segments + 1):
             seg = gp.backward[s] if gp else None
+            self.apply(acts.bwd_pre[s])  # the loss's backward, before the head's modules fetch anything
             if seg:
                 self.apply(seg.events[:seg.split])
             if acts.recompute[s]:
@@ -356,8 +310,7 @@ class _Step:
                 self.apply(grads[s].events)
             if acts.recompute[s]:
                 t.free(RECOMPUTE, acts.recompute[s])
-            for b in acts.bwd_free[s]:
-                t.free(ACT, b)
+            self.apply(acts.bwd_free[s])
             if seg:
                 self.apply(seg.events[seg.split:])
         if gp:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from memfit.core.activations import estimate_activation_bytes
 from memfit.core.dsconfig import optimizer_states_per_param
 from memfit.core.ledger.context import DTYPE_BYTES, ceil_div, is_adapter_param
-from memfit.core.ledger.step import ActivationPlan
+from memfit.core.ledger.step_activations import ActivationPlan
 from memfit.core.ledger.step_segments import GatherPass, GradSpec, Segment, StepLayout, build_layout, gather_pass, grad_pass
 from memfit.core.ledger.zero3 import split_sub_groups
 from memfit.core.ledger.zero3_fetch import GParam, persistent_flags
@@ -364,7 +364,7 @@ class ScenarioAggregates:
         def build():
             return estimate_activation_bytes(sc.model.arch, sc.peft, seq_len=sc.train.seq_len, micro_batch=micro_batch,
                                              dtype_bytes=dtype_bytes, gradient_checkpointing=checkpointing,
-                                             attention=sc.train.attention,
+                                             attention=sc.train.attention, target_len=sc.train.target_len,
                                              linear_saves_frozen_inputs=linear_saves_frozen_inputs).total_bytes
         return self._cached(("act", micro_batch, dtype_bytes, checkpointing, linear_saves_frozen_inputs), build)
 
@@ -400,20 +400,32 @@ class ScenarioAggregates:
         arch = sc.model.arch
         est = estimate_activation_bytes(arch, sc.peft, seq_len=sc.train.seq_len, micro_batch=micro_batch,
                                         dtype_bytes=dtype_bytes, gradient_checkpointing=checkpointing,
-                                        attention=sc.train.attention,
+                                        attention=sc.train.attention, target_len=sc.train.target_len,
                                         linear_saves_frozen_inputs=linear_saves_frozen_inputs)
         lay = self.layout(checkpointing)
         plan = ActivationPlan(est, lay.blocks, lay.n_segments, dtype_bytes, checkpointing,
                               arch.num_layers + arch.num_encoder_layers)
-        fwd_before, acc = [], 0
-        for s in range(lay.n_segments):
-            acc += sum(plan.fwd[s])
-            fwd_before.append(acc)  # live once segment s has allocated its own
-        bwd_live, live = [], acc
+        forward, live = [], 0
+        for s in range(lay.n_segments):  # the highest point of each segment's own tensors
+            top = live
+            for _, b in plan.fwd[s]:
+                live += b
+                top = max(top, live)
+            forward.append(top)
+        after = live
+        for _, b in plan.fwd_after[-1]:  # the loss, with the params gathered at the end of the forward
+            live += b
+            after = max(after, live)
+        total = live
+        backward, before = [], live
         for s in range(lay.n_segments + 1):
-            bwd_live.append(live + plan.recompute[s])
-            live -= sum(plan.bwd_free[s])
-        v = self.memo[key] = StepActivations(total=acc, forward=tuple(fwd_before), backward=tuple(bwd_live))
+            for _, b in plan.bwd_pre[s]:  # the loss's backward, before anything is fetched or reduced
+                live += b
+                before = max(before, live)
+            backward.append(live + plan.recompute[s])
+            live += sum(b for _, b in plan.bwd_free[s])
+        v = self.memo[key] = StepActivations(total=total, forward=tuple(forward), backward=tuple(backward),
+                                             after_forward=after, before_backward=before)
         return v
 
     def element_bytes(self, precision: str, load_dtype: str, zero_init: bool) -> tuple[int, ...]:
@@ -476,7 +488,13 @@ class StepActivations:
     forward: tuple[int, ...]
     """Per forward segment, the activation bytes live once it has allocated its own."""
     backward: tuple[int, ...]
-    """Per backward segment, the activation bytes live while it runs (its recompute included)."""
+    """Per backward segment, the activation bytes live while its gradients are made (its recompute
+    included)."""
+    after_forward: int
+    """Highest activation bytes while the loss runs (after the forward's modules: with the params
+    gathered at the forward's end)."""
+    before_backward: int
+    """Highest activation bytes of the loss's backward (before the backward's first fetch or gradient)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -319,9 +319,9 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
         hpk = live[1]
         gp = gather(complete, persistent_available)[0] if stage3 else None
         if gp is not None:
-            gpk = live[0] + max(map(add, acts.forward, gp.forward_peaks))
+            gpk = live[0] + max(max(map(add, acts.forward, gp.forward_peaks)), acts.after_forward + gp.end_forward)
         else:
-            gpk = live[0] + acts.forward[-1]
+            gpk = live[0] + max(max(acts.forward), acts.after_forward)
         fwd_end = live[0] + acts.total + (gp.end_forward if gp else 0)
         close(start, gpk, hpk, live[2], end=[fwd_end, live[1], live[2]])
         # ---- backward
@@ -331,11 +331,12 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
             alloc_old_gip()
         base = live[0]
         seq = acts.backward
-        if gp is not None:
-            seq = map(add, seq, gp.backward_peaks)
         if gr is not None:
             seq = map(add, seq, gr_peaks)
-        gpk = base + max(acts.total + (gp.end_forward if gp else 0), max(seq))
+        if gp is not None:
+            seq = map(add, seq, gp.backward_peaks)
+        # the loss's backward runs first, with the forward's gathered params (ActivationPlan.bwd_pre)
+        gpk = base + max(acts.before_backward + (gp.end_forward if gp else 0), max(seq))
         live[0] = base + (gp.end if gp else 0) + end_grads
         if micro and c.stage == 2 and opt.count and z.contiguous_gradients and not off_opt:
             live[0] -= opt_numel * nb  # _after_backward: this micro-step's partition added in and dropped
