@@ -1,0 +1,267 @@
+"""Step 1 of reading a DeepSpeed config: ``"auto"`` filled as transformers' Trainer fills it (see the
+package docstring)."""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from memfit.errors import MemfitError
+
+AUTO = "auto"
+INT64_MAX = 2**63 - 1
+
+AUTO_FLAGS: dict[str, str] = {
+    "micro_batch_size": "--micro-batch",
+    "gradient_accumulation_steps": "--grad-accum",
+    "world_size": "--gpus",
+    "learning_rate": "--lr",
+    "adam_betas": "--adam-betas",
+    "adam_epsilon": "--adam-eps",
+    "weight_decay": "--weight-decay",
+    "warmup_steps": "--warmup-steps",
+    "total_steps": "--total-steps",
+    "precision": "--precision",
+    "max_grad_norm": "--max-grad-norm",
+    "hidden_size": "--model",
+}
+"""The memfit flag that supplies each ``AutoContext`` field (named in error messages)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AutoContext:
+    """What transformers' Trainer knows when it fills ``"auto"``: its ``TrainingArguments``, the
+    model's hidden size and the number of training steps. None means "not known"."""
+
+    micro_batch_size: int | None = None
+    """``per_device_train_batch_size``: fills ``train_micro_batch_size_per_gpu``."""
+    gradient_accumulation_steps: int | None = None
+    """Fills ``gradient_accumulation_steps``."""
+    world_size: int | None = None
+    """Data-parallel ranks: fills ``train_batch_size`` (with the two above) and checks the batch
+    triple as DeepSpeed does."""
+    learning_rate: float | None = None
+    """Fills ``optimizer.params.lr`` and ``scheduler.params.warmup_max_lr``."""
+    adam_betas: tuple[float, float] | None = None
+    """``(adam_beta1, adam_beta2)``: fills ``optimizer.params.betas``."""
+    adam_epsilon: float | None = None
+    """Fills ``optimizer.params.eps``."""
+    weight_decay: float | None = None
+    """Fills ``optimizer.params.weight_decay``."""
+    warmup_steps: float | None = None
+    """As ``TrainingArguments.warmup_steps``: >= 1 a step count, below 1 a fraction of
+    ``total_steps``; fills ``scheduler.params.warmup_num_steps`` with ``max(1, steps)``."""
+    total_steps: int | None = None
+    """``num_training_steps``: fills ``scheduler.params.total_num_steps``."""
+    precision: str | None = None
+    """``fp16``, ``bf16`` or ``fp32`` (the Trainer's ``--fp16``/``--bf16``): fills
+    ``fp16.enabled`` and ``bf16.enabled``."""
+    max_grad_norm: float | None = None
+    """Fills ``gradient_clipping``."""
+    hidden_size: int | None = None
+    """The model's ``hidden_size``: fills ``reduce_bucket_size`` (h*h) and, for ZeRO-3,
+    ``stage3_prefetch_bucket_size`` (int(0.9*h*h)) and ``stage3_param_persistence_threshold``
+    (10*h)."""
+
+    def __post_init__(self) -> None:
+        for name in ("micro_batch_size", "gradient_accumulation_steps", "world_size", "total_steps",
+                     "hidden_size"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise MemfitError(f"{AUTO_FLAGS[name]} must be a whole number >= 1, got {value!r}")
+        if self.precision is not None and self.precision not in ("fp16", "bf16", "fp32"):
+            raise MemfitError(f"--precision must be fp16, bf16 or fp32, got {self.precision!r}")
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            raise MemfitError(f"--warmup-steps must be >= 0, got {self.warmup_steps!r}")
+        if self.adam_betas is not None and len(self.adam_betas) != 2:
+            raise MemfitError(f"--adam-betas needs two numbers, got {self.adam_betas!r}")
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# --------------------------------------------------------------------------------------------
+# Step 1: "auto", as transformers' Trainer fills it
+# --------------------------------------------------------------------------------------------
+
+_PYDANTIC_SECTIONS = (("zero_optimization",), ("zero_optimization", "offload_param"),
+                      ("zero_optimization", "offload_optimizer"), ("fp16",), ("bf16",), ("bfloat16",))
+"""Sections DeepSpeed reads through ``DeepSpeedConfigModel``, which drops ``"auto"`` values
+(``__init__``: ``data = {k: v for k, v in data.items() if v != "auto"}``)."""
+
+
+class _Filler:
+    """``HfTrainerDeepSpeedConfig.fill_match`` / ``fill_only`` over a copy of the config."""
+
+    def __init__(self, config: dict) -> None:
+        self.config = config
+        self.mismatches: list[str] = []
+
+    def _node(self, key: str) -> tuple[dict | None, str]:
+        # accelerate/utils/deepspeed.py: HfDeepSpeedConfig.find_config_node
+        *path, leaf = key.split(".")
+        node: object = self.config
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+            if node is None:
+                return None, leaf
+        return (node if isinstance(node, dict) else None), leaf
+
+    def is_auto(self, key: str) -> bool:
+        node, leaf = self._node(key)
+        return node is not None and node.get(leaf) == AUTO
+
+    def get(self, key: str) -> object:
+        node, leaf = self._node(key)
+        return None if node is None else node.get(leaf)
+
+    def fill(self, key: str, value: object, flag: str, *, must_match: bool = True) -> None:
+        node, leaf = self._node(key)
+        if node is None:
+            return
+        if node.get(leaf) == AUTO:
+            if value is None:
+                raise MemfitError(f'DeepSpeed config {key} is "auto": pass {flag} (transformers\' Trainer '
+                                  f"fills it from its arguments), or write a value in the config")
+            node[leaf] = value
+            return
+        if must_match and value is not None and node.get(leaf) is not None and node[leaf] != value:
+            self.mismatches.append(f"{key}={node[leaf]!r} vs {flag} {value!r}")
+
+
+def resolve_auto(raw: Mapping, context: AutoContext | None = None) -> dict:
+    """A deep copy of ``raw`` with ``"auto"`` replaced as transformers' Trainer replaces it.
+
+    ``trainer_config_process`` (at ``TrainingArguments`` creation) fills
+    ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps``, ``train_batch_size``
+    (world x micro x accumulation), ``gradient_clipping``, ``optimizer.params.{lr, betas, eps,
+    weight_decay}``, ``scheduler.params.warmup_min_lr`` (0) and ``warmup_max_lr``,
+    ``fp16.enabled``, ``bf16.enabled``; ``trainer_config_finalize`` (in ``deepspeed_init``) fills
+    ``zero_optimization.reduce_bucket_size`` = h*h and, for ZeRO-3 only,
+    ``zero_optimization.stage3_prefetch_bucket_size`` = int(0.9*h*h) and
+    ``zero_optimization.stage3_param_persistence_threshold`` = 10*h (h = the model's hidden size;
+    the unprefixed aliases are not filled), ``scheduler.params.total_num_steps`` and
+    ``scheduler.params.warmup_num_steps`` = max(1, warmup steps).
+
+    Any ``"auto"`` left inside a section DeepSpeed reads through pydantic is removed (DeepSpeed
+    drops it and uses its default, so the result is the same); one left anywhere memfit reads
+    (top-level sizes, ``optimizer``, ``scheduler``, ``data_types``, ``communication_data_type``) is
+    an error, since DeepSpeed would fail on it.
+    """
+    ctx = context or AutoContext()
+    cfg = copy.deepcopy(dict(raw))
+    f = _Filler(cfg)
+    flag = AUTO_FLAGS
+
+    # trainer_config_process
+    f.fill("train_micro_batch_size_per_gpu", ctx.micro_batch_size, flag["micro_batch_size"])
+    f.fill("gradient_accumulation_steps", ctx.gradient_accumulation_steps, flag["gradient_accumulation_steps"])
+    if f.is_auto("train_batch_size"):
+        f.fill("train_batch_size", _trainer_train_batch_size(f, ctx), _train_batch_flag(f, ctx))
+    elif None not in (ctx.world_size, ctx.micro_batch_size, ctx.gradient_accumulation_steps):
+        f.fill("train_batch_size", ctx.world_size * ctx.micro_batch_size * ctx.gradient_accumulation_steps,
+               "world x micro x accumulation")
+    f.fill("gradient_clipping", ctx.max_grad_norm, flag["max_grad_norm"])
+    f.fill("optimizer.params.lr", ctx.learning_rate, flag["learning_rate"])
+    f.fill("optimizer.params.betas", None if ctx.adam_betas is None else list(ctx.adam_betas),
+           flag["adam_betas"])
+    f.fill("optimizer.params.eps", ctx.adam_epsilon, flag["adam_epsilon"])
+    f.fill("optimizer.params.weight_decay", ctx.weight_decay, flag["weight_decay"])
+    f.fill("scheduler.params.warmup_min_lr", 0, "", must_match=False)
+    f.fill("scheduler.params.warmup_max_lr", ctx.learning_rate, flag["learning_rate"])
+    precision = ctx.precision
+    said = f"{flag['precision']} {precision}, i.e."
+    f.fill("fp16.enabled", None if precision is None else precision == "fp16", said if precision else flag["precision"])
+    f.fill("bf16.enabled", None if precision is None else precision == "bf16", said if precision else flag["precision"])
+
+    # trainer_config_finalize
+    hidden_keys = ("zero_optimization.reduce_bucket_size", "zero_optimization.stage3_prefetch_bucket_size",
+                   "zero_optimization.stage3_param_persistence_threshold")
+    auto_hidden = [k for k in hidden_keys if f.is_auto(k)]
+    if auto_hidden:
+        h = ctx.hidden_size
+        if h is None:
+            raise MemfitError(f'DeepSpeed config {", ".join(auto_hidden)} is "auto": it is sized from the '
+                              f"model's hidden_size; pass {flag['hidden_size']} or write a number")
+        f.fill("zero_optimization.reduce_bucket_size", h * h, "", must_match=False)
+        if f.get("zero_optimization.stage") == 3:  # HfDeepSpeedConfig.is_zero3
+            f.fill("zero_optimization.stage3_prefetch_bucket_size", int(0.9 * h * h), "", must_match=False)
+            f.fill("zero_optimization.stage3_param_persistence_threshold", 10 * h, "", must_match=False)
+    f.fill("scheduler.params.total_num_steps", ctx.total_steps, flag["total_steps"])
+    f.fill("scheduler.params.warmup_num_steps", _trainer_warmup_steps(f, ctx), _warmup_flag(ctx))
+
+    if f.mismatches:
+        raise MemfitError("DeepSpeed config disagrees with the training arguments (transformers' Trainer "
+                          f"refuses this): {'; '.join(f.mismatches)}; set these config values to \"auto\"")
+
+    for path in _PYDANTIC_SECTIONS:
+        node = f.get(".".join(path)) if len(path) > 1 else cfg.get(path[0])
+        if isinstance(node, dict):
+            for key in [k for k, v in node.items() if v == AUTO and not (path == ("zero_optimization",)
+                                                                            and k == "stage")]:
+                del node[key]
+    _reject_leftover_auto(cfg)
+    return cfg
+
+
+def _trainer_train_batch_size(f: _Filler, ctx: AutoContext) -> int | None:
+    """``args.world_size * args.per_device_train_batch_size * args.gradient_accumulation_steps``;
+    a micro batch or accumulation the context lacks is taken from the config when it is written
+    there (the Trainer's own value must equal it, or it refuses the config)."""
+    micro = ctx.micro_batch_size if ctx.micro_batch_size is not None else f.get("train_micro_batch_size_per_gpu")
+    accum = (ctx.gradient_accumulation_steps if ctx.gradient_accumulation_steps is not None
+             else f.get("gradient_accumulation_steps"))
+    if ctx.world_size is None or not _is_number(micro) or not _is_number(accum):
+        return None
+    return ctx.world_size * int(micro) * int(accum)
+
+
+def _train_batch_flag(f: _Filler, ctx: AutoContext) -> str:
+    missing = [AUTO_FLAGS["world_size"]] if ctx.world_size is None else []
+    if ctx.micro_batch_size is None and not _is_number(f.get("train_micro_batch_size_per_gpu")):
+        missing.append(AUTO_FLAGS["micro_batch_size"])
+    if ctx.gradient_accumulation_steps is None and not _is_number(f.get("gradient_accumulation_steps")):
+        missing.append(AUTO_FLAGS["gradient_accumulation_steps"])
+    return " and ".join(missing) if missing else "world x micro x accumulation"
+
+
+def _trainer_warmup_steps(f: _Filler, ctx: AutoContext) -> int | None:
+    """``max(1, args.get_warmup_steps(num_training_steps))`` (transformers ``training_args.py``:
+    ``int(warmup_steps)`` if >= 1, else ``ceil(num_training_steps * warmup_steps)``)."""
+    w = ctx.warmup_steps
+    if w is None:
+        return None
+    if w >= 1:
+        return max(1, int(w))
+    if ctx.total_steps is None:
+        return None
+    return max(1, math.ceil(ctx.total_steps * w))
+
+
+def _warmup_flag(ctx: AutoContext) -> str:
+    if ctx.warmup_steps is not None and ctx.warmup_steps < 1 and ctx.total_steps is None:
+        return f"{AUTO_FLAGS['total_steps']} (the warmup is a fraction of it)"
+    return AUTO_FLAGS["warmup_steps"]
+
+
+def _reject_leftover_auto(cfg: dict) -> None:
+    for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                "gradient_clipping", "communication_data_type"):
+        if cfg.get(key) == AUTO:  # the batch keys and clipping are filled above; this catches the rest
+            raise MemfitError(f'DeepSpeed config {key} is "auto", which nothing fills; write a value')
+    for section in ("optimizer", "scheduler"):
+        params = cfg.get(section, {}).get("params") if isinstance(cfg.get(section), dict) else None
+        if isinstance(params, dict):
+            for key, value in params.items():
+                if value == AUTO:
+                    raise MemfitError(f'DeepSpeed config {section}.params.{key} is "auto", which transformers\' '
+                                      "Trainer does not fill (DeepSpeed would pass the string on); write a value")
+    data_types = cfg.get("data_types")
+    if isinstance(data_types, dict):
+        for key in ("grad_accum_dtype", "param_dtype", "buffer_dtype"):
+            if data_types.get(key) == AUTO:
+                raise MemfitError(f'DeepSpeed config data_types.{key} is "auto", which nothing fills; '
+                                  "write fp16, bf16 or fp32")
