@@ -27,15 +27,19 @@ and optimizers whose memory memfit does not model are refused. Pure Python: no p
 deepspeed.
 
 Modules: ``read`` (entry points, the batch triple, the whole config), ``auto`` (step 1),
-``validate`` (step 2: the pydantic sections), ``optimizer`` (the optimizer section).
+``validate`` (step 2: the pydantic sections), ``sections`` (which top-level keys DeepSpeed reads,
+refuses or ignores), ``optimizer`` (the optimizer section).
 """
 
 from __future__ import annotations
 
-from memfit.core.dsconfig.auto import AUTO, AUTO_FLAGS, INT64_MAX, AutoContext, _trainer_warmup_steps, resolve_auto
+from memfit.core.dsconfig.auto import (AUTO, AUTO_FLAGS, INT64_MAX, TRAINER_DEFAULTS, AutoContext, _trainer_warmup_steps,
+                                      resolve_auto, resolve_auto_record, trainer_defaults)
 from memfit.core.dsconfig.optimizer import (DEEPSPEED_OPTIMIZERS, TORCH_OPTIMIZERS, ZERO_TESTED_OPTIMIZERS,
                                             optimizer_states_per_param)
-from memfit.core.dsconfig.read import load_deepspeed_config, parse_deepspeed_config, resolve_batch_sizes
+from memfit.core.dsconfig.read import (load_deepspeed_config, parse_deepspeed_config, read_deepspeed_json,
+                                      resolve_batch_sizes)
+from memfit.core.dsconfig.sections import KNOWN_TOP_LEVEL, LOOSE_SECTIONS, OPAQUE_SECTIONS, STRICT_SECTIONS
 from memfit.core.dsconfig.validate import (BF16_FIELDS, FP16_FIELDS, OFFLOAD_OPTIMIZER_FIELDS, OFFLOAD_PARAM_FIELDS,
                                            REMOVED_TOP_LEVEL_KEYS, REMOVED_ZERO_KEYS, ZERO_DEPRECATED, ZERO_FIELDS, DsField,
                                            read_section)
@@ -44,4 +48,6 @@ __all__ = ["AUTO", "AUTO_FLAGS", "BF16_FIELDS", "DEEPSPEED_OPTIMIZERS", "FP16_FI
            "OFFLOAD_OPTIMIZER_FIELDS", "OFFLOAD_PARAM_FIELDS", "REMOVED_TOP_LEVEL_KEYS", "REMOVED_ZERO_KEYS",
            "TORCH_OPTIMIZERS", "ZERO_DEPRECATED", "ZERO_FIELDS", "ZERO_TESTED_OPTIMIZERS", "AutoContext", "DsField",
            "_trainer_warmup_steps", "load_deepspeed_config", "optimizer_states_per_param", "parse_deepspeed_config",
-           "read_section", "resolve_auto", "resolve_batch_sizes"]
+           "read_section", "resolve_auto", "resolve_batch_sizes", "KNOWN_TOP_LEVEL", "LOOSE_SECTIONS",
+           "OPAQUE_SECTIONS", "STRICT_SECTIONS", "TRAINER_DEFAULTS", "read_deepspeed_json", "resolve_auto_record",
+           "trainer_defaults"]

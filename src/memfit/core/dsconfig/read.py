@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import difflib
-import json
 from collections.abc import Mapping
 from pathlib import Path
 
 from memfit.core.ds_settings import DeepSpeedSettings
-from memfit.core.dsconfig.auto import AUTO, AUTO_FLAGS, AutoContext, resolve_auto
+from memfit.core.dsconfig.auto import AUTO, AUTO_FLAGS, AutoContext, resolve_auto_record
+from memfit.core.dsconfig.sections import check_sections
+from memfit.core.inputs import check_tree, parse_json, read_text
 from memfit.core.dsconfig.optimizer import _read_optimizer
 from memfit.core.dsconfig.validate import (REMOVED_TOP_LEVEL_KEYS, _as_bool, _as_float, _as_int, _read_dtype,
                                            _read_precision, _read_zero)
@@ -28,20 +28,20 @@ def load_deepspeed_config(path: str | Path, *, context: AutoContext | None = Non
     Duplicate keys are refused, as DeepSpeed's ``dict_raise_error_on_duplicate_keys`` does. Only
     strict JSON is read (DeepSpeed also takes hjson; transformers and accelerate take JSON only).
     """
+    raw = read_deepspeed_json(path)
+    resolved, record = resolve_auto_record(raw, context)
+    return _parse_resolved(resolved, context, record), resolved
+
+
+def read_deepspeed_json(path: str | Path) -> dict:
+    """The JSON object of a DeepSpeed config file, as written (size-capped, strict JSON, duplicate
+    keys refused as DeepSpeed's ``dict_raise_error_on_duplicate_keys`` does)."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise MemfitError(f"cannot read DeepSpeed config {str(p)!r}: {e.strerror or e}") from None
-    try:
-        raw = json.loads(text, object_pairs_hook=_reject_duplicate_keys)
-    except json.JSONDecodeError as e:
-        raise MemfitError(f"DeepSpeed config {str(p)!r} is not valid JSON: {e.msg} at line {e.lineno} "
-                          f"column {e.colno}") from None
+    what = f"DeepSpeed config {p}"
+    raw = parse_json(read_text(p, what="DeepSpeed config"), what=what, object_pairs_hook=_reject_duplicate_keys)
     if not isinstance(raw, dict):
-        raise MemfitError(f"DeepSpeed config {str(p)!r} must be a JSON object, got {type(raw).__name__}")
-    resolved = resolve_auto(raw, context)
-    return _parse_resolved(resolved, context), resolved
+        raise MemfitError(f"{what} must be a JSON object, got {type(raw).__name__}")
+    return raw
 
 
 def parse_deepspeed_config(raw: Mapping, *, context: AutoContext | None = None) -> DeepSpeedSettings:
@@ -49,7 +49,9 @@ def parse_deepspeed_config(raw: Mapping, *, context: AutoContext | None = None) 
     is not modified."""
     if not isinstance(raw, Mapping):
         raise MemfitError(f"a DeepSpeed config must be a JSON object, got {type(raw).__name__}")
-    return _parse_resolved(resolve_auto(raw, context), context)
+    check_tree(raw, what="DeepSpeed config")
+    resolved, record = resolve_auto_record(raw, context)
+    return _parse_resolved(resolved, context, record)
 
 
 def _reject_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
@@ -124,35 +126,18 @@ def _read_batch_member(raw: dict, key: str) -> int | None:
 # The whole config
 # --------------------------------------------------------------------------------------------
 
-_KNOWN_TOP_LEVEL = frozenset({
-    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "optimizer",
-    "scheduler", "fp16", "bf16", "bfloat16", "zero_optimization", "gradient_clipping", "data_types",
-    "communication_data_type", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
-    "activation_checkpointing", "steps_per_print", "wall_clock_breakdown", "memory_breakdown",
-    "prescale_gradients", "gradient_predivide_factor", "allgather_size", "dump_state", "flops_profiler",
-    "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger", "checkpoint", "aio", "compile",
-    "torch_autocast", "seq_parallel_communication_data_type", "data_efficiency", "dataloader_drop_last",
-    "pipeline", "autotuning", "hybrid_engine", "weight_quantization", "tensor_parallel", "timers",
-    "disable_allgather", "managed_gradient_accumulation", "gradient_allreduce_op", "vocabulary_size",
-    "log_level", "expert_parallel", "use_data_before_expert_parallel_", "datastates", "sequence_parallel_size",
-    "disable_python_gc", "zenflow", "swap_tensor", "optimizer_legacy_fusion"})
-"""Top-level keys memfit recognizes (DeepSpeed ignores unknown top-level keys; memfit notes those
-that look like typos of these)."""
-
-
-def _parse_resolved(cfg: dict, context: AutoContext | None) -> DeepSpeedSettings:
+def _parse_resolved(cfg: dict, context: AutoContext | None, auto_resolved: tuple[str, ...] = ()
+                    ) -> DeepSpeedSettings:
     notes: list[str] = []
+    warnings: list[str] = []
     for key in cfg:
         if key in REMOVED_TOP_LEVEL_KEYS:
             raise MemfitError(f"DeepSpeed config {key}: this feature was removed from DeepSpeed (0.19.8 refuses "
                               "the section)")
-        if key not in _KNOWN_TOP_LEVEL:
-            close = difflib.get_close_matches(key, sorted(_KNOWN_TOP_LEVEL), n=1, cutoff=0.85)
-            if close:
-                notes.append(f"unknown top-level key {key!r} (did you mean {close[0]!r}?): DeepSpeed ignores it")
+    check_sections(cfg, warnings)
 
-    zero = _read_zero(cfg, notes)
-    precision, fp16, bf16 = _read_precision(cfg, zero.stage, notes)
+    zero = _read_zero(cfg, notes, warnings)
+    precision, fp16, bf16 = _read_precision(cfg, zero.stage, notes, warnings)
     optimizer = _read_optimizer(cfg, zero)
 
     data_types = cfg.get("data_types", {})
@@ -201,4 +186,5 @@ def _parse_resolved(cfg: dict, context: AutoContext | None) -> DeepSpeedSettings
         has_scheduler=scheduler_type is not None, scheduler_type=scheduler_type,
         zero_allow_untested_optimizer=untested, train_micro_batch_size_per_gpu=micro,
         gradient_accumulation_steps=accum, train_batch_size=train, world_size=world, gradient_clipping=clip,
-        activation_checkpointing=isinstance(cfg.get("activation_checkpointing"), Mapping), notes=tuple(notes))
+        activation_checkpointing=isinstance(cfg.get("activation_checkpointing"), Mapping), notes=tuple(notes),
+        warnings=tuple(warnings), auto_resolved=auto_resolved)

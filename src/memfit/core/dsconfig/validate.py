@@ -253,7 +253,7 @@ def _read_offload(raw: object, table: tuple[DsField, ...], where: str) -> Offloa
     return OffloadSettings(**{k: v for k, v in values.items() if k in known})
 
 
-def _read_zero(raw: dict, notes: list[str]) -> ZeroSettings:
+def _read_zero(raw: dict, notes: list[str], warnings: list[str]) -> ZeroSettings:
     section = raw.get("zero_optimization", {})
     if isinstance(section, bool):
         # runtime/zero/config.py: read_zero_config_deprecated
@@ -311,9 +311,11 @@ def _read_zero(raw: dict, notes: list[str]) -> ZeroSettings:
         raise MemfitError("DeepSpeed config zero_optimization.legacy_stage1: the old ZeRO stage 1 was removed "
                           "in DeepSpeed 0.5.9 (engine.py _configure_zero_optimizer refuses it)")
     if par.device != "none" and stage != 3:
-        notes.append(f"zero_optimization.offload_param is used by ZeRO stage 3 only; stage {stage} ignores it")
+        warnings.append(f"DeepSpeed config zero_optimization.offload_param is used by ZeRO stage 3 only; stage {stage} "
+                        "ignores it (parameters stay on the GPU)")
     if opt.device != "none" and stage == 0:
-        notes.append("zero_optimization.offload_optimizer is used by ZeRO stages 1-3 only; stage 0 ignores it")
+        warnings.append("DeepSpeed config zero_optimization.offload_optimizer is used by ZeRO stages 1-3 only; stage 0 "
+                        "ignores it (the optimizer stays on the GPU)")
     if v["zenflow"] is not None or "leaf_module" in given:
         notes.append("zero_optimization: zenflow/leaf_module sections are passed to DeepSpeed unchecked")
 
@@ -321,14 +323,15 @@ def _read_zero(raw: dict, notes: list[str]) -> ZeroSettings:
     return ZeroSettings(offload_optimizer=opt, offload_param=par, **{k: v[k] for k in known})
 
 
-def _read_precision(raw: dict, stage: int, notes: list[str]) -> tuple[str, Fp16Settings, Bf16Settings]:
+def _read_precision(raw: dict, stage: int, notes: list[str], warnings: list[str]
+                    ) -> tuple[str, Fp16Settings, Bf16Settings]:
     """``get_float16_config`` / ``get_bfloat16_config`` (``runtime/precision_config.py``) and the
     checks ``DeepSpeedConfig._initialize_params`` / ``_do_error_check`` make on them."""
     fp16 = _defaults(FP16_FIELDS) | read_section(raw.get("fp16", {}), FP16_FIELDS, "fp16")
     if raw.get("bf16") is not None:
         bf16_raw, bf16_key = raw["bf16"], "bf16"
         if "bfloat16" in raw:
-            notes.append("bfloat16 section ignored: DeepSpeed reads bf16 when both are present")
+            warnings.append("DeepSpeed config bfloat16 section ignored: DeepSpeed reads bf16 when both are present")
     else:
         bf16_raw, bf16_key = raw.get("bfloat16", {}), "bfloat16"
         if "bfloat16" in raw:
