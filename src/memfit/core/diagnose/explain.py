@@ -36,14 +36,14 @@ def _explain(ev: LogEvent, phase: str | None) -> tuple[list[str], list[str]]:
             say.append(s + ".")
         if n and n.allocated_bytes is not None and n.reserved_bytes is not None:
             say.append(f"This process's allocator held {_both(n.reserved_bytes)}: {_both(n.allocated_bytes)} in live "
-                       f"tensors and {_both(n.reserved_bytes - n.allocated_bytes)} cached but unused.")
+                       f"tensors and {_both(max(n.reserved_bytes - n.allocated_bytes, 0))} cached but unused.")
         out = n.outside_allocator_bytes if n else None
         if out is not None:
             s = (f"Used outside this process's allocator (total - free - reserved): {_both(out)}: the CUDA context "
                  f"(a few hundred MiB), NCCL and cuBLAS workspaces")
             if n and None not in (n.process_in_use_bytes, n.total_capacity_bytes, n.free_bytes):
-                others = n.total_capacity_bytes - n.free_bytes - n.process_in_use_bytes
-                s += (f"; this process's non-PyTorch memory is {_both(n.process_in_use_bytes - n.reserved_bytes)}, "
+                others = max(n.total_capacity_bytes - n.free_bytes - n.process_in_use_bytes, 0)
+                s += (f"; this process's non-PyTorch memory is {_both(max(n.process_in_use_bytes - n.reserved_bytes, 0))}, "
                       + (f"other processes hold {_both(others)}" if others > max(3 * n.precision_bytes, 100 * 2**20)
                          else "no other process holds any (a CUDA context alone is over 100 MiB)"))
             else:

@@ -8,30 +8,35 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memfit.core.diagnose.results import Frame
+from memfit.core.inputs import MAX_LOG_BYTES, read_bytes
 from memfit.errors import MemfitError
 
 
 # --------------------------------------------------------------------------------------- reading
 
 def read_log(path: str | Path) -> str:
-    """The log's text; ``-`` reads standard input. Bad paths raise ``MemfitError``."""
+    """The log's text; ``-`` reads standard input. At most ``MAX_LOG_BYTES`` (the failure is in the
+    last lines: ``tail -c`` cuts a longer log); undecodable bytes are replaced, as terminals show
+    them. Bad paths, binary files and longer logs raise ``MemfitError``."""
     import sys
 
     if str(path) == "-":
-        return sys.stdin.read()
-    p = Path(path)
-    if not p.exists():
-        raise MemfitError(f"log file not found: {p}")
-    if not p.is_file():
-        raise MemfitError(f"not a file: {p}")
-    data = p.read_bytes()
+        data = sys.stdin.buffer.read(MAX_LOG_BYTES + 1)
+        if len(data) > MAX_LOG_BYTES:
+            raise MemfitError(f"the log on standard input is over {MAX_LOG_BYTES // 2**20} MiB, the most memfit reads; "
+                              "pass its end (tail -c 32M)")
+        where = "standard input"
+    else:
+        data = read_bytes(path, what="log file", max_bytes=MAX_LOG_BYTES)
+        where = str(path)
     if b"\x00" in data[:4096]:
-        raise MemfitError(f"{p}: not a text file")
+        raise MemfitError(f"{where}: not a text file")
     return data.decode("utf-8", errors="replace")
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
-_TAG = re.compile(r"^\s*(?:\[(?:rank|default)(?P<r>\d+)\]:[ ]?|\[\d+,(?P<m>\d+)\]<std(?:out|err)>:[ ]?)")
+_TAG = re.compile(r"^\s*(?:\[(?:rank|default)(?P<r>\d{1,9})\]:[ ]?|\[\d{1,9},(?P<m>\d{1,9})\]<std(?:out|err)>:[ ]?)")
+_HOST_PREFIX = re.compile(r"^([A-Za-z0-9][\w.-]*): ")
 _HOST_TAG = re.compile(r"^(?P<h>[A-Za-z0-9][\w.-]*): (?=Traceback \(most recent call last\):|  File \")")
 _STAMP = re.compile(r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})? (?:std(?:out|err) [FP] )?")
 
@@ -61,10 +66,10 @@ def _clean_lines(text: str) -> list[LogLine]:
             rank = int(m.group("r") or m.group("m"))
             stream, ln = f"rank{rank}", ln[m.end():]
         else:
-            for h in hosts:
-                if ln.startswith(h + ": "):
-                    host, stream, ln = h, f"host:{h}", ln[len(h) + 2:]
-                    break
+            hm = _HOST_PREFIX.match(ln) if hosts else None  # one set lookup per line, not one per host
+            if hm and hm.group(1) in hosts:
+                host = hm.group(1)
+                stream, ln = f"host:{host}", ln[hm.end():]
         out.append(LogLine(i, stream, rank, host, ln))
     return out
 

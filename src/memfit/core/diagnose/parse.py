@@ -15,7 +15,10 @@ from memfit.core.diagnose.results import MEMORY_KINDS, EventKind, Frame, LogEven
 
 _UNIT = {"byte": 1, "bytes": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-_SZ = r"(\d+(?:\.\d+)?)\s*(bytes?|[KMGT]i?B|B)\b"
+_SZ = r"(?<![\d.])(\d{1,15}(?:\.\d{1,15})?)[ \t]{0,3}(bytes?|[KMGT]i?B|B)\b"
+"""A printed size. Linear on any input: it starts only where a number starts (the lookbehind), and
+its digits and spaces are bounded (a longer number is no real figure, and would make a search
+quadratic on a long digit run)."""
 
 
 def parse_size(number: str, unit: str) -> tuple[int, int]:
@@ -56,12 +59,16 @@ def _oom_numbers(text: str) -> OomNumbers:
             vals[name], p = got
             prec = max(prec, p)
     others = tuple(parse_size(n, u)[0] for n, u in
-                   re.findall(r"Process \d+ has " + _SZ + r" memory in use", text))
+                   re.findall(r"Process \d{1,12} has " + _SZ + r" memory in use", text))
     two = "is allocated by PyTorch" in text
     if two and "reserved_bytes" not in vals and "allocated_bytes" in vals:
         vals["reserved_bytes"] = vals["allocated_bytes"] + vals.get("reserved_unallocated_bytes", 0)
     if not two and "reserved_bytes" in vals and "allocated_bytes" in vals:
-        vals["reserved_unallocated_bytes"] = vals["reserved_bytes"] - vals["allocated_bytes"]
+        diff = vals["reserved_bytes"] - vals["allocated_bytes"]
+        if diff >= -2 * prec:  # the two printed figures round separately; a real log is never further apart
+            vals["reserved_unallocated_bytes"] = max(diff, 0)
+        # else: the log's figures contradict each other (reserved below allocated): no figure rather than a
+        # negative one
     return OomNumbers(**vals, other_processes_bytes=others, precision_bytes=prec,
                       form="torch 2.x" if two else "torch 1.x")
 
@@ -79,28 +86,31 @@ _NCCL_CODE = re.compile(r"\b(nccl[A-Z]\w+)\b")
 _BUILD = (  # (pattern, strength): the strongest line becomes the event's message
     (re.compile(r"Error building extension '(?P<op>\w+)'"), 3),
     (re.compile(r"CUDA_HOME environment variable is not set|CUDA_HOME does not exist|MissingCUDAException"
-                r"|Unable to run \S*nvcc"), 3),
+                r"|Unable to run \S{0,4096}?nvcc"), 3),
     (re.compile(r"Ninja is required to load C\+\+ extensions"), 3),
-    (re.compile(r"ImportError: \S*(?P<op>cpu_adam|fused_adam|cpu_adagrad|cpu_lion|fused_lamb|transformer_inference)"
-                r"\S*\.so"), 3),
+    (re.compile(r"ImportError: \S{0,512}?(?P<op>cpu_adam|fused_adam|cpu_adagrad|cpu_lion|fused_lamb|transformer_inference)"
+                r"\S{0,512}?\.so"), 3),
     (re.compile(r"ninja: build stopped: subcommand failed"), 2),
     (re.compile(r"'DeepSpeed(?P<op>CPUAdam|CPUAdagrad|CPULion)' object has no attribute 'ds_opt_\w+'"), 1),
 )
-_BUILD_OP = re.compile(r"(?:Building extension module |Emitting ninja build file \S*/|extension directory \S*/)(\w+)")
+_BUILD_OP = re.compile(r"(?:Building extension module |Emitting ninja build file \S{0,4096}/|extension directory "
+                       r"\S{0,4096}/)(\w+)")
 _BUILD_CAUSE = re.compile(r"fatal error:|\berror:|nvcc fatal|unsupported GNU version|No such file or directory")
 _HOST = (  # (pattern, strength)
     (re.compile(r"DefaultCPUAllocator: can't allocate memory|(?<![A-Za-z])MemoryError\b|_ArrayMemoryError"
                 r"|\[Errno 12\] Cannot allocate memory"), 3),
     (re.compile(r"Out of memory: Kill(?:ed)? process|oom-kill|oom_reaper|invoked oom-killer"), 3),
-    (re.compile(r"Signal 9 \(SIGKILL\)|Signals\.SIGKILL|exitcode\s*:\s*-9\b|exit(?:ed with)? code\s*[:=]?\s*(?:-9|137)\b"
+    (re.compile(r"Signal 9 \(SIGKILL\)|Signals\.SIGKILL|exitcode\s*:\s*-9\b"
+                r"|exit(?:ed with)? code[ \t]{0,3}(?:[:=][ \t]{0,3})?(?:-9|137)\b"
                 r"|return code\s*=\s*(?:-9|137)\b|exit status\s*(?:-9|137)\b|\bexitcode\s*[:=]\s*137\b"), 2),
-    (re.compile(r"^\s*Killed\s*$|\d+ Killed\s+\S|^Killed\s+\S"), 2),
+    (re.compile(r"^\s*Killed\s*$|(?<!\d)\d{1,12} Killed\s+\S|^Killed\s+\S"), 2),
 )
-_EXIT = re.compile(r"(?:exitcode\s*:?|exit(?:ed with)? code\s*[:=]?|return code\s*=|exit status)\s*(-?\d+)"
+_EXIT = re.compile(r"(?:exitcode|exit(?:ed with)? code|return code[ \t]{0,3}=|exit status)[ \t]{0,3}(?:[:=][ \t]{0,3})?"
+                   r"(-?\d{1,12})"
                    r"|SIGKILL: (9)|Signal (9) \(SIGKILL\)")
 _LAUNCHERS = ("torch/distributed/elastic/", "torch/distributed/run.py", "deepspeed/launcher/")
-_ROOT_RANK = re.compile(r"\brank\s*:\s*(\d+)\s*\(local_rank")
-_GPU_IDX = re.compile(r"\(GPU (\d+);|GPU (\d+) has a total capacity|cuda:(\d+)")
+_ROOT_RANK = re.compile(r"\brank\s*:\s*(\d{1,9})\s*\(local_rank")
+_GPU_IDX = re.compile(r"\(GPU (\d{1,9});|GPU (\d{1,9}) has a total capacity|cuda:(\d{1,9})\b")
 
 
 @dataclass(slots=True)
@@ -165,7 +175,7 @@ def _host_facts(hits: list[_Hit], window: str,
     """A host OOM's request size (DefaultCPUAllocator, numpy), exit code and the rank torchrun names
     as its root cause (torch/distributed/elastic/multiprocessing/errors: ChildFailedError.format_msg)."""
     numbers = None
-    m = re.search(r"you tried to allocate (\d+) bytes", window)
+    m = re.search(r"you tried to allocate (\d{1,20}) bytes", window)
     if m:
         numbers = OomNumbers(tried_to_allocate_bytes=int(m.group(1)), form="host")
     elif (got := _size(r"Unable to allocate SIZE", window)) is not None:

@@ -74,9 +74,11 @@ def reconcile(ev: LogEvent, phase: str | None, plan: Plan, scenario: Scenario | 
         rows.append(ReconRow(label="outside PyTorch's allocator: CUDA context, NCCL, other processes",
                              log_bytes=out, plan_bytes=context, note="plan: CUDA context estimate"))
         if n and n.free_bytes is not None:
+            left = (cap - ph.gpu_peak_bytes) if cap else None
             rows.append(ReconRow(label="free", log_bytes=n.free_bytes,
-                                 plan_bytes=(cap - ph.gpu_peak_bytes) if cap else None,
-                                 note="plan: left at the phase peak"))
+                                 plan_bytes=None if left is None else max(left, 0),
+                                 note="plan: left at the phase peak" + (
+                                     f" (none: {fmt_bytes(-left)} short)" if left is not None and left < 0 else "")))
         if needed is not None:
             tol = _tolerance(n, max(needed, tensors))
             if needed > tensors + tol:

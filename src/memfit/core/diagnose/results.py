@@ -91,7 +91,10 @@ class OomNumbers:
         CUDA context, NCCL and cuBLAS workspaces, and every other process on the same GPU)."""
         if None in (self.total_capacity_bytes, self.free_bytes, self.reserved_bytes):
             return None
-        return self.total_capacity_bytes - self.free_bytes - self.reserved_bytes  # type: ignore[operator]
+        out = self.total_capacity_bytes - self.free_bytes - self.reserved_bytes  # type: ignore[operator]
+        if out < -3 * self.precision_bytes:
+            return None  # the printed figures contradict each other: no figure rather than a negative one
+        return max(out, 0)  # within the printed rounding
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
