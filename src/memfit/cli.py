@@ -257,8 +257,8 @@ def trace(
 @app.command()
 def replay(
     scenario: Path = typer.Argument(..., help="Scenario YAML file to replay (see examples/)."),
-    layers: Optional[int] = typer.Option(None, help="Build this many transformer blocks instead of the config's (same shapes, scaled down)."),
-    world_size: Optional[int] = typer.Option(None, help="Ranks W (rank 0 is measured, see --launcher); default: the scenario's GPU count."),
+    layers: Optional[int] = typer.Option(None, min=1, help="Build this many transformer blocks instead of the config's (same shapes, scaled down)."),
+    world_size: Optional[int] = typer.Option(None, min=1, help="Ranks W (rank 0 is measured, see --launcher); default: the scenario's GPU count."),
     launcher: str = typer.Option("fake", help="fake (one process plays rank 0 of W on a fake process group) or torchrun (W real processes on this host: gloo on cpu, nccl on cuda, one GPU each)."),
     accelerator: str = typer.Option("cpu", help="cpu (DeepSpeed's CPU accelerator; runs anywhere) or cuda."),
     emulate: Optional[str] = typer.Option(None, help="cuda: cap the GPU at this capacity, e.g. rtx3090 or 24GiB."),

@@ -6,6 +6,7 @@ one clear line for bad input, and the core sees typed ``PeftSpec``s only.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -56,7 +57,6 @@ _INT_FIELDS = frozenset(
         "num_virtual_tokens",
         "encoder_hidden_size",
         "lora_r",
-        "lora_alpha",
         "token_dim",
         "num_layers",
         "num_transformer_submodules",
@@ -127,6 +127,15 @@ def _coerce(name: str, value: Any) -> Any:
             value = int(value)
         if not isinstance(value, int) or isinstance(value, bool):
             raise MemfitError(f"{name} must be an integer, got {value!r}")
+        return value
+    if name == "lora_alpha":  # peft only scales by alpha / r: any finite number (an int or a float)
+        if isinstance(value, str) and value.strip():
+            try:
+                value = float(value) if not value.strip().lstrip("-").isdigit() else int(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise MemfitError(f"lora_alpha must be a finite number, got {value!r}")
         return value
     if name in _BOOL_FIELDS:
         return parse_bool(value, what=name)

@@ -119,7 +119,13 @@ def _read_batch_member(raw: dict, key: str) -> int | None:
     n = _as_int(value, key)
     if n < 1:
         raise MemfitError(f"DeepSpeed config {key} must be >= 1, got {value!r}")
+    if n > MAX_BATCH:
+        raise MemfitError(f"DeepSpeed config {key} is {n:,}; memfit plans at most {MAX_BATCH:,}")
     return n
+
+
+MAX_BATCH = 2**31 - 1
+"""The largest batch size memfit plans (far beyond any real run; sizes computed from it stay exact)."""
 
 
 # --------------------------------------------------------------------------------------------

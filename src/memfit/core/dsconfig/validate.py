@@ -166,9 +166,9 @@ def _as_int(value: object, where: str) -> int:
     if isinstance(value, float):
         if not math.isfinite(value) or value != int(value):
             raise MemfitError(f"DeepSpeed config {where} must be a whole number, got {value!r}")
-        if abs(value) > INT64_MAX:
-            raise MemfitError(f"DeepSpeed config {where} is too large: {value!r}")
-        return int(value)
+        value = int(value)
+    if abs(value) > INT64_MAX:  # DeepSpeed hands these sizes to torch, which holds them in int64
+        raise MemfitError(f"DeepSpeed config {where} is too large: over 2**63-1")
     return value
 
 
