@@ -30,8 +30,11 @@ MiB = 2**20
 MAX_CONFIG_BYTES = 4 * MiB
 """Scenario YAML, DeepSpeed JSON, config.json, adapter_config.json (the largest real config.json
 files, with long id2label tables, are a few hundred KiB)."""
-MAX_LOG_BYTES = 64 * MiB
+MAX_LOG_BYTES = 16 * MiB
 """A pasted log for ``memfit diagnose`` (the failure is in its last lines; ``tail -c`` cuts one)."""
+MAX_LOG_LINES = 250_000
+"""Lines of a log (carriage returns of progress bars count): each is parsed, so this bounds the
+time and memory a log can take (about a second and 100 MiB at the limit)."""
 MAX_DEPTH = 64
 """Nesting levels of a JSON/YAML document (real configs have fewer than 6)."""
 MAX_NODES = 200_000

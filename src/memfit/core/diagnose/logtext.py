@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memfit.core.diagnose.results import Frame
-from memfit.core.inputs import MAX_LOG_BYTES, read_bytes
+from memfit.core.inputs import MAX_LOG_BYTES, MAX_LOG_LINES, read_bytes
 from memfit.errors import MemfitError
 
 
@@ -24,7 +24,7 @@ def read_log(path: str | Path) -> str:
         data = sys.stdin.buffer.read(MAX_LOG_BYTES + 1)
         if len(data) > MAX_LOG_BYTES:
             raise MemfitError(f"the log on standard input is over {MAX_LOG_BYTES // 2**20} MiB, the most memfit reads; "
-                              "pass its end (tail -c 32M)")
+                              "pass its end (tail -c 8M)")
         where = "standard input"
     else:
         data = read_bytes(path, what="log file", max_bytes=MAX_LOG_BYTES)
@@ -56,6 +56,10 @@ def _clean_lines(text: str) -> list[LogLine]:
     """Split at newlines and carriage returns (progress bars), strip colours, a leading ISO
     timestamp (log collectors) and per-rank prefixes (``[rank0]:``, ``[default0]:`` from torchrun,
     ``[1,0]<stderr>:`` from mpirun, ``host: `` from pdsh)."""
+    breaks = sum(text.count(c) for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029") - text.count("\r\n")  # str.splitlines'
+    if breaks > MAX_LOG_LINES:
+        raise MemfitError(f"the log has over {MAX_LOG_LINES:,} lines, the most memfit reads; pass the part around the "
+                          f"failure (e.g. tail -n {MAX_LOG_LINES // 2})")
     raw = [_STAMP.sub("", _ANSI.sub("", ln)) for ln in text.splitlines()]
     hosts = {m.group("h") for ln in raw if (m := _HOST_TAG.match(ln))}
     out = []

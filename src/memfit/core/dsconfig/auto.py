@@ -129,8 +129,11 @@ def trainer_defaults(raw: Mapping, *, precision: str, precision_why: str) -> tup
             fills[name] = value
             sources[name] = "transformers' TrainingArguments default (it does not change memory)"
     if get("fp16.enabled") == AUTO or get("bf16.enabled") == AUTO:
-        fills["precision"] = precision
-        sources["precision"] = precision_why
+        written = [name for name in ("fp16", "bf16") if get(f"{name}.enabled") is True]
+        if written:  # "auto" in one section, true written in the other: the written one is the precision
+            fills["precision"], sources["precision"] = written[0], f"the config's {written[0]}.enabled: true"
+        else:
+            fills["precision"], sources["precision"] = precision, precision_why
     return fills, sources
 
 
@@ -318,11 +321,17 @@ def _trainer_warmup_steps(f: _Filler, ctx: AutoContext) -> int | None:
     w = ctx.warmup_steps
     if w is None:
         return None
+    if w == 0:  # max(1, ceil(steps x 0)) whatever the number of steps
+        return 1
     if w >= 1:
         return max(1, int(w))
-    if ctx.total_steps is None:
+    total = ctx.total_steps  # the Trainer always knows it; without it, the config's own figure
+    written = f.get("scheduler.params.total_num_steps") if f is not None else None
+    if total is None and _is_whole(written):
+        total = int(written)  # type: ignore[arg-type]
+    if total is None:
         return None
-    return max(1, math.ceil(ctx.total_steps * w))
+    return max(1, math.ceil(total * w))
 
 
 def _warmup_flag(ctx: AutoContext) -> str:
