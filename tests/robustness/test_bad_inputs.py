@@ -140,14 +140,25 @@ def _value_options():
 
 
 def _args_for(command: str, param, value: str) -> list[str]:
-    """``memfit COMMAND`` with ``param`` set to ``value`` and every other required input present."""
+    """``memfit COMMAND`` with ``param`` set to ``value`` and every other required input present
+    (arguments in order, each a real file, so only the one under test is wrong)."""
+    import typer.main
+
+    from memfit.cli import app
+
+    cmd = typer.main.get_command(app).commands[command]
     args = [command]
-    if param.param_type_name == "argument":
-        args.append(value)
-    elif command in ("replay", "recommend"):
-        args.append(str(SEED))
-    if command == "diagnose" and param.name != "log":
-        args += ["--log", str(FIXTURES / "logs" / "seed-move-oom-ds0510.txt")]
+    for p in cmd.params:
+        if p.param_type_name != "argument":
+            continue
+        if p.name == param.name:
+            args.append(value)
+        elif p.required or any(q.name == param.name for q in cmd.params[cmd.params.index(p):]
+                               if q.param_type_name == "argument"):
+            args.append(str(SEED))
+    for p in cmd.params:
+        if p.param_type_name == "option" and p.required and p.name != param.name:
+            args += [p.opts[0], str(FIXTURES / "logs" / "seed-move-oom-ds0510.txt")]
     if param.param_type_name == "option":
         args += [param.opts[0], value]
     return args

@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from memfit.core.diagnose.explain import _explain
-from memfit.core.diagnose.logtext import LogLine, read_log
+from memfit.core.diagnose.logtext import LogLine, _clean_lines, read_log  # _clean_lines: records/ds_log.py
 from memfit.core.diagnose.parse import ParsedLog, parse_log, parse_size, primary_event
 from memfit.core.diagnose.reconcile import reconcile
 from memfit.core.diagnose.results import (MEMORY_KINDS, TITLES, Diagnosis, EventKind, Frame, LogEvent, OomNumbers,
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Diagnosis", "EventKind", "Frame", "LogEvent", "LogLine", "OomNumbers", "PROGRESS", "ParsedLog", "RULES",
            "ReconRow", "Reconciliation", "TITLES", "diagnose_log", "locate_phase", "parse_log", "parse_size",
-           "primary_event", "read_log", "reconcile"]
+           "primary_event", "read_log", "reconcile", "_clean_lines"]
 
 GiB = 2**30
 _MEMORY = MEMORY_KINDS
