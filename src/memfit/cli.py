@@ -360,6 +360,9 @@ def recommend(
     if report is not None:
         _check_report_path(report)
     inputs = read_scenario_file(scenario)
+    from memfit.core.scenario_io import build_scenario as _build
+
+    _warn_inputs(_build(inputs))  # what DeepSpeed would ignore in the user's config, said before the search
     if out is not None and out.exists() and not out.is_dir():
         raise MemfitError(f"--out {out} exists and is not a directory")
     started = time.perf_counter()
@@ -478,6 +481,7 @@ def compare(
     from memfit.core.scenario_io import build_scenario, read_scenario_file
 
     sc = build_scenario(read_scenario_file(scenario))
+    _warn_inputs(sc)
     if report is not None:
         _check_report_path(report)
     plan_result = make_plan(sc)
