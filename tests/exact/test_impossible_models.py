@@ -24,9 +24,9 @@ MIXTRAL = dict(model_type="mixtral", vocab_size=64, hidden_size=32, intermediate
                num_attention_heads=4, num_key_value_heads=2, num_local_experts=2, num_experts_per_tok=1)
 
 CASES = {
-    "kv heads do not divide heads": (LLAMA, {"num_key_value_heads": 3}, "num_key_value_heads 3 must divide"),
-    "more kv heads than heads": (LLAMA, {"num_key_value_heads": 8}, "num_key_value_heads 8 must divide"),
-    "top-k above the experts": (MIXTRAL, {"num_experts_per_tok": 3}, "num_experts_per_tok 3 exceeds"),
+    "kv heads do not divide heads": (LLAMA, {"num_key_value_heads": 3}, "not a multiple of num_key_value_heads 3"),
+    "more kv heads than heads": (LLAMA, {"num_key_value_heads": 8}, "num_key_value_heads 8 is more than"),
+    "top-k above the experts": (MIXTRAL, {"num_experts_per_tok": 3}, "num_experts_per_tok 3 is more than"),
 }
 
 

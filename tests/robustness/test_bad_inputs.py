@@ -192,8 +192,8 @@ def test_an_empty_section_value_is_an_error(tmp_path, tiny, section, key):
     assert_one_line_error(cli("plan", str(scenario(tmp_path, doc))), "is empty")
 
 
-@pytest.mark.parametrize("change,message", [({"num_key_value_heads": 3}, "must divide"),
-                                            ({"num_key_value_heads": 8}, "must divide"),
+@pytest.mark.parametrize("change,message", [({"num_key_value_heads": 3}, "not a multiple of num_key_value_heads"),
+                                            ({"num_key_value_heads": 8}, "more than num_attention_heads"),
                                             ({"num_hidden_layers": 1_000_000}, "at most 1,024"),
                                             ({"num_hidden_layers": 10**9}, "at most 1,024"),
                                             ({"hidden_size": 10**400}, "huge number"),
@@ -206,7 +206,7 @@ def test_impossible_or_absurd_model_configs(tmp_path, change, message):
 def test_moe_top_k_above_the_experts(tmp_path):
     moe = {**TINY, "model_type": "mixtral", "num_local_experts": 2, "num_experts_per_tok": 3}
     (tmp_path / "config.json").write_text(json.dumps(moe))
-    assert_one_line_error(cli("plan", "--model", str(tmp_path / "config.json")), "num_experts_per_tok 3 exceeds")
+    assert_one_line_error(cli("plan", "--model", str(tmp_path / "config.json")), "num_experts_per_tok 3 is more than")
 
 
 @pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e400"])
