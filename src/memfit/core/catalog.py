@@ -273,7 +273,7 @@ def _read_config(file: Path) -> Mapping[str, Any]:
     """Parse and freeze a config.json; ``MemfitError`` for unreadable or malformed files."""
     from memfit.core.inputs import parse_json, read_text  # sizes, UTF-8, JSON types, depth
 
-    data = parse_json(read_text(file, what="model config"), what=str(file))
+    data = parse_json(read_text(file, what="model config"), what=str(file), allow_non_finite=True)
     if not isinstance(data, dict):
         raise MemfitError(f"{file} is not a JSON object (a config.json maps field names to values)")
     if not isinstance(data.get("model_type"), str):

@@ -100,13 +100,17 @@ def _show(p: Path) -> str:
 # ------------------------------------------------------------------------------------------ JSON
 
 def parse_json(text: str, *, what: str,
-               object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None) -> Any:
-    """Strict JSON (no NaN/Infinity) checked by ``check_tree``."""
+               object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None,
+               allow_non_finite: bool = False) -> Any:
+    """Strict JSON (no NaN/Infinity) checked by ``check_tree``. ``allow_non_finite``: Python's
+    NaN/Infinity extension is read (transformers writes and reads it in config.json; the fields
+    memfit uses are then checked by name where they are read)."""
     def no_constant(name: str) -> Any:
         raise MemfitError(f"{what} holds {name}, which is not a JSON number")
 
     try:
-        value = json.loads(text, object_pairs_hook=object_pairs_hook, parse_constant=no_constant)
+        value = json.loads(text, object_pairs_hook=object_pairs_hook,
+                           parse_constant=None if allow_non_finite else no_constant)
     except json.JSONDecodeError as e:
         raise MemfitError(f"{what} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except RecursionError:
@@ -115,7 +119,7 @@ def parse_json(text: str, *, what: str,
         if isinstance(e, MemfitError):
             raise
         raise MemfitError(f"{what}: {str(e).splitlines()[0]}") from None
-    check_tree(value, what=what)
+    check_tree(value, what=what, finite=not allow_non_finite)
     return value
 
 
@@ -179,9 +183,10 @@ def _check_expansion(root: Any, what: str) -> None:
 
 # ------------------------------------------------------------------------------------ the trees
 
-def check_tree(value: Any, *, what: str) -> None:
-    """A JSON-typed tree: dict (string keys), list, str, int, finite float, bool, None; at most
-    ``MAX_DEPTH`` deep and ``MAX_NODES`` values. Iterative: no recursion limit to hit."""
+def check_tree(value: Any, *, what: str, finite: bool = True) -> None:
+    """A JSON-typed tree: dict (string keys), list, str, int, float (finite unless ``finite`` is
+    False), bool, None; at most ``MAX_DEPTH`` deep and ``MAX_NODES`` values. Iterative: no recursion
+    limit to hit."""
     count = 0
     stack: list[tuple[Any, str, int]] = [(value, "", 0)]
     while stack:
@@ -200,7 +205,7 @@ def check_tree(value: Any, *, what: str) -> None:
         elif isinstance(v, (list, tuple)):
             stack.extend((item, f"{where}[{i}]", depth + 1) for i, item in enumerate(v))
         elif isinstance(v, float):
-            if not math.isfinite(v):
+            if finite and not math.isfinite(v):
                 raise MemfitError(f"{what}: {where or 'the value'} is {v!r}; numbers must be finite")
         elif v is None or isinstance(v, (str, int)):  # bool is an int
             pass
