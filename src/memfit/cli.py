@@ -22,9 +22,18 @@ app = typer.Typer(
 
 
 def _console(stderr: bool = False):
+    """Console for every command's output. ``markup=False``: a scenario name, model or path that
+    looks like rich markup (``[/bold]``) is printed as written, never interpreted."""
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False)
+    return Console(stderr=stderr, highlight=False, markup=False)
+
+
+def _warn_inputs(sc) -> None:
+    """Print what memfit resolved or DeepSpeed would ignore in the inputs, one line each, on stderr
+    (the plan's findings carry them too)."""
+    for w in sc.deepspeed.warnings:
+        print(f"memfit: warning: {w}", file=sys.stderr)
 
 
 @app.command()
@@ -52,6 +61,8 @@ def plan(
     max_shard_size: Optional[str] = typer.Option(None, "--max-shard-size", help="The checkpoint's shard size, e.g. 5GB (default: that of the transformers version that saved it)."),
     seq_len: Optional[int] = typer.Option(None, help="Sequence length (default 2048)."),
     micro_batch: Optional[int] = typer.Option(None, help="Micro-batch per GPU (default: the DeepSpeed config's train_micro_batch_size_per_gpu)."),
+    grad_accum: Optional[int] = typer.Option(None, "--grad-accum", help="Gradient accumulation steps: fills \"auto\" in the DeepSpeed config (the Trainer's --gradient_accumulation_steps); without a config, sets it (default 1)."),
+    precision: Optional[str] = typer.Option(None, "--precision", help="fp16 | bf16 | fp32 (the Trainer's --fp16/--bf16): fills \"auto\" in the config's fp16/bf16 sections; without a config, sets them (default: bf16 if the GPU supports it, else fp16)."),
     gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing/--no-gradient-checkpointing", help="Activation checkpointing of each layer."),
     model_parameters: Optional[str] = typer.Option(None, help="What the script passes to deepspeed.initialize(model_parameters=...): trainable (default) or all."),
     accelerator: Optional[str] = typer.Option(None, help="cuda (default) or cpu (DeepSpeed's CPU accelerator, as CPU replays run)."),
@@ -98,9 +109,13 @@ def plan(
         dataloader_workers=dataloader_workers, dataset_tokens=dataset_tokens,
         task=task, target_len=target_len, lengths=str(lengths) if lengths else None,
         batching=batching, max_seq_length=max_seq_length,
+        grad_accum=grad_accum, precision=precision,
     )
     inputs = merge_inputs(read_scenario_file(scenario), flags) if scenario else flags
     sc = build_scenario(inputs)
+    _warn_inputs(sc)
+    if report is not None:
+        _check_report_path(report)  # before any work: a bad path fails fast
     traced = None
     if sc.model.source == "meta" and not exact:  # no pure builder: its activations come from a trace
         for note in sc.model.notes:
@@ -127,14 +142,38 @@ def plan(
 
 
 def _check_report_path(path: Path) -> str:
+    import os
+
     suffix = path.suffix.lower()
     if suffix not in (".html", ".htm", ".md"):
         raise MemfitError(f"--report: give a .html or .md path, got {path}")
-    if path.exists():
-        raise MemfitError(f"--report: {path} exists; memfit never overwrites a file (choose another name)")
-    if not path.parent.exists():
-        raise MemfitError(f"--report: directory {path.parent} does not exist")
+    try:
+        if os.path.lexists(path):  # a dangling symlink too: never written through
+            raise MemfitError(f"--report: {path} exists; memfit never overwrites a file (choose another name)")
+        if not path.parent.is_dir():
+            raise MemfitError(f"--report: {path.parent} is not a directory")
+    except OSError as e:
+        raise MemfitError(f"--report: cannot use {path}: {e.strerror or type(e).__name__}") from None
     return suffix
+
+
+def write_new_file(path: Path, text: str, *, what: str) -> None:
+    """Create ``path`` and write ``text``, never replacing anything: ``O_EXCL`` fails on any existing
+    entry, a dangling symlink included, and ``O_NOFOLLOW`` refuses a link in the last component."""
+    import os
+
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except FileExistsError:
+        raise MemfitError(f"{what}: {path} exists; memfit never overwrites a file (choose another name)") from None
+    except OSError as e:
+        raise MemfitError(f"{what}: cannot create {path}: {e.strerror or type(e).__name__}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise MemfitError(f"{what}: cannot write {path}: {e.strerror or type(e).__name__}") from None
 
 
 def _write_report(path: Path, result, sc, *, title: str | None = None, render=None, heading: str = "") -> None:
@@ -152,7 +191,7 @@ def _write_report(path: Path, result, sc, *, title: str | None = None, render=No
         out = section_page(title or "memfit", html_sections)
     else:
         out = html_report(result, sc, sections=html_sections, title=title)
-    path.write_text(out, encoding="utf-8")
+    write_new_file(path, out, what="--report")
     _console(stderr=True).print(f"report written to {path}")
 
 
@@ -162,7 +201,7 @@ def _trace_with_progress(sc):
 
     from memfit.trace.ledger_step import trace_scenario
 
-    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), TimeElapsedColumn(),
+    with Progress(TextColumn("{task.description}", style="progress.description", markup=False), BarColumn(), TimeElapsedColumn(),
                   console=_console(stderr=True), transient=True) as bar:
         tasks: dict[str, int] = {}
 
@@ -187,7 +226,7 @@ def trace(
     attention: Optional[str] = typer.Option(None, help="attn_implementation (default: transformers' choice for the model)."),
     task: Optional[str] = typer.Option(None, "--task", help="Head to trace (default: the config's architectures)."),
     target_len: Optional[int] = typer.Option(None, "--target-len", help="Encoder-decoder models: decoder tokens per sequence."),
-    top: int = typer.Option(12, help="Modules to list at each peak."),
+    top: int = typer.Option(12, min=0, help="Modules to list at each peak."),
     json_out: bool = typer.Option(False, "--json", help="Print the breakdown as JSON."),
 ) -> None:
     """Trace one training step (forward, loss, backward) of the real model code on fake tensors and
@@ -200,6 +239,7 @@ def trace(
                            attention=attention, task=task, target_len=target_len)
     inputs = merge_inputs(read_scenario_file(scenario), flags) if scenario else flags
     sc = build_scenario(inputs)
+    _warn_inputs(sc)
     result = _trace_with_progress(sc)
     z3 = None
     if sc.deepspeed.zero.stage == 3:
@@ -217,23 +257,20 @@ def trace(
 @app.command()
 def replay(
     scenario: Path = typer.Argument(..., help="Scenario YAML file to replay (see examples/)."),
-    layers: Optional[int] = typer.Option(None, help="Build this many transformer blocks instead of the config's (same shapes, scaled down)."),
-    world_size: Optional[int] = typer.Option(None, help="Ranks W (rank 0 is measured, see --launcher); default: the scenario's GPU count."),
+    layers: Optional[int] = typer.Option(None, min=1, help="Build this many transformer blocks instead of the config's (same shapes, scaled down)."),
+    world_size: Optional[int] = typer.Option(None, min=1, help="Ranks W (rank 0 is measured, see --launcher); default: the scenario's GPU count."),
     launcher: str = typer.Option("fake", help="fake (one process plays rank 0 of W on a fake process group) or torchrun (W real processes on this host: gloo on cpu, nccl on cuda, one GPU each)."),
     accelerator: str = typer.Option("cpu", help="cpu (DeepSpeed's CPU accelerator; runs anywhere) or cuda."),
     emulate: Optional[str] = typer.Option(None, help="cuda: cap the GPU at this capacity, e.g. rtx3090 or 24GiB."),
-    steps: int = typer.Option(2, help="Training steps to run."),
+    steps: int = typer.Option(2, min=1, help="Training steps to run."),
     seq_len: Optional[int] = typer.Option(None, help="Override the scenario's sequence length."),
-    timeout: float = typer.Option(1800, help="Seconds before the replay is stopped."),
+    timeout: float = typer.Option(1800, help="Seconds before the replay is stopped (a finite number > 0)."),
     save_fixture: Optional[Path] = typer.Option(None, "--save-fixture", help="Write the measurement as a JSON fixture (never overwrites)."),
     json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
 ) -> None:
     """Run the real deepspeed.initialize and training steps for a scenario in a supervised child
     process, measure memory per phase, and compare with the plan (byte for byte where DeepSpeed's
     allocations are deterministic)."""
-    import dataclasses
-
-    from memfit.core.hardware import parse_gpus, parse_size
     from memfit.core.scenario_io import ScenarioInputs, build_scenario, merge_inputs, read_scenario_file
     from memfit.replay.compare import compare_replay
     from memfit.replay.measurement import save_fixture as write_fixture
@@ -241,17 +278,29 @@ def replay(
     from memfit.replay.spec import spec_from_scenario
     from memfit.render.replay_out import comparison_to_dict, render_comparison
 
+    import math
+
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise MemfitError(f"--timeout must be a finite number of seconds > 0, got {timeout}")
     inputs = merge_inputs(read_scenario_file(scenario), ScenarioInputs(seq_len=seq_len))
     sc = build_scenario(inputs)
-    if save_fixture is not None and save_fixture.exists():
-        raise MemfitError(f"{save_fixture} exists; memfit never overwrites a file you have (choose another path)")
+    _warn_inputs(sc)
+    if save_fixture is not None:
+        import os
+
+        if os.path.lexists(save_fixture):
+            raise MemfitError(f"{save_fixture} exists; memfit never overwrites a file you have (choose another path)")
+        if not save_fixture.parent.is_dir():
+            raise MemfitError(f"--save-fixture: {save_fixture.parent} is not a directory")
     cap = None
     if emulate:
-        cap = parse_gpus(emulate)[1].total_bytes if not emulate[0].isdigit() else parse_size(emulate, what="--emulate")
+        cap = _emulated_capacity(emulate)
     spec = spec_from_scenario(sc, layers=layers, steps=steps, accelerator=accelerator, world_size=world_size,
                               emulate_capacity_bytes=cap, launcher=launcher)
-    with _console(stderr=True).status(f"replaying {spec.name} ({accelerator}, {launcher}, rank 0 of {spec.world_size}"
-                                      + (f", {layers} layers" if layers else "") + ")..."):
+    from rich.text import Text
+
+    with _console(stderr=True).status(Text(f"replaying {spec.name} ({accelerator}, {launcher}, rank 0 of "
+                                           f"{spec.world_size}" + (f", {layers} layers" if layers else "") + ")...")):
         m = run_replay(spec, timeout_s=timeout)
     if save_fixture is not None:
         write_fixture(m, str(save_fixture))
@@ -266,6 +315,25 @@ def replay(
         raise typer.Exit(1)
 
 
+def _emulate_help() -> str:
+    from memfit.core.hardware import GPU_PRESETS
+
+    return f"a GPU ({', '.join(sorted(GPU_PRESETS))}) or a size such as 24GiB"
+
+
+def _emulated_capacity(text: str) -> int:
+    """``--emulate``: a GPU preset or a size, each parsed as itself (a wrong name is named as such)."""
+    from memfit.core.hardware import GPU_ALIASES, GPU_PRESETS, parse_size
+
+    kind = text.strip().lower()
+    kind = GPU_ALIASES.get(kind, kind)
+    if kind in GPU_PRESETS:
+        return GPU_PRESETS[kind].total_bytes
+    if kind[:1].isdigit() or kind[:1] == ".":
+        return parse_size(text, what="--emulate")
+    raise MemfitError(f"--emulate: unknown GPU {text!r}; give {_emulate_help()}")
+
+
 @app.command()
 def recommend(
     scenario: Path = typer.Argument(..., help="Scenario YAML file (see examples/): your model, DeepSpeed JSON, hardware."),
@@ -278,12 +346,22 @@ def recommend(
     """Search the settings you can change (ZeRO stage, offload, pinning, zero.Init, load dtype,
     buckets, micro-batch vs accumulation, checkpointing, bf16/fp16) for configurations that fit every
     phase with headroom, ranked by an estimated step time; each is confirmed by the exact ledger."""
+    import math
     import time
 
     from memfit.core.recommend import recommend as run_recommend
     from memfit.core.scenario_io import read_scenario_file
 
+    if not (math.isfinite(headroom) and 0 <= headroom < 1):
+        raise MemfitError(f"--headroom must be a fraction from 0 to below 1, got {headroom}")
+    if top < 1:
+        raise MemfitError(f"--top must be at least 1, got {top}")
+    if report is not None:
+        _check_report_path(report)
     inputs = read_scenario_file(scenario)
+    from memfit.core.scenario_io import build_scenario as _build
+
+    _warn_inputs(_build(inputs))  # what DeepSpeed would ignore in the user's config, said before the search
     if out is not None and out.exists() and not out.is_dir():
         raise MemfitError(f"--out {out} exists and is not a directory")
     started = time.perf_counter()
@@ -347,7 +425,10 @@ def diagnose(
         from memfit.core.scenario_io import build_scenario, read_scenario_file
 
         sc = build_scenario(read_scenario_file(scenario))
+        _warn_inputs(sc)
         result = make_plan(sc)
+    if report is not None:
+        _check_report_path(report)
     found = diagnose_log(text, result, sc)
     if found.primary is None:
         print(f"memfit: {found.headline} ({log}): looked for CUDA and host out-of-memory errors, failed pinned "
@@ -399,6 +480,7 @@ def compare(
     from memfit.core.scenario_io import build_scenario, read_scenario_file
 
     sc = build_scenario(read_scenario_file(scenario))
+    _warn_inputs(sc)
     if report is not None:
         _check_report_path(report)
     plan_result = make_plan(sc)
@@ -475,12 +557,38 @@ def zero_paper(json_out: bool = typer.Option(False, "--json", help="Print as JSO
     _console().print(t)
 
 
+def _forbid_blank_values(command) -> None:
+    """Every option and argument of every command refuses an empty or blank value (``--gpus ''``):
+    one generic check installed here, so an option added later gets it with no code of its own.
+    (An empty value would otherwise become "not given" and take the default: a silent guess.)"""
+    import click
+
+    for cmd in [command, *getattr(command, "commands", {}).values()]:
+        for param in cmd.params:
+            def process_value(ctx, value, _orig=param.process_value, _param=param):
+                values = value if isinstance(value, (tuple, list)) else (value,)
+                if any(isinstance(v, str) and not v.strip() for v in values):
+                    raise click.BadParameter("is empty: give a value, or leave the option out for its default",
+                                             ctx=ctx, param=_param)
+                return _orig(ctx, value)
+
+            param.process_value = process_value
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
 def main() -> None:
     """Entry point: bad input becomes one line on stderr and exit status 2, never a traceback."""
+    import typer.main
+
+    command = typer.main.get_command(app)
+    _forbid_blank_values(command)
     try:
-        rc = app(standalone_mode=False)
+        rc = command(standalone_mode=False, prog_name="memfit")
     except MemfitError as e:
-        print(f"memfit: error: {e}", file=sys.stderr)
+        print(f"memfit: error: {_one_line(e)}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("memfit: interrupted", file=sys.stderr)
@@ -488,9 +596,11 @@ def main() -> None:
     except SystemExit:
         raise
     except Exception as e:
+        if type(e).__name__ == "NoArgsIsHelpError":  # `memfit` alone: the help was printed
+            sys.exit(0)
         # usage errors (typer vendors click: match by behaviour, not by class)
         if hasattr(e, "exit_code") and hasattr(e, "format_message"):
-            print(f"memfit: error: {e.format_message()} (see memfit --help)", file=sys.stderr)
+            print(f"memfit: error: {_one_line(e.format_message())} (see memfit --help)", file=sys.stderr)
             sys.exit(e.exit_code or 2)
         if type(e).__name__ == "Abort":
             sys.exit(1)

@@ -162,7 +162,7 @@ def test_a_written_value_that_disagrees_with_the_trainer_is_refused():
     raw["train_micro_batch_size_per_gpu"] = 8
     raw["optimizer"]["params"]["lr"] = 1e-3
     with pytest.raises(MemfitError, match=r"train_micro_batch_size_per_gpu=8 vs --micro-batch 4; "
-                                          r"optimizer.params.lr=0.001 vs --lr 3e-05"):
+                                          r"optimizer.params.lr=0.001 vs TrainingArguments.learning_rate 3e-05"):
         parse_deepspeed_config(raw, context=TRAINER)
     # a written value is only checked against a context value that is given
     raw["optimizer"]["params"]["lr"] = "auto"
@@ -199,7 +199,9 @@ def test_auto_the_trainer_never_fills_is_refused_where_deepspeed_would_read_it()
 
 @pytest.mark.parametrize("kwargs,flag", [({"world_size": 0}, "--gpus"), ({"precision": "fp8"}, "--precision"),
                                          ({"micro_batch_size": True}, "--micro-batch"),
-                                         ({"adam_betas": (0.9,)}, "--adam-betas")])
+                                         ({"adam_betas": (0.9,)}, "adam_beta1"),
+                                         ({"learning_rate": float("nan")}, "learning_rate"),
+                                         ({"max_grad_norm": float("inf")}, "max_grad_norm")])
 def test_context_values_are_checked(kwargs, flag):
     with pytest.raises(MemfitError, match=flag):
         AutoContext(**kwargs)
@@ -216,14 +218,29 @@ def test_load_refuses_duplicates_bad_json_and_non_objects(tmp_path):
         (tmp_path / name).write_text(text)
         with pytest.raises(MemfitError, match=match):
             load_deepspeed_config(tmp_path / name)
-    with pytest.raises(MemfitError, match="cannot read"):
+    with pytest.raises(MemfitError, match="not found"):
         load_deepspeed_config(tmp_path / "missing.json")
 
 
-def test_typo_at_top_level_is_noted_not_refused():
+def test_typo_at_top_level_is_a_warning_not_refused():
+    """DeepSpeed ignores unknown top-level keys (runtime/config.py reads the ones it knows), so memfit
+    does not refuse them; it warns, naming the key it most likely meant."""
     ds = parse_deepspeed_config({"train_micro_batch_size_per_gpu": 2, "gradient_acumulation_steps": 4})
     assert ds.gradient_accumulation_steps == 1
-    assert any("gradient_acumulation_steps" in n and "gradient_accumulation_steps" in n for n in ds.notes)
+    assert any("gradient_acumulation_steps" in n and "did you mean 'gradient_accumulation_steps'" in n
+               for n in ds.warnings)
+
+
+def test_every_auto_resolved_is_recorded_with_its_value_and_reason():
+    ds = parse_deepspeed_config(json.loads(HF_AUTO.read_text()), context=TRAINER)
+    said = "\n".join(ds.auto_resolved)
+    raw = json.loads(HF_AUTO.read_text())
+    autos = [k for k, v in raw.items() if v == "auto"] + [f"{s}.{k}" for s, sec in raw.items() if isinstance(sec, dict)
+                                                          for k, v in sec.items() if v == "auto"]
+    autos += [f"{s}.params.{k}" for s in ("optimizer", "scheduler") for k, v in raw.get(s, {}).get("params", {}).items()
+              if v == "auto"]
+    assert autos and all(k in said for k in autos), (autos, said)
+    assert f"train_micro_batch_size_per_gpu = {TRAINER.micro_batch_size} (--micro-batch)" in said
 
 
 def test_optimizer_states_follow_the_optimizer_actually_built():

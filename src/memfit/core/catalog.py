@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import json
 import os
 import re
 from collections.abc import Mapping
@@ -201,6 +200,13 @@ def resolve_model_config(
     ref = ref.strip()
     local = Path(os.path.expanduser(ref))
     entry = _catalog_index().get(ref.lower())
+    try:
+        os.stat(local)
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as exc:  # a name too long, a NUL byte, a loop of links
+        raise MemfitError(f"cannot use model {ref[:80]!r}{'...' if len(ref) > 80 else ''}: "
+                          f"{getattr(exc, 'strerror', None) or exc}") from None
     if local.is_dir() and (local / "config.json").is_file():
         source = _local_source(ref, local / "config.json")
     elif local.is_file():
@@ -265,16 +271,9 @@ def _did_you_mean(ref: str) -> str:
 
 def _read_config(file: Path) -> Mapping[str, Any]:
     """Parse and freeze a config.json; ``MemfitError`` for unreadable or malformed files."""
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MemfitError(f"cannot read {file}: {exc}") from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise MemfitError(
-            f"{file} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        ) from exc
+    from memfit.core.inputs import parse_json, read_text  # sizes, UTF-8, JSON types, depth
+
+    data = parse_json(read_text(file, what="model config"), what=str(file), allow_non_finite=True)
     if not isinstance(data, dict):
         raise MemfitError(f"{file} is not a JSON object (a config.json maps field names to values)")
     if not isinstance(data.get("model_type"), str):

@@ -230,4 +230,9 @@ class DeepSpeedSettings:
     """DeepSpeed's own ``activation_checkpointing`` section is present (it only acts when the model
     calls ``deepspeed.checkpointing``; informational)."""
     notes: tuple[str, ...] = ()
-    """One-line remarks on the config: deprecated keys, keys DeepSpeed ignores, defaults filled."""
+    """One-line remarks on the config: deprecated keys, defaults filled."""
+    warnings: tuple[str, ...] = ()
+    """Keys DeepSpeed ignores (misspelled or unknown keys, sections the ZeRO stage does not use):
+    printed as warnings and listed as findings."""
+    auto_resolved: tuple[str, ...] = ()
+    """One line per ``"auto"`` memfit resolved: the key, its value and why (listed in a finding)."""

@@ -6,6 +6,7 @@ numbers it quotes are the numbers the tables show.
 
 from __future__ import annotations
 
+from memfit.core.input_findings import input_findings
 from memfit.core.ledger_types import Device, Finding, PhaseLedger, Verdict
 from memfit.core.scenario import Scenario
 from memfit.core.units import fmt_both, fmt_bytes
@@ -86,6 +87,7 @@ def derive_findings(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: Verd
         "version, from published measurements) and the process itself (2 GiB per rank). The allocator figures "
         "(blocks, segments, pinned rounding and caching) are torch's rules applied to these allocations on one "
         "stream.")))
+    out.extend(input_findings(sc))
     return tuple(out)
 
 

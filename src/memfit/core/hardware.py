@@ -7,13 +7,19 @@ ledger lists as its own item. Sizes are bytes; ``GiB`` = 2**30, ``GB`` = 10**9.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 
 from memfit.errors import MemfitError
 
 GiB = 2**30
 GB = 10**9
+MAX_SIZE_BYTES = 2**60
+"""The largest size memfit accepts (1 EiB = 2^60 bytes): no GPU, host or disk comes near it."""
+MAX_GPUS_PER_NODE = 1024
+"""The most GPUs one node may have (real nodes have 8 or 16)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,6 +71,15 @@ class Hardware:
     """Free NVMe space per node for offload (None: not checked)."""
 
     def __post_init__(self) -> None:
+        for name in ("gpus_per_node", "nodes", "cpu_ram_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise MemfitError(f"{name} must be a whole number, got {value!r:.60}")
+        if self.nvme_bytes is not None and (isinstance(self.nvme_bytes, bool) or not isinstance(self.nvme_bytes, int)
+                                            or self.nvme_bytes <= 0):
+            raise MemfitError(f"nvme_bytes must be a whole number > 0, got {self.nvme_bytes!r:.60}")
+        if self.gpus_per_node > MAX_GPUS_PER_NODE:
+            raise MemfitError(f"{self.gpus_per_node} GPUs per node: memfit plans at most {MAX_GPUS_PER_NODE}")
         if self.gpus_per_node < 1 or self.nodes < 1:
             raise MemfitError(f"need at least one GPU and one node, got {self.gpus_per_node} GPUs x {self.nodes} nodes")
         if self.cpu_ram_bytes <= 0:
@@ -80,24 +95,34 @@ _UNITS = {"gib": GiB, "gb": GB, "mib": 2**20, "mb": 10**6, "tib": 2**40, "tb": 1
 
 
 def parse_size(text: str | int | float, *, what: str = "size") -> int:
-    """Parse ``64GB``, ``24GiB``, ``64 g`` (GiB), or a plain byte count into bytes."""
-    if isinstance(text, bool):
+    """Parse ``64GB``, ``24GiB``, ``64 g`` (GiB), or a plain byte count into bytes (exactly: the
+    number is read as a decimal, not a float), from 1 byte to ``MAX_SIZE_BYTES``."""
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+        raise MemfitError(f"{what}: expected a size like 64GB or 24GiB, got {text!r:.60}")
+    if isinstance(text, float) and not math.isfinite(text):
         raise MemfitError(f"{what}: expected a size like 64GB or 24GiB, got {text!r}")
     if isinstance(text, (int, float)):
-        value = int(text)
+        value = int(text) if abs(text) <= MAX_SIZE_BYTES else MAX_SIZE_BYTES + 1
     else:
-        m = _SIZE.match(str(text))
+        m = _SIZE.match(text) if len(text) <= 64 else None  # the length cap keeps the match linear
         if not m:
-            raise MemfitError(f"{what}: expected a size like 64GB or 24GiB, got {text!r}")
+            raise MemfitError(f"{what}: expected a size like 64GB or 24GiB, got {text if len(text) <= 64 else text[:60] + '...'!r}")
         unit = _UNITS[m.group(2).lower()] if m.group(2) else 1
-        value = int(float(m.group(1)) * unit)
+        try:
+            value = int(Decimal(m.group(1)) * unit)
+        except InvalidOperation:
+            raise MemfitError(f"{what}: expected a size like 64GB or 24GiB, got {text!r}") from None
     if value <= 0:
         raise MemfitError(f"{what} must be positive, got {text!r}")
+    if value > MAX_SIZE_BYTES:
+        raise MemfitError(f"{what} is over 1 EiB (2^60 bytes), the most memfit accepts: {text!r:.60}")
     return value
 
 
 def parse_gpus(text: str) -> tuple[int, GpuSpec]:
     """Parse ``2xrtx3090``, ``8xa100-80gb``, ``2x24GiB``, ``rtx3090`` into (count, GpuSpec)."""
+    if not isinstance(text, str) or len(text) > 64:
+        raise MemfitError(f"--gpus: expected e.g. 2xrtx3090 or 8xa100-80gb or 2x24GiB, got {text!r:.64}")
     raw = text.strip().lower()
     count_s, sep, kind = raw.partition("x") if re.match(r"^\d+\s*x", raw) else ("1", "", raw)
     try:
@@ -106,6 +131,8 @@ def parse_gpus(text: str) -> tuple[int, GpuSpec]:
         raise MemfitError(f"--gpus: expected e.g. 2xrtx3090 or 8xa100-80gb or 2x24GiB, got {text!r}") from None
     if count < 1:
         raise MemfitError(f"--gpus: need at least one GPU, got {text!r}")
+    if count > MAX_GPUS_PER_NODE:
+        raise MemfitError(f"--gpus: {count} GPUs per node; memfit plans at most {MAX_GPUS_PER_NODE} (use --nodes)")
     kind = kind.strip()
     kind = GPU_ALIASES.get(kind, kind)
     if kind in GPU_PRESETS:

@@ -6,12 +6,13 @@ one clear line for bad input, and the core sees typed ``PeftSpec``s only.
 
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from memfit.core.inputs import parse_bool, parse_json, read_text
 from memfit.core.peft import ALL_LINEAR, validate_peft_spec
 from memfit.core.peft_spec import PeftSpec
 from memfit.errors import MemfitError
@@ -56,7 +57,6 @@ _INT_FIELDS = frozenset(
         "num_virtual_tokens",
         "encoder_hidden_size",
         "lora_r",
-        "lora_alpha",
         "token_dim",
         "num_layers",
         "num_transformer_submodules",
@@ -110,6 +110,9 @@ def parse_peft_options(method: str, **options: Any) -> PeftSpec:
             raise MemfitError(f"option {key!r} does not apply to method {method!r}")
         values[name] = _coerce(name, value)
     targets = values.get("target_modules", ())
+    if "target_modules" in values and not targets:
+        raise MemfitError("target_modules is empty: peft finds no module to adapt (get_peft_model raises "
+                          "NoMatchingPeftModuleError); leave it out for peft's default modules")
     if len(targets) == 1 and targets[0].lower() == ALL_LINEAR:
         values["target_modules"] = ()
         values["target_modules_pattern"] = ALL_LINEAR
@@ -125,15 +128,20 @@ def _coerce(name: str, value: Any) -> Any:
         if not isinstance(value, int) or isinstance(value, bool):
             raise MemfitError(f"{name} must be an integer, got {value!r}")
         return value
-    if name in _BOOL_FIELDS:
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            value = value.lower() == "true"
-        if not isinstance(value, bool):
-            raise MemfitError(f"{name} must be true or false, got {value!r}")
+    if name == "lora_alpha":  # peft only scales by alpha / r: any finite number (an int or a float)
+        if isinstance(value, str) and value.strip():
+            try:
+                value = float(value) if not value.strip().lstrip("-").isdigit() else int(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise MemfitError(f"lora_alpha must be a finite number, got {value!r}")
         return value
+    if name in _BOOL_FIELDS:
+        return parse_bool(value, what=name)
     if name in _LIST_FIELDS:
         if isinstance(value, str):
-            value = [part.strip() for part in value.split(",")]
+            value = [part.strip() for part in value.split(",")] if value.strip() else []
         if not isinstance(value, Sequence) or not all(isinstance(v, str) and v for v in value):
             raise MemfitError(f"{name} must be a list of non-empty names, got {value!r}")
         return tuple(value)
@@ -153,18 +161,15 @@ def load_adapter_config(path: str | Path) -> PeftSpec:
     (peft's ``from_pretrained(..., is_trainable=True)``).
     """
     file = Path(path)
-    if file.is_dir():
-        file = file / "adapter_config.json"
     try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise MemfitError(f"no adapter config at {file}") from None
+        if file.is_dir():
+            file = file / "adapter_config.json"
+        exists = file.exists()
     except OSError as exc:
         raise MemfitError(f"cannot read adapter config {file}: {exc.strerror}") from None
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise MemfitError(f"{file} is not valid JSON: {exc.msg} (line {exc.lineno})") from None
+    if not exists:
+        raise MemfitError(f"no adapter config at {file}")
+    raw = parse_json(read_text(file, what="adapter config"), what=str(file))
     if not isinstance(raw, dict):
         raise MemfitError(f"{file} must hold a JSON object, got {type(raw).__name__}")
     peft_type = raw.get("peft_type")
@@ -174,10 +179,52 @@ def load_adapter_config(path: str | Path) -> PeftSpec:
         )
     method = _PEFT_TYPES[peft_type]
     try:
+        _as_peft_reads_it(raw, method)
         options = _lora_options(raw) if method == "lora" else _prompt_learning_options(raw, method)
         return parse_peft_options(method, **options)
     except MemfitError as exc:
         raise MemfitError(f"{file}: {exc}") from None
+
+
+_PEFT_REFUSES_NULL: Mapping[str, tuple[str, ...]] = {
+    "lora": ("r", "lora_alpha", "bias"),
+    "prefix": ("num_virtual_tokens",),
+    "prompt": ("num_virtual_tokens",),
+}
+"""Keys whose JSON null peft 0.21.2 takes as given and then fails on in ``get_peft_model``
+(``'<=' not supported between 'NoneType' and 'int'`` for r, ``unsupported operand`` for
+lora_alpha and num_virtual_tokens, ``'NoneType' object has no attribute 'endswith'`` for bias):
+memfit refuses them too, never swapping in a default (tests/exact/test_peft_refusals.py)."""
+
+_PEFT_INTS: Mapping[str, tuple[str, ...]] = {
+    "lora": ("r",),
+    "prefix": ("num_virtual_tokens", "token_dim", "num_layers", "encoder_hidden_size"),
+    "prompt": ("num_virtual_tokens", "token_dim", "num_transformer_submodules"),
+}
+"""Keys peft uses as tensor sizes: a JSON string or float there fails in ``torch.empty`` / ``nn.Linear``."""
+
+
+def _as_peft_reads_it(raw: Mapping[str, Any], method: str) -> None:
+    """Refuse what ``PeftConfig.from_pretrained`` + ``get_peft_model`` would refuse, with its reason."""
+    for key in _PEFT_REFUSES_NULL[method]:
+        if key in raw and raw[key] is None:
+            raise MemfitError(f"{key} is null; peft takes that as given and fails on it (get_peft_model raises); "
+                              "write a value or leave the key out for peft's default")
+    for key in _PEFT_INTS[method]:
+        value = raw.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise MemfitError(f"{key} must be a JSON integer, got {value!r}; peft uses it as a tensor size and fails on "
+                              "anything else")
+    alpha = raw.get("lora_alpha")
+    if method == "lora" and alpha is not None and (isinstance(alpha, (bool, str)) or not isinstance(alpha, (int, float))):
+        raise MemfitError(f"lora_alpha must be a number, got {alpha!r}; peft divides it by r and fails on anything else")
+    targets = raw.get("target_modules")
+    if method == "lora" and targets is not None and not isinstance(targets, str) and not (
+            isinstance(targets, list) and all(isinstance(t, str) for t in targets)):
+        raise MemfitError(f"target_modules must be a list of module names or one regular expression, got {targets!r}")
+    if method == "lora" and targets == []:
+        raise MemfitError("target_modules is an empty list: peft finds no module to adapt (get_peft_model raises "
+                          "NoMatchingPeftModuleError)")
 
 
 def _lora_options(raw: Mapping[str, Any]) -> dict[str, Any]:

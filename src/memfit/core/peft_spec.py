@@ -23,7 +23,7 @@ class PeftSpec:
     encoder_hidden_size: int | None = None
     """prefix with projection: width of the encoder MLP (peft default: token_dim, i.e. head_dim x kv heads)."""
     lora_r: int = 8
-    lora_alpha: int = 8
+    lora_alpha: int | float = 8
     target_modules: tuple[str, ...] = ()
     """lora: module name suffixes to adapt (empty: peft's default for the model type)."""
     lora_bias: str = "none"

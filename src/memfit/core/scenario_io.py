@@ -13,16 +13,22 @@ The YAML file (see examples/*.yaml) has the same names as the flags::
     runtime: {torch_version: "2.13", alloc_conf: "expandable_segments:True", cuda_version: "12.8",
               pin_memory_backend: torch, alloc_conf_from_env: false}
 
-Flags override the file; anything left unset takes the documented default.
+Flags override the file; anything left unset takes the documented default. Every input, from a
+flag, the file or Python, is checked by ``check_inputs`` against the type its ``ScenarioInputs``
+field declares (one generic check, so a new field gets it for free): an empty value is an error,
+never "not given"; booleans are true/false or the words yes/no/on/off; numbers are whole and in range.
 """
 
 from __future__ import annotations
 
-import json
+import types
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from memfit.core.inputs import parse_bool, parse_yaml, read_text
 from memfit.core.scenario import Scenario
 from memfit.errors import MemfitError
 
@@ -32,7 +38,7 @@ _RUNTIME = {"torch_version", "alloc_conf", "cuda_version", "pin_memory_backend",
 _HW = {"gpus", "nodes", "cpu_ram", "nvme"}
 _LOAD = {"dtype", "zero_init", "low_cpu_mem_usage", "checkpoint_index", "max_shard_size"}
 _TRAIN = {"seq_len", "micro_batch", "gradient_checkpointing", "model_parameters", "attention", "dataloader_workers",
-          "dataset_tokens", "task", "target_len", "lengths", "batching", "max_seq_length"}
+          "dataset_tokens", "task", "target_len", "lengths", "batching", "max_seq_length", "precision", "grad_accum"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,6 +93,12 @@ class ScenarioInputs:
     """Read PYTORCH_CUDA_ALLOC_CONF (then PYTORCH_ALLOC_CONF) from the environment: only when asked."""
     cuda_version: str | None = None
     pin_memory_backend: str | None = None
+    precision: str | None = None
+    """``fp16``, ``bf16`` or ``fp32`` (the Trainer's --fp16/--bf16): fills ``"auto"`` in the
+    DeepSpeed config's fp16/bf16 sections, or sets them without a config. Default: bf16 where the
+    GPU supports it, else fp16."""
+    grad_accum: int | None = None
+    """Gradient accumulation steps: fills ``"auto"`` in the DeepSpeed config, or sets it without one."""
 
 
 def merge_inputs(base: ScenarioInputs, override: ScenarioInputs) -> ScenarioInputs:
@@ -104,38 +116,46 @@ def merge_inputs(base: ScenarioInputs, override: ScenarioInputs) -> ScenarioInpu
     return replace(base, **changes)
 
 
+def _unknown(given: Mapping[str, Any], allowed: set[str], where: str, path: Path) -> None:
+    unknown = sorted(set(given) - allowed)
+    if unknown:
+        from memfit.core.dsconfig.sections import did_you_mean
+
+        hints = [f"{k} (did you mean {c}?)" if (c := did_you_mean(k, allowed)) else k for k in unknown]
+        raise MemfitError(f"{path}: unknown key(s){where}: {', '.join(hints)} (known: {', '.join(sorted(allowed))})")
+
+
 def _section(raw: Any, name: str, allowed: set[str], path: Path) -> dict[str, Any]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
         raise MemfitError(f"{path}: '{name}' must be a mapping")
-    unknown = set(raw) - allowed
-    if unknown:
-        raise MemfitError(f"{path}: unknown key(s) in '{name}': {', '.join(sorted(unknown))} "
-                          f"(known: {', '.join(sorted(allowed))})")
+    _unknown(raw, allowed, f" in '{name}'", path)
     return raw
+
+
+def _text(value: Any, key: str, path: Path) -> str:
+    """A non-empty string value of the file (paths, names): numbers are not accepted here."""
+    if not isinstance(value, str) or not value.strip():
+        raise MemfitError(f"{path}: '{key}' must be a non-empty string, got {value!r}")
+    return value
+
+
+def _scalar_text(value: Any) -> str | None:
+    """A YAML scalar given where a string is expected (``gpus: 2xa100``, ``deepspeed_version: 0.19``)."""
+    if value is None:
+        return None
+    return value if isinstance(value, str) else str(value) if isinstance(value, (int, float)) and \
+        not isinstance(value, bool) else value
 
 
 def read_scenario_file(path: str | Path) -> ScenarioInputs:
     """Parse a scenario YAML (or JSON) file into inputs; paths inside are relative to it."""
-    import yaml
-
     p = Path(path)
-    if not p.is_file():
-        raise MemfitError(f"scenario file not found: {p}")
-    try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark else ""
-        raise MemfitError(f"{p}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
-    except UnicodeDecodeError:
-        raise MemfitError(f"{p}: not a text file") from None
+    raw = parse_yaml(read_text(p, what="scenario file"), what=f"scenario file {p}")
     if not isinstance(raw, dict):
         raise MemfitError(f"{p}: expected a mapping of scenario keys, got {type(raw).__name__}")
-    unknown = set(raw) - _TOP
-    if unknown:
-        raise MemfitError(f"{p}: unknown key(s): {', '.join(sorted(unknown))} (known: {', '.join(sorted(_TOP))})")
+    _unknown(raw, _TOP, "", p)
     hw = _section(raw.get("hardware"), "hardware", _HW, p)
     load = _section(raw.get("load"), "load", _LOAD, p)
     train = _section(raw.get("train"), "train", _TRAIN, p)
@@ -148,14 +168,17 @@ def read_scenario_file(path: str | Path) -> ScenarioInputs:
         options = dict(peft)
         method = options.pop("method", None)
         if "adapter_config" in options:
-            method = str(p.parent / options.pop("adapter_config"))
+            method = str(p.parent / _text(options.pop("adapter_config"), "peft.adapter_config", p))
     elif peft is not None:
         raise MemfitError(f"{p}: 'peft' must be a method name or a mapping")
+    if method is not None and not isinstance(method, str):
+        raise MemfitError(f"{p}: 'peft.method' must be a string, got {method!r}")
     if method and method.endswith(".json") and not Path(method).is_absolute():
         method = str(p.parent / method)
     ds = raw.get("deepspeed")
     ds_path, ds_inline = None, None
     if isinstance(ds, str):
+        ds = _text(ds, "deepspeed", p)
         ds_path = str(p.parent / ds) if not Path(ds).is_absolute() else ds
     elif isinstance(ds, dict):
         ds_inline = ds
@@ -164,13 +187,12 @@ def read_scenario_file(path: str | Path) -> ScenarioInputs:
     model = raw.get("model")
     if isinstance(model, str) and (model.startswith("./") or model.startswith("../")):
         model = str(p.parent / model)
-    ver = raw.get("deepspeed_version")
+    name = raw.get("name", p.stem)
     return ScenarioInputs(
-        name=raw.get("name") or p.stem, model=model, peft_method=method, peft_options=options,
-        deepspeed=ds_path, deepspeed_inline=ds_inline, ds_version=None if ver is None else str(ver),
-        gpus=None if hw.get("gpus") is None else str(hw["gpus"]), nodes=hw.get("nodes"),
-        cpu_ram=None if hw.get("cpu_ram") is None else str(hw["cpu_ram"]),
-        nvme=None if hw.get("nvme") is None else str(hw["nvme"]),
+        name=_scalar_text(name), model=model, peft_method=method, peft_options=options,
+        deepspeed=ds_path, deepspeed_inline=ds_inline, ds_version=_scalar_text(raw.get("deepspeed_version")),
+        gpus=_scalar_text(hw.get("gpus")), nodes=hw.get("nodes"),
+        cpu_ram=_scalar_text(hw.get("cpu_ram")), nvme=_scalar_text(hw.get("nvme")),
         load_dtype=load.get("dtype"), zero_init=load.get("zero_init"), low_cpu_mem_usage=load.get("low_cpu_mem_usage"),
         checkpoint_index=(str(p.parent / load["checkpoint_index"]) if load.get("checkpoint_index") is not None
                           and not Path(str(load["checkpoint_index"])).is_absolute() else load.get("checkpoint_index")),
@@ -189,6 +211,7 @@ def read_scenario_file(path: str | Path) -> ScenarioInputs:
         alloc_conf_from_env=rt.get("alloc_conf_from_env"),
         cuda_version=None if rt.get("cuda_version") is None else str(rt["cuda_version"]),
         pin_memory_backend=rt.get("pin_memory_backend"),
+        precision=train.get("precision"), grad_accum=train.get("grad_accum"),
     )
 
 
@@ -232,70 +255,82 @@ def _positive_int(value: Any, what: str) -> int:
     return value
 
 
-def _bool(value: Any, what: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    raise MemfitError(f"{what} must be true or false, got {value!r}")
+# ------------------------------------------------------------------- one check for every input
+
+MAX_INT = 2**31 - 1
+"""The largest count any input may be (sequence length, micro batch, nodes, accumulation): far
+beyond any real run, and small enough that every size computed from it stays exact."""
+
+_YAML_KEY = {**{k: f"hardware.{k}" for k in _HW}, **{k: f"train.{k}" for k in _TRAIN},
+             "load_dtype": "load.dtype", "zero_init": "load.zero_init", "low_cpu_mem_usage": "load.low_cpu_mem_usage",
+             "peft_method": "peft.method", "ds_version": "deepspeed_version", "deepspeed_inline": "deepspeed"}
+_FLAG = {"peft_method": "--peft", "ds_version": "--deepspeed-version", "deepspeed_inline": "--deepspeed"}
 
 
-def _read_ds_json(path: str) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise MemfitError(f"DeepSpeed config not found: {p}")
-    try:
-        raw = json.loads(p.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise MemfitError(f"{p}: not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}") from None
-    except UnicodeDecodeError:
-        raise MemfitError(f"{p}: not a text file") from None
-    if not isinstance(raw, dict):
-        raise MemfitError(f"{p}: a DeepSpeed config must be a JSON object")
-    return raw
+def input_label(name: str) -> str:
+    """How the user names a ``ScenarioInputs`` field: its flag and its scenario-file key."""
+    flag = _FLAG.get(name, "--" + name.replace("_", "-"))
+    return f"{flag} (scenario key {_YAML_KEY.get(name, name)})"
 
 
-# transformers TrainingArguments defaults, used only for "auto" keys that do not change memory.
-_TRAINER_DEFAULTS = {
-    "learning_rate": (5e-5, ("optimizer.params.lr", "scheduler.params.warmup_max_lr")),
-    "adam_betas": ((0.9, 0.999), ("optimizer.params.betas",)),
-    "adam_epsilon": (1e-8, ("optimizer.params.eps",)),
-    "weight_decay": (0.0, ("optimizer.params.weight_decay",)),
-    "warmup_steps": (0, ("scheduler.params.warmup_num_steps",)),
-    "total_steps": (1, ("scheduler.params.total_num_steps",)),
-    "max_grad_norm": (1.0, ("gradient_clipping",)),
-    "gradient_accumulation_steps": (1, ("gradient_accumulation_steps",)),
-}
+def check_inputs(inputs: ScenarioInputs) -> ScenarioInputs:
+    """Every field checked against its declared type, whoever set it (flag, file, Python): ``str``
+    non-empty; ``bool`` a boolean or true/false/yes/no/on/off; ``int`` a whole number (digits in a
+    string too) from 1 (0 for ``_MAY_BE_ZERO``) to ``MAX_INT``; mappings mappings. Returns the inputs with booleans and
+    numbers normalised. A new ``ScenarioInputs`` field is checked by its annotation, with no code."""
+    hints = typing.get_type_hints(ScenarioInputs)
+    changes: dict[str, Any] = {}
+    for f in fields(ScenarioInputs):
+        value = getattr(inputs, f.name)
+        if value is None:
+            continue
+        hint = hints[f.name]
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):  # X | None
+            hint = next(t for t in typing.get_args(hint) if t is not type(None))
+        kind = typing.get_origin(hint) or hint
+        label = input_label(f.name)
+        if kind is bool:
+            changes[f.name] = parse_bool(value, what=label)
+        elif kind is int:
+            changes[f.name] = _whole(value, label, minimum=_MAY_BE_ZERO.get(f.name, 1))
+        elif kind is str:
+            if not isinstance(value, str):
+                raise MemfitError(f"{label} must be a string, got {value!r:.80}")
+            if not value.strip():
+                raise MemfitError(f"{label} is empty: give a value, or leave it out for the default")
+        elif kind in (dict, Mapping, types.MappingProxyType) and not isinstance(value, Mapping):
+            raise MemfitError(f"{label} must be a mapping, got {value!r:.80}")
+    return replace(inputs, **changes) if changes else inputs
 
 
-def _get(raw: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        if not isinstance(raw, dict):
-            return None
-        raw = raw.get(part)
-    return raw
+_MAY_BE_ZERO = {"dataloader_workers": 0, "dataset_tokens": 0}
+"""Counts for which 0 is a real value (no workers, no dataset in memory); every other int is >= 1."""
 
 
-def _auto_fills(raw: dict[str, Any], *, precision: str) -> dict[str, Any]:
-    """Context values for the "auto" keys that memory does not depend on: the Trainer's defaults,
-    supplied only where the config says "auto" (so explicit values are never contradicted)."""
-    fills = {name: value for name, (value, keys) in _TRAINER_DEFAULTS.items()
-             if any(_get(raw, k) == "auto" for k in keys)}
-    if _get(raw, "fp16.enabled") == "auto" or _get(raw, "bf16.enabled") == "auto":
-        fills["precision"] = precision
-    if _get(raw, "train_micro_batch_size_per_gpu") == "auto":
-        fills["micro_batch_size"] = 1
-    return fills
+def _whole(value: Any, what: str, *, limit: int = MAX_INT, minimum: int = 1) -> int:
+    if isinstance(value, str) and value.strip().isdigit() and len(value.strip()) <= 19:
+        value = int(value.strip())
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise MemfitError(f"{what} must be a whole number, got {value!r:.80}")
+    if not minimum <= value <= limit:
+        shown = f"{value}" if abs(value) < 10**30 else f"a number of about {int(value.bit_length() * 0.30103)} digits"
+        raise MemfitError(f"{what} must be from {minimum} to {limit:,}, got {shown}")
+    return value
 
 
 def build_scenario(inputs: ScenarioInputs) -> Scenario:
     """Resolve model, PEFT method, DeepSpeed config and hardware into a ``Scenario``."""
     from memfit.core.catalog import resolve_model_config
-    from memfit.core.dsconfig import AutoContext, load_deepspeed_config, parse_deepspeed_config
+    from memfit.core.dsconfig import AutoContext, parse_deepspeed_config, read_deepspeed_json, trainer_defaults
     from memfit.core.hardware import Hardware, parse_gpus, parse_size
     from memfit.core.peft import apply_peft
     from memfit.core.peft_parse import load_adapter_config, parse_peft_options
     from memfit.core.scenario import LoadSettings, Scenario, TrainSettings
     from memfit.core.shapes import build_model_shape
 
+    inputs = check_inputs(inputs)
     if not inputs.model:
         raise MemfitError("no model given: pass --model (e.g. --model kakaobrain/kogpt) or a scenario file")
     source = resolve_model_config(inputs.model, trust_remote_code=bool(inputs.trust_remote_code))
@@ -310,36 +345,56 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
     model = apply_peft(base, spec)
 
     count, gpu = parse_gpus(inputs.gpus or "1xa100-80gb")
-    nodes = _positive_int(inputs.nodes if inputs.nodes is not None else 1, "nodes")
+    nodes = inputs.nodes if inputs.nodes is not None else 1
     hw = Hardware(gpu=gpu, gpus_per_node=count, nodes=nodes,
                   cpu_ram_bytes=parse_size(inputs.cpu_ram or "256GB", what="cpu_ram"),
                   nvme_bytes=parse_size(inputs.nvme, what="nvme") if inputs.nvme else None)
-    micro = None if inputs.micro_batch is None else _positive_int(inputs.micro_batch, "micro_batch")
-    precision = "bf16" if gpu.bf16 else "fp16"
+    micro = inputs.micro_batch
+    if inputs.precision is not None and inputs.precision not in ("fp16", "bf16", "fp32"):
+        raise MemfitError(f"{input_label('precision')} must be fp16, bf16 or fp32, got {inputs.precision!r}")
+    precision = inputs.precision or ("bf16" if gpu.bf16 else "fp16")
+    precision_why = (f"{input_label('precision')}" if inputs.precision else
+                     f"the default for the GPU ({gpu.name} {'supports' if gpu.bf16 else 'has no'} bf16; "
+                     "--precision chooses)")
     if inputs.deepspeed:
-        raw = _read_ds_json(inputs.deepspeed)
+        raw = read_deepspeed_json(inputs.deepspeed)
     elif inputs.deepspeed_inline is not None:
         raw = inputs.deepspeed_inline
-    else:
-        raw = {"train_micro_batch_size_per_gpu": micro or 1, "zero_optimization": {"stage": 0},
-               precision: {"enabled": True}}
-    fills = _auto_fills(raw, precision=precision)
+    else:  # no config: the one the flags describe, said in a finding
+        raw = {"train_micro_batch_size_per_gpu": micro or 1, "gradient_accumulation_steps": inputs.grad_accum or 1,
+               "zero_optimization": {"stage": 0}}
+        if precision != "fp32":
+            raw[precision] = {"enabled": True}
+    fills, sources = trainer_defaults(raw, precision=precision, precision_why=precision_why)
     if micro is not None:
         fills["micro_batch_size"] = micro
-    ctx = AutoContext(world_size=hw.world_size, hidden_size=base.arch.hidden_size, **fills)
-    if inputs.deepspeed:
-        ds, ds_json = load_deepspeed_config(inputs.deepspeed, context=ctx)
-    else:
-        from memfit.core.dsconfig import resolve_auto
+    elif isinstance(raw.get("train_micro_batch_size_per_gpu"), str):  # "auto" without --micro-batch
+        fills["micro_batch_size"], sources["micro_batch_size"] = 1, "memfit's default (--micro-batch chooses)"
+    if inputs.grad_accum is not None:
+        fills["gradient_accumulation_steps"] = inputs.grad_accum
+    elif isinstance(raw.get("gradient_accumulation_steps"), str):
+        fills["gradient_accumulation_steps"] = 1
+        sources["gradient_accumulation_steps"] = "transformers' TrainingArguments default (--grad-accum chooses)"
+    if inputs.precision is not None:
+        fills["precision"] = precision
+    ctx = AutoContext(world_size=hw.world_size, hidden_size=base.arch.hidden_size, sources=sources, **fills)
+    ds = parse_deepspeed_config(raw, context=ctx)
+    from memfit.core.dsconfig import resolve_auto
 
-        ds, ds_json = parse_deepspeed_config(raw, context=ctx), resolve_auto(raw, ctx)
+    ds_json = resolve_auto(raw, ctx)
+    if not inputs.deepspeed and inputs.deepspeed_inline is None:
+        from dataclasses import replace as _replace
+
+        ds = _replace(ds, notes=ds.notes + (
+            f"no DeepSpeed config given: memfit plans ZeRO stage 0, {precision} ({precision_why}), micro batch "
+            f"{raw['train_micro_batch_size_per_gpu']}, gradient accumulation {raw['gradient_accumulation_steps']}",))
     if micro is None:
         micro = ds.train_micro_batch_size_per_gpu
     elif micro != ds.train_micro_batch_size_per_gpu:
         raise MemfitError(f"micro_batch {micro} contradicts the DeepSpeed config's train_micro_batch_size_per_gpu "
                           f"{ds.train_micro_batch_size_per_gpu}")
     load = LoadSettings(dtype=inputs.load_dtype or "fp32", zero_init=bool(inputs.zero_init),
-                        low_cpu_mem_usage=True if inputs.low_cpu_mem_usage is None else _bool(inputs.low_cpu_mem_usage, "low_cpu_mem_usage"),
+                        low_cpu_mem_usage=True if inputs.low_cpu_mem_usage is None else inputs.low_cpu_mem_usage,
                         checkpoint=_checkpoint_layout(inputs, source, model))
     seq_len, batch_shape = _sequence_shape(inputs, micro, hw.world_size)
     train = TrainSettings(

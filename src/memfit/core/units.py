@@ -8,6 +8,8 @@ GB = 10**9
 
 def fmt_bytes(n: int, unit: str = "GiB") -> str:
     """``fmt_bytes(14_246_156_288)`` -> ``'13.27 GiB'``; ``unit='GB'`` -> ``'14.25 GB'``."""
+    if abs(n) >= 2**1000:  # beyond a float: no real size, but never an OverflowError
+        return f"about 2^{abs(n).bit_length() - 1} bytes"
     if unit == "GB":
         return f"{n / GB:,.2f} GB"
     if unit == "MiB":

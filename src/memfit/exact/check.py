@@ -20,8 +20,9 @@ from memfit.errors import MemfitError
 _DTYPES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16"}
 
 
-class MemfitCheckError(MemoryError):
-    """The plan says this run will not fit; the message names the phase and the device."""
+class MemfitCheckError(MemfitError, MemoryError):
+    """The plan says this run will not fit; the message names the phase and the device. A
+    ``MemoryError`` (what the run would raise) and a ``MemfitError`` (what every memfit refusal is)."""
 
     def __init__(self, message: str, plan: Plan) -> None:
         super().__init__(message)
@@ -60,12 +61,23 @@ def model_shape_of(model: Any):
     from memfit.core.model import ArchSpec, BufferSpec, ModelShape, ParamSpec
     from memfit.core.shapes import build_model_shape
 
-    params = []
-    for name, p in model.named_parameters():
-        shape = tuple(getattr(p, "ds_shape", p.shape))  # zero.Init params keep their full shape in ds_shape
-        params.append(ParamSpec(name=name, shape=tuple(int(x) for x in shape), trainable=bool(p.requires_grad)))
-    buffers = tuple(BufferSpec(name=n, shape=tuple(b.shape), dtype=_DTYPES.get(str(b.dtype), "fp32"), persistent=True)
-                    for n, b in model.named_buffers())
+    if not callable(getattr(model, "named_parameters", None)) or not callable(getattr(model, "named_buffers", None)):
+        raise MemfitError(f"memfit.check: model must be a torch.nn.Module (the model you pass to deepspeed.initialize), "
+                          f"got {type(model).__name__}")
+    try:
+        params = []
+        for name, p in model.named_parameters():
+            shape = tuple(getattr(p, "ds_shape", p.shape))  # zero.Init params keep their full shape in ds_shape
+            params.append(ParamSpec(name=name, shape=tuple(int(x) for x in shape), trainable=bool(p.requires_grad)))
+        buffers = tuple(BufferSpec(name=n, shape=tuple(int(x) for x in b.shape), dtype=_DTYPES.get(str(b.dtype), "fp32"),
+                                   persistent=True) for n, b in model.named_buffers())
+    except MemfitError:
+        raise
+    except Exception as e:  # an object that only looks like a Module
+        raise MemfitError(f"memfit.check: cannot read the model's parameters ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    if not params:
+        raise MemfitError("memfit.check: the model has no parameters (nothing for DeepSpeed to train)")
     cfg = getattr(model, "config", None)
     arch = None
     if cfg is not None and hasattr(cfg, "to_dict"):
@@ -89,11 +101,67 @@ def check(model: Any, ds_config: Mapping[str, Any] | str, *, gpus: str | None = 
 
     GPUs and host RAM are read from the machine unless given (``gpus="2xrtx3090"``,
     ``cpu_ram="64GiB"``). Raises ``MemfitCheckError`` if a phase does not fit (unless
-    ``raise_on_failure=False``) and emits a ``MemfitWarning`` per warning finding.
+    ``raise_on_failure=False``) and emits a ``MemfitWarning`` per warning finding. Every argument
+    is checked (type, range, finiteness): a bad one raises ``MemfitError`` naming it, and nothing
+    but a ``MemfitError`` (``MemfitCheckError`` is one) leaves this function.
     """
+    _check_arguments(ds_config=ds_config, gpus=gpus, nodes=nodes, cpu_ram=cpu_ram, seq_len=seq_len,
+                     micro_batch=micro_batch, gradient_checkpointing=gradient_checkpointing,
+                     model_parameters=model_parameters, deepspeed_version=deepspeed_version,
+                     raise_on_failure=raise_on_failure, warn=warn)
+    try:
+        return _check(model, ds_config, gpus=gpus, nodes=nodes, cpu_ram=cpu_ram, seq_len=seq_len,
+                      micro_batch=micro_batch, gradient_checkpointing=gradient_checkpointing,
+                      model_parameters=model_parameters, deepspeed_version=deepspeed_version,
+                      raise_on_failure=raise_on_failure, warn=warn)
+    except (MemfitError, KeyboardInterrupt):
+        raise
+    except RecursionError:
+        raise MemfitError("memfit.check: an argument is nested too deeply to read") from None
+
+
+def _whole(value: Any, name: str, *, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**31 - 1:
+        raise MemfitError(f"memfit.check: {name} must be a whole number from 1 to 2**31-1, got {value!r:.60}")
+
+
+def _check_arguments(*, ds_config: Any, gpus: Any, nodes: Any, cpu_ram: Any, seq_len: Any, micro_batch: Any,
+                     gradient_checkpointing: Any, model_parameters: Any, deepspeed_version: Any,
+                     raise_on_failure: Any, warn: Any) -> None:
+    from memfit.core.scenario import DS_VERSIONS
+
+    if not isinstance(ds_config, (Mapping, str, os.PathLike)) or isinstance(ds_config, bytes):
+        raise MemfitError(f"memfit.check: ds_config must be a dict or the path of a DeepSpeed JSON, got "
+                          f"{type(ds_config).__name__}")
+    if isinstance(ds_config, str) and not ds_config.strip():
+        raise MemfitError("memfit.check: ds_config is an empty path")
+    if gpus is not None and (not isinstance(gpus, str) or not gpus.strip()):
+        raise MemfitError(f"memfit.check: gpus must be a string such as '2xrtx3090', got {gpus!r:.60}")
+    _whole(nodes, "nodes")
+    if cpu_ram is not None and (isinstance(cpu_ram, bool) or not isinstance(cpu_ram, (str, int))):
+        raise MemfitError(f"memfit.check: cpu_ram must be a size such as '64GiB' or a byte count, got {cpu_ram!r:.60}")
+    _whole(seq_len, "seq_len")
+    _whole(micro_batch, "micro_batch", optional=True)
+    for name, value, optional in (("gradient_checkpointing", gradient_checkpointing, True),
+                                  ("raise_on_failure", raise_on_failure, False), ("warn", warn, False)):
+        if not (isinstance(value, bool) or (optional and value is None)):
+            raise MemfitError(f"memfit.check: {name} must be True or False, got {value!r:.60}")
+    if model_parameters not in ("trainable", "all"):
+        raise MemfitError(f"memfit.check: model_parameters must be 'trainable' or 'all', got {model_parameters!r:.60}")
+    if not isinstance(deepspeed_version, str) or deepspeed_version not in DS_VERSIONS:
+        raise MemfitError(f"memfit.check: deepspeed_version must be one of {', '.join(DS_VERSIONS)}, got "
+                          f"{deepspeed_version!r:.60}")
+
+
+def _check(model: Any, ds_config: Mapping[str, Any] | str, *, gpus: str | None, nodes: int, cpu_ram: str | int | None,
+           seq_len: int, micro_batch: int | None, gradient_checkpointing: bool | None, model_parameters: str,
+           deepspeed_version: str, raise_on_failure: bool, warn: bool) -> Plan:
     import torch
 
-    from memfit.core.dsconfig import AutoContext, load_deepspeed_config, parse_deepspeed_config
+    from memfit.core.dsconfig import (AutoContext, parse_deepspeed_config, read_deepspeed_json, resolve_auto,
+                                      trainer_defaults)
     from memfit.core.hardware import Hardware, parse_gpus, parse_size
     from memfit.core.peft_spec import PeftSpec
     from memfit.core.plan import make_plan
@@ -109,12 +177,21 @@ def check(model: Any, ds_config: Mapping[str, Any] | str, *, gpus: str | None = 
         count, gpu = found
     ram = parse_size(cpu_ram, what="cpu_ram") if cpu_ram is not None else _host_ram_bytes()
     hw = Hardware(gpu=gpu, gpus_per_node=count, nodes=nodes, cpu_ram_bytes=ram)
+    raw = read_deepspeed_json(ds_config) if isinstance(ds_config, (str, os.PathLike)) else ds_config
+    fills, sources = trainer_defaults(raw, precision="bf16" if gpu.bf16 else "fp16",
+                                      precision_why=f"the GPU ({gpu.name}) {'supports' if gpu.bf16 else 'has no'} bf16")
+    if isinstance(raw.get("gradient_accumulation_steps"), str):
+        fills["gradient_accumulation_steps"] = 1
+        sources["gradient_accumulation_steps"] = "transformers' TrainingArguments default"
+    if micro_batch is None and isinstance(raw.get("train_micro_batch_size_per_gpu"), str):
+        fills["micro_batch_size"], sources["micro_batch_size"] = 1, "memfit's default (pass micro_batch=)"
+    elif micro_batch is not None:
+        fills["micro_batch_size"], sources["micro_batch_size"] = micro_batch, "micro_batch="
     ctx = AutoContext(world_size=hw.world_size, hidden_size=shape.arch.hidden_size if shape.arch.hidden_size > 1 else None,
-                      micro_batch_size=micro_batch)
-    if isinstance(ds_config, (str, os.PathLike)):
-        ds, ds_json = load_deepspeed_config(ds_config, context=ctx)
-    else:
-        ds, ds_json = parse_deepspeed_config(ds_config, context=ctx), dict(ds_config)
+                      sources=sources, **fills)
+    ds, ds_json = parse_deepspeed_config(raw, context=ctx), resolve_auto(raw, ctx)
+    for w in ds.warnings:
+        warnings.warn(f"memfit: {w}", MemfitWarning, stacklevel=3)
     dtypes = [p.dtype for p in model.parameters()]
     load_dtype = _DTYPES.get(str(max(set(dtypes), key=dtypes.count)), "fp32") if dtypes else "fp32"
     zero_init = any(hasattr(p, "ds_id") for p in model.parameters())

@@ -10,6 +10,30 @@ from __future__ import annotations
 
 from memfit.errors import MemfitError
 
+HUB_TIMEOUT_S = 5.0
+"""How long memfit waits for the Hub to answer at all. huggingface_hub retries a failed connection
+with backoff (1+2+4+8+8 s) before it falls back to its cache; memfit asks once, and without an
+answer reads the cache only, so an offline machine gets its answer in seconds."""
+
+
+def _hub_unreachable(repo_id: str, revision: str | None) -> bool:
+    """One HEAD of the file's own URL, no retries: True when no answer comes (no network, DNS,
+    timeout). Any HTTP answer, an error status included, means the Hub is there."""
+    from huggingface_hub import constants, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session
+    from huggingface_hub.utils._http import _DEFAULT_RETRY_ON_EXCEPTIONS
+
+    if constants.HF_HUB_OFFLINE:
+        return True
+    try:
+        get_session().head(hf_hub_url(repo_id, "config.json", revision=revision), headers=build_hf_headers(),
+                           timeout=HUB_TIMEOUT_S, follow_redirects=False)
+    except _DEFAULT_RETRY_ON_EXCEPTIONS:
+        return True
+    except Exception:  # anything else: let hf_hub_download meet it and report it as usual
+        return False
+    return False
+
 
 def download_config_json(repo_id: str, *, revision: str | None = None) -> str:
     """Local path of ``config.json`` of ``repo_id`` (from the Hub cache, downloading if needed)."""
@@ -29,7 +53,9 @@ def download_config_json(repo_id: str, *, revision: str | None = None) -> str:
     level = hub_log.level
     hub_log.setLevel(logging.ERROR)  # its retry warnings would bury memfit's one-line error
     try:
-        return hf_hub_download(repo_id, "config.json", revision=revision)
+        offline = _hub_unreachable(repo_id, revision)
+        return hf_hub_download(repo_id, "config.json", revision=revision, etag_timeout=HUB_TIMEOUT_S,
+                               local_files_only=offline)
     except hub_errors.GatedRepoError as exc:
         raise MemfitError(
             f"{repo_id} is gated on the Hugging Face Hub: accept its license on the model page "

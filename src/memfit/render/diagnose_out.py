@@ -159,7 +159,7 @@ def _bullets(title: str, lines: tuple[str, ...], console: Console) -> None:
 
 
 def render_diagnosis(d: Diagnosis, console: Console) -> None:
-    console.print(Panel(_summary(d), title=f"memfit diagnose: {d.headline}", title_align="left"))
+    console.print(Panel(_summary(d), title=Text(f"memfit diagnose: {d.headline}"), title_align="left"))
     e = d.primary
     if e is not None and e.numbers is not None:
         console.print(_numbers_table(e.numbers))

@@ -83,7 +83,7 @@ def render_recommendations(result: RecommendResult, console: Console, *, diffs: 
         f"({result.candidates_per_second:,.0f}/s); {result.candidates_fitting:,} fit every phase with "
         f"{result.headroom:.0%} headroom (GPU <= {fmt_bytes(result.gpu_limit_bytes)}, host <= "
         f"{fmt_bytes(result.host_limit_bytes)} per node)")
-    console.print(Panel(head, title=f"memfit recommend: {result.scenario_name}", title_align="left"))
+    console.print(Panel(head, title=Text(f"memfit recommend: {result.scenario_name}"), title_align="left"))
     if not result.recommendations:
         console.print(Text("No configuration in the search space fits.", style="bold red"))
     else:

@@ -36,7 +36,7 @@ def rich_fragment(render, *, width: int = 110) -> tuple[str, str]:
 
     from rich.console import Console
 
-    console = Console(record=True, width=width, file=io.StringIO(), color_system="truecolor")
+    console = Console(record=True, width=width, file=io.StringIO(), color_system="truecolor", markup=False)
     render(console)
     text = console.export_text(clear=False)
     html = console.export_html(inline_styles=True, code_format="<pre style=\"font-size:.8em\">{code}</pre>")

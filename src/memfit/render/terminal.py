@@ -129,7 +129,7 @@ def verdict_text(plan: Plan) -> Text:
 
 
 def render_plan(plan: Plan, sc: Scenario, console: Console, *, all_items: bool = False) -> None:
-    console.print(Panel(scenario_summary(sc), title=f"memfit plan: {plan.scenario_name}", title_align="left"))
+    console.print(Panel(scenario_summary(sc), title=Text(f"memfit plan: {plan.scenario_name}"), title_align="left"))
     console.print(phase_table(plan, sc, width=console.width))
     console.print(verdict_text(plan))
     console.print()

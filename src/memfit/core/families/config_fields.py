@@ -22,10 +22,24 @@ def _lookup(config: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str, Any]
     return None
 
 
+MAX_LAYERS = 1024
+"""The most layers memfit plans (every layer's parameters are ledger entries): the deepest real
+decoders have under 200."""
+MAX_DIMENSION = 2**26
+"""The largest any other shape field may be (hidden sizes, vocabularies, heads, positions):
+67,108,864, far above any real model (vocabularies reach ~256k, positions ~10M)."""
+LAYER_KEYS = frozenset({"num_hidden_layers", "n_layer", "num_layers", "n_layers", "num_decoder_layers"})
+
+
+def _limit(key: str) -> int:
+    return MAX_LAYERS if key in LAYER_KEYS else MAX_DIMENSION
+
+
 def read_int(
     config: Mapping[str, Any], *keys: str, default: int | None, minimum: int = 1
 ) -> int:
-    """An integer field, ``default`` if absent or null; ``MemfitError`` unless an int >= minimum."""
+    """An integer field, ``default`` if absent or null; ``MemfitError`` unless an int from
+    ``minimum`` to the field's limit (``MAX_LAYERS`` for layer counts, else ``MAX_DIMENSION``)."""
     found = _lookup(config, keys)
     key, value = found if found is not None else (keys[0], None)
     if value is None:
@@ -36,6 +50,9 @@ def read_int(
         raise MemfitError(f"config.json field {key!r} must be an integer, got {value!r}")
     if value < minimum:
         raise MemfitError(f"config.json field {key!r} must be at least {minimum}, got {value}")
+    if value > _limit(key):
+        raise MemfitError(f"config.json field {key!r} is {value if value < 10**30 else 'a huge number'}; memfit "
+                          f"plans at most {_limit(key):,} (no real model comes near it)")
     return value
 
 

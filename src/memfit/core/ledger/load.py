@@ -9,6 +9,7 @@ Mirrors transformers' ``from_pretrained`` (host memory per process) and DeepSpee
 
 from __future__ import annotations
 
+from memfit.core.ledger.common import PARTS, declare_staging, host, pin
 from memfit.core.ledger.context import DTYPE_BYTES, RecipeContext
 from memfit.core.ledger.timeline import Timeline
 from memfit.core.ledger_types import Device
@@ -175,8 +176,6 @@ def record_load_zero_init(t: Timeline, ctx: RecipeContext) -> dict[str, tuple[st
     returns; the checkpoint is then loaded module by module through ``GatheredParameters``.
     Returns param -> (partition key, dtype) for the base params; PEFT params are created later,
     outside Init, and are converted by the engine (see ``zero3.record_partition``)."""
-    from memfit.core.ledger.zero3 import PARTS, declare_staging, host, pin  # shared keys
-
     sc = ctx.scenario
     z = sc.deepspeed.zero
     declare_staging(t)

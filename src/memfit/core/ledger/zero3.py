@@ -19,13 +19,12 @@ Mirrors the code read in docs/deepspeed-allocations.md (sections 2 and 5), DeepS
 
 from __future__ import annotations
 
+from memfit.core.ledger.common import PARTS, STAGING, declare_staging, host, pin  # noqa: F401 (re-exported)
 from memfit.core.ledger.context import DTYPE_BYTES, ParamView, RecipeContext
 from memfit.core.ledger.load import GPU_FULL, Where
 from memfit.core.ledger.timeline import Timeline
 from memfit.core.ledger_types import Device
 
-PARTS = "zero3.param_partitions"
-STAGING = "pin_staging"
 GATHER_ONE = "zero3.param_on_gpu_for_partitioning"
 HOOK_GATHER = "zero3.hook_registration_gather"
 FP16_FLAT = "zero3.flat_16bit_partitions"
@@ -50,26 +49,6 @@ S3 = "deepspeed/runtime/zero/stage3.py"
 
 PartKey = dict[str, tuple[str, str]]
 """param name -> (ledger key of its partition, its dtype)"""
-
-
-def pin(t: Timeline, key: str, nbytes: int, pinned: bool) -> None:
-    """``pin_memory(torch.empty(n))``: an unpinned tensor, then its pinned copy (CUDA only)."""
-    if pinned and t.pinning_copies:
-        t.alloc(STAGING, nbytes)
-        t.alloc(key, nbytes)
-        t.free(STAGING, nbytes)
-    else:
-        t.alloc(key, nbytes)
-
-
-def host(pinned: bool) -> Device:
-    return Device.CPU_PINNED if pinned else Device.CPU_PAGEABLE
-
-
-def declare_staging(t: Timeline) -> None:
-    t.declare(STAGING, name="unpinned staging tensor that pin_memory() copies from", device=Device.CPU_PAGEABLE,
-              category="buffers", formula="the tensor being pinned, freed right after",
-              source="deepspeed/accelerator/cuda_accelerator.py:pin_memory (tensor.pin_memory())")
 
 
 def optimized_params(ctx: RecipeContext) -> tuple[ParamView, ...]:

@@ -92,7 +92,10 @@ def write_recommendations(result: RecommendResult, out_dir: str | Path) -> Recom
         for p in paths:
             if p is not None and p.exists():
                 raise MemfitError(f"{p} exists; memfit never overwrites a file you have (choose another --out)")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MemfitError(f"--out: cannot create directory {out}: {e.strerror or type(e).__name__}") from None
     recs = []
     for rec, json_path, yaml_path, diff_path in rows:
         doc = scenario_document(replace(rec.scenario_inputs, name=f"{rec.scenario_inputs.name} (recommendation {rec.rank})"),
@@ -124,4 +127,6 @@ def _write_new(path: Path, text: str) -> str:
             f.write(text)
     except FileExistsError:
         raise MemfitError(f"{path} exists; memfit never overwrites a file you have (choose another --out)") from None
+    except OSError as e:
+        raise MemfitError(f"--out: cannot write {path}: {e.strerror or type(e).__name__}") from None
     return str(path)

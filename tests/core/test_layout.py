@@ -1,0 +1,103 @@
+"""The source's layout: no import cycles between memfit's modules, lazy (in-function) imports included.
+
+A cycle hidden in a function body (``load.record_load_zero_init`` once imported ``zero3``, which
+imports ``load``) works until someone moves the import to the top; this reads every import
+statement of every module with ``ast`` and fails on any strongly connected group of modules.
+"""
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = {}
+    for f in SRC.rglob("*.py"):
+        name = ".".join(f.relative_to(SRC).with_suffix("").parts)
+        mods[name.removesuffix(".__init__")] = f
+    graph: dict[str, set[str]] = {}
+    for name, f in mods.items():
+        deps: set[str] = set()
+        for node in _runtime_nodes(ast.parse(f.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                deps |= {f"{node.module}.{a.name}" for a in node.names} | {node.module}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+        # a module importing its own package (``from memfit.core.diagnose.results import`` inside
+        # memfit.core.diagnose.parse) runs the package's __init__ first: not an edge back to it
+        graph[name] = {d for d in deps if d in mods and d != name and not name.startswith(d + ".")}
+    return graph
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node except those under ``if TYPE_CHECKING:`` (imports for annotations never run)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                stack.extend(child.orelse)
+                continue
+            stack.append(child)
+
+
+KNOWN_CYCLES = [
+    # Lazy (in-function) import cycles merged from other branches after this test was written; each is
+    # reported to its owner. A new cycle fails the test; fixing one of these, remove it here.
+    # contract 4's cuda_caching.check_against_recording re-exports alloc/recording.py, which imports it:
+    ["memfit.core.alloc.cuda_caching", "memfit.core.alloc.recording"],
+    # activations.estimate -> activation_layout -> activation_families/stacks -> activations._attention_bytes:
+    ["memfit.core.activation_families", "memfit.core.activation_layout", "memfit.core.activation_stacks",
+     "memfit.core.activations"],
+    # runner -> child; child -> coordinator_log -> record_fixtures/runner:
+    ["memfit.replay.child", "memfit.replay.coordinator_log", "memfit.replay.record_fixtures", "memfit.replay.runner"],
+]
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components with more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles():
+    graph = _graph()
+    assert len(graph) > 80 and "memfit.core.ledger.load" in graph
+    assert [c for c in _cycles(graph) if c not in KNOWN_CYCLES] == []
+
+
+def test_the_cycle_finder_finds_a_lazy_import_cycle():
+    g = _graph()
+    g["memfit.core.ledger.load"] = g["memfit.core.ledger.load"] | {"memfit.core.ledger.zero3"}
+    assert ["memfit.core.ledger.load", "memfit.core.ledger.zero3"] in _cycles(g)
