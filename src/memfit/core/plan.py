@@ -26,7 +26,8 @@ def make_plan(sc: Scenario, traced: TracedStep | None = None) -> Plan:
         traced.note if traced is not None else
         "Activations are analytic (Korthikanti-style, corrected for frozen weights and PEFT); "
         "`memfit plan --exact` traces them from the model's code.",
-        f"Allocation behaviour of DeepSpeed {sc.ds_version}.x. " + allocator_note(sc),
+        (f"Allocation behaviour of DeepSpeed {sc.ds_version}.x. " if sc.framework == "deepspeed" else
+         "Allocation behaviour of torch 2.13, transformers 5.24, peft 0.21, bitsandbytes 0.50. ") + allocator_note(sc),
         *timeline.granularity_notes,
         *sc.model.notes,
         *((sc.train.batch_shape.describe(),) if sc.train.batch_shape is not None else ()),

@@ -27,12 +27,15 @@ from memfit.core.scenario import Scenario
 from memfit.errors import MemfitError
 
 _TOP = {"name", "model", "peft", "deepspeed", "deepspeed_version", "hardware", "load", "train",
-        "trust_remote_code", "accelerator", "runtime"}
+        "trust_remote_code", "accelerator", "runtime",
+        # outside DeepSpeed (memfit.core.framework_settings; memfit.core.framework_inputs)
+        "framework", "precision", "optim", "optim_args", "quantization", "ddp", "fsdp"}
 _RUNTIME = {"torch_version", "alloc_conf", "cuda_version", "pin_memory_backend", "alloc_conf_from_env"}
 _HW = {"gpus", "nodes", "cpu_ram", "nvme"}
 _LOAD = {"dtype", "zero_init", "low_cpu_mem_usage", "checkpoint_index", "max_shard_size"}
 _TRAIN = {"seq_len", "micro_batch", "gradient_checkpointing", "model_parameters", "attention", "dataloader_workers",
-          "dataset_tokens", "task", "target_len", "lengths", "batching", "max_seq_length"}
+          "dataset_tokens", "task", "target_len", "lengths", "batching", "max_seq_length",
+          "gradient_accumulation_steps", "max_grad_norm", "weight_decay"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,6 +90,30 @@ class ScenarioInputs:
     """Read PYTORCH_CUDA_ALLOC_CONF (then PYTORCH_ALLOC_CONF) from the environment: only when asked."""
     cuda_version: str | None = None
     pin_memory_backend: str | None = None
+    # -- outside DeepSpeed (see memfit.core.framework_inputs) ---------------------------------
+    framework: str | None = None
+    """``deepspeed``, ``torch``, ``ddp``, ``fsdp``, ``fsdp2``; None: inferred from the inputs."""
+    precision: str | None = None
+    """``fp32``, ``amp_fp16``, ``amp_bf16``, ``fp16``, ``bf16`` (non-DeepSpeed frameworks)."""
+    optim: str | None = None
+    """The Trainer's ``optim`` string."""
+    optim_args: dict[str, Any] = field(default_factory=dict)
+    """``momentum`` (sgd), ``beta1`` (adafactor)."""
+    grad_accum: int | None = None
+    """Gradient accumulation steps outside DeepSpeed (DeepSpeed reads its JSON)."""
+    max_grad_norm: float | None = None
+    weight_decay: float | None = None
+    quantization: dict[str, Any] | None = None
+    """bitsandbytes settings (memfit's names: method, quant_type, double_quant, compute_dtype,
+    quant_storage, skip_modules, prepare_kbit)."""
+    ddp: dict[str, Any] | None = None
+    fsdp: dict[str, Any] | None = None
+    training_args: str | None = None
+    """Path to a TrainingArguments / TRL SFTConfig JSON or YAML."""
+    accelerate_config: str | None = None
+    """Path to an accelerate config YAML."""
+    bnb_config: str | None = None
+    """Path to a BitsAndBytesConfig JSON."""
 
 
 def merge_inputs(base: ScenarioInputs, override: ScenarioInputs) -> ScenarioInputs:
@@ -94,9 +121,9 @@ def merge_inputs(base: ScenarioInputs, override: ScenarioInputs) -> ScenarioInpu
     changes = {}
     for f in fields(ScenarioInputs):
         v = getattr(override, f.name)
-        if f.name == "peft_options":
+        if f.name in ("peft_options", "optim_args"):
             if v:
-                changes[f.name] = {**base.peft_options, **v}
+                changes[f.name] = {**getattr(base, f.name), **v}
         elif v is not None:
             changes[f.name] = v
     if override.deepspeed is not None:
@@ -165,7 +192,29 @@ def read_scenario_file(path: str | Path) -> ScenarioInputs:
     if isinstance(model, str) and (model.startswith("./") or model.startswith("../")):
         model = str(p.parent / model)
     ver = raw.get("deepspeed_version")
+
+    def rel(key: str) -> str | None:
+        v = raw.get(key)
+        if v is None:
+            return None
+        if not isinstance(v, str):
+            raise MemfitError(f"{p}: '{key}' must be a path")
+        return v if Path(v).is_absolute() else str(p.parent / v)
+
+    def mapping(key: str) -> dict[str, Any] | None:
+        v = raw.get(key)
+        if v is None:
+            return None
+        if not isinstance(v, dict):
+            raise MemfitError(f"{p}: '{key}' must be a mapping")
+        return dict(v)
+
     return ScenarioInputs(
+        framework=raw.get("framework"), precision=raw.get("precision"), optim=raw.get("optim"),
+        optim_args=mapping("optim_args") or {}, grad_accum=train.get("gradient_accumulation_steps"),
+        max_grad_norm=train.get("max_grad_norm"), weight_decay=train.get("weight_decay"),
+        quantization=mapping("quantization"), ddp=mapping("ddp"), fsdp=mapping("fsdp"),
+        training_args=rel("training_args"), accelerate_config=rel("accelerate_config"), bnb_config=rel("bnb_config"),
         name=raw.get("name") or p.stem, model=model, peft_method=method, peft_options=options,
         deepspeed=ds_path, deepspeed_inline=ds_inline, ds_version=None if ver is None else str(ver),
         gpus=None if hw.get("gpus") is None else str(hw["gpus"]), nodes=hw.get("nodes"),
@@ -290,12 +339,14 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
     """Resolve model, PEFT method, DeepSpeed config and hardware into a ``Scenario``."""
     from memfit.core.catalog import resolve_model_config
     from memfit.core.dsconfig import AutoContext, load_deepspeed_config, parse_deepspeed_config
+    from memfit.core.framework_inputs import apply_input_files, resolve_framework_settings
     from memfit.core.hardware import Hardware, parse_gpus, parse_size
     from memfit.core.peft import apply_peft
     from memfit.core.peft_parse import load_adapter_config, parse_peft_options
     from memfit.core.scenario import LoadSettings, Scenario, TrainSettings
     from memfit.core.shapes import build_model_shape
 
+    inputs = apply_input_files(inputs)
     if not inputs.model:
         raise MemfitError("no model given: pass --model (e.g. --model kakaobrain/kogpt) or a scenario file")
     source = resolve_model_config(inputs.model, trust_remote_code=bool(inputs.trust_remote_code))
@@ -314,6 +365,7 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
     hw = Hardware(gpu=gpu, gpus_per_node=count, nodes=nodes,
                   cpu_ram_bytes=parse_size(inputs.cpu_ram or "256GB", what="cpu_ram"),
                   nvme_bytes=parse_size(inputs.nvme, what="nvme") if inputs.nvme else None)
+    fw = resolve_framework_settings(inputs, hw, has_deepspeed_json=bool(inputs.deepspeed or inputs.deepspeed_inline))
     micro = None if inputs.micro_batch is None else _positive_int(inputs.micro_batch, "micro_batch")
     precision = "bf16" if gpu.bf16 else "fp16"
     if inputs.deepspeed:
@@ -356,7 +408,8 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
     return Scenario(name=inputs.name or f"{source.name} ({spec.method})", model_ref=source.name, model=model,
                     peft=spec, deepspeed=ds, deepspeed_json=ds_json, hardware=hw, load=load, train=train,
                     ds_version=str(inputs.ds_version or "0.19"), accelerator=inputs.accelerator or "cuda",
-                    runtime=runtime_settings(inputs))
+                    runtime=runtime_settings(inputs),
+                    framework=fw.framework, torch=fw.torch, quant=fw.quant, ddp=fw.ddp, fsdp=fw.fsdp)
 
 
 def runtime_settings(inputs: ScenarioInputs):  # -> RuntimeSettings
@@ -480,4 +533,10 @@ def describe_scenario(sc: Scenario) -> dict[str, Any]:
         "alloc_conf": sc.runtime.alloc_conf,
         "cuda_version": sc.runtime.cuda_version or resolve_torch_version(sc.runtime.torch_version).default_cuda,
         "pin_memory_backend": sc.runtime.pin_memory_backend,
+        "framework": sc.framework,
+        **({} if sc.framework == "deepspeed" else {
+            "precision_mode": sc.torch.precision, "optim": sc.torch.optim,
+            "gradient_accumulation_steps": sc.torch.gradient_accumulation_steps}),
+        **({"quantization": sc.quant.method, "bnb_4bit_quant_type": sc.quant.quant_type,
+            "bnb_4bit_quant_storage": sc.quant.quant_storage} if sc.quant.enabled else {}),
     }

@@ -104,6 +104,10 @@ def scenario_of(m: Measurement) -> Scenario:
     from memfit.replay.spec import override_layers
 
     spec = m.spec
+    if spec.framework != "deepspeed":
+        from memfit.replay.torch_compare import torch_scenario_of
+
+        return torch_scenario_of(m)
     cfg = override_layers(spec.model_config, spec.layers) if spec.layers else dict(spec.model_config)
     source = ModelConfigSource(name=spec.name, config=cfg, path=None, origin="local")
     model = apply_peft(build_model_shape(source), spec.peft)
@@ -140,8 +144,8 @@ def occurrences(m: Measurement, phase: str) -> tuple:
     first micro-step, ``accum.*`` its later ones, ``optimizer_step`` the end of step 1 (the last
     micro-step's, where the optimizer runs), ``step2.*`` every later step (the worst is compared)."""
     base = STEP_PHASES.get(phase)
-    if base is None:
-        return m.phase_occurrences(phase)
+    if base is None or getattr(m.spec, "framework", "deepspeed") != "deepspeed":
+        return m.phase_occurrences(phase)  # the non-DeepSpeed replays name every phase as the plan does
     ga = m.deepspeed_config_used.get("gradient_accumulation_steps", 1)
     ga = ga if isinstance(ga, int) and ga > 0 else 1
     rows = m.phase_occurrences(base)
@@ -173,7 +177,10 @@ def _tensor_host_peak(plan: Plan, phase: str) -> int:
 
 def compare(plan: Plan, m: Measurement) -> Comparison:
     items = []
-    for rkey, (lkeys, phase, at) in ITEM_MAP.items():
+    item_map = ITEM_MAP
+    if m.spec.framework != "deepspeed":
+        from memfit.replay.torch_compare import TORCH_ITEM_MAP as item_map
+    for rkey, (lkeys, phase, at) in item_map.items():
         measured = m.items(at).get(rkey)
         if measured is None or (rkey == "model.params" and m.spec.zero_init):
             continue  # under zero.Init the replay reports the params' logical size, not storage

@@ -1,0 +1,115 @@
+"""Recorded replays of the non-DeepSpeed frameworks (plain torch loop, AMP, pure 16-bit, the Trainer's
+optimizers, bitsandbytes, DDP, FSDP), and the command that records them.
+
+``python -m memfit.replay.record_torch_fixtures [--out tests/fixtures/replay_torch] [--only NAME ...]
+[--overwrite] [--list]`` builds each case's scenario through ``build_scenario`` (the path ``memfit
+plan`` takes), turns it into a ``ReplaySpec`` with ``spec_from_scenario`` and runs it with
+``run_replay`` on this CPU; the ``Measurement`` is saved as ``<out>/<case>.json``.
+
+Models are tiny Llama / GPT-2 configs (a few hundred thousand to a few million parameters,
+sequence 64, micro-batch 2, 2 steps): small enough for a 2-core machine, shaped like the real
+families (grouped-query attention, untied head; GPT-2 with its tied head).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from typing import Any
+
+from memfit.replay.record_fixtures import TINY_LLAMA
+
+FIXTURE_DIR = os.path.join("tests", "fixtures", "replay_torch")
+TINY_GPT2: dict[str, Any] = {
+    "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 128, "n_head": 4, "n_layer": 12,
+    "n_positions": 256, "vocab_size": 1000, "bos_token_id": 0, "eos_token_id": 0,
+}
+"""GPT-2 shaped (Conv1D, tied head), 128 wide."""
+LORA = {"lora_r": 4, "target_modules": "q_proj,v_proj"}
+
+CASES: dict[str, dict[str, Any]] = {
+    "llama_full_fp32_adamw": dict(precision="fp32", optim="adamw_torch"),
+    "llama_full_ampbf16_adamw_foreach": dict(precision="amp_bf16", optim="adamw_torch_foreach"),
+    "llama_full_bf16_fused": dict(precision="bf16", optim="adamw_torch_fused", load_dtype="bf16"),
+    "llama_full_bf16_from_fp32_adamw": dict(precision="bf16", optim="adamw_torch"),
+    "llama_full_fp32_adafactor": dict(precision="fp32", optim="adafactor"),
+    "llama_full_ampbf16_paged_adamw_8bit": dict(precision="amp_bf16", optim="paged_adamw_8bit"),
+    "llama_full_fp32_sgd_momentum": dict(precision="fp32", optim="sgd", optim_args={"momentum": 0.9}),
+    "llama_full_fp32_lion_8bit": dict(precision="fp32", optim="lion_8bit"),
+    "llama_full_fp32_adamw_ga2": dict(precision="fp32", optim="adamw_torch", grad_accum=2),
+    "llama_lora_ampbf16_adamw": dict(precision="amp_bf16", optim="adamw_torch", peft_method="lora", peft_options=LORA),
+    "llama_lora_ampbf16_bf16base_gc": dict(precision="amp_bf16", optim="adamw_torch", peft_method="lora",
+                                           peft_options=LORA, load_dtype="bf16", gradient_checkpointing=True),
+    "llama_full_ampfp16_adamw": dict(precision="amp_fp16", optim="adamw_torch"),
+    "gpt2_full_fp32_adamw_tied": dict(precision="fp32", optim="adamw_torch", model=TINY_GPT2),
+}
+"""Case name -> scenario inputs (besides the defaults below)."""
+
+DEFAULTS = dict(seq_len=64, micro_batch=2, accelerator="cpu", gpus="1x24GiB", cpu_ram="64GB")
+LAYERS = 4
+
+
+def case_inputs(name: str, config_dir: str):
+    """The ``ScenarioInputs`` of case ``name`` (its config.json written under ``config_dir``)."""
+    from memfit.core.scenario_io import ScenarioInputs
+
+    kw = dict(DEFAULTS)
+    kw.update(CASES[name])
+    cfg = kw.pop("model", TINY_LLAMA)
+    path = os.path.join(config_dir, f"{cfg['model_type']}.json")
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(cfg, fh)
+    opts = kw.pop("peft_options", {})
+    return ScenarioInputs(model=path, peft_options=opts, name=name, **kw)
+
+
+def case_spec(name: str, *, layers: int = LAYERS, launcher: str = "fake"):
+    from memfit.core.scenario_io import build_scenario
+    from memfit.replay.spec import spec_from_scenario
+
+    with tempfile.TemporaryDirectory() as d:
+        sc = build_scenario(case_inputs(name, d))
+        from memfit.core.catalog import resolve_model_config
+
+        cfg = resolve_model_config(sc.model_ref).config_dict() if os.path.exists(sc.model_ref) else None
+        cfg = cfg or json.load(open(os.path.join(d, os.listdir(d)[0]), encoding="utf-8"))
+        return spec_from_scenario(sc, model_config=cfg, layers=layers, steps=2, threads=2, name=name,
+                                  launcher=launcher)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from memfit.replay.measurement import save_fixture
+    from memfit.replay.runner import run_replay
+
+    ap = argparse.ArgumentParser(prog="python -m memfit.replay.record_torch_fixtures")
+    ap.add_argument("--out", default=FIXTURE_DIR)
+    ap.add_argument("--only", nargs="*")
+    ap.add_argument("--overwrite", action="store_true")
+    ap.add_argument("--list", action="store_true")
+    args = ap.parse_args(argv)
+    if args.list:
+        print("\n".join(CASES))
+        return 0
+    os.makedirs(args.out, exist_ok=True)
+    failed = 0
+    for name in args.only or list(CASES):
+        path = os.path.join(args.out, f"{name}.json")
+        if os.path.exists(path) and not args.overwrite:
+            print(f"{name}: kept {path}")
+            continue
+        m = run_replay(case_spec(name), timeout_s=900)
+        if m.error is not None:
+            failed += 1
+            print(f"{name}: FAILED {m.error.kind} in {m.error.phase}: {m.error.message}\n{m.error.traceback[-2000:]}",
+                  file=sys.stderr)
+            continue
+        save_fixture(m, path, overwrite=args.overwrite)
+        print(f"{name}: {path} ({m.wall_s:.1f} s)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""The plan against real non-DeepSpeed runs, without running anything heavy: every fixture in
+tests/fixtures/replay_torch (recorded by ``python -m memfit.replay.record_torch_fixtures``: a plain
+PyTorch loop doing what the Trainer does, on this CPU, 2 steps) is re-planned by the pure core and
+compared.
+
+Tolerances (each observed value is printed by ``-s``):
+- sizes read off the objects (the model's params, every ``.grad`` after the first backward, every
+  optimizer state tensor after the first step, quantized storage, DDP buckets): 0 bytes;
+- host tensor peaks of load, setup, the optimizer steps and save: ``TOL_SCALARS`` = 256 B (observed
+  at most 154 B: 0-d scalars the loop makes, the RNG's state, the loss); bitsandbytes' 8-bit
+  optimizers' setup ``TOL_QMAP`` = 2 KiB (observed 1,172 B: ``create_dynamic_map``'s temporaries);
+- forward and backward peaks, where the activations are analytic (CUDA kernels, one dtype) and the
+  replay runs the CPU kernels: fp32 Llama within ``TOL_ACT_FP32_REL`` = 0.2% (observed 0.05%), every
+  other case (autocast and pure 16-bit keep some activations in fp32; GPT-2; checkpointing) within
+  ``TOL_ACT_REL`` = 30% (observed at most 21%).
+"""
+
+import glob
+from pathlib import Path
+
+import pytest
+
+from memfit.core.plan import make_plan
+from memfit.replay.compare import compare, scenario_of
+from memfit.replay.measurement import load_fixture
+
+FIXTURES = sorted(glob.glob(str(Path(__file__).resolve().parents[1] / "fixtures" / "replay_torch" / "*.json")))
+TOL_SCALARS = 256
+TOL_QMAP = 2048
+TOL_ACT_FP32_REL = 0.002
+TOL_ACT_REL = 0.30
+STEP = ("forward", "backward", "accum.forward", "accum.backward", "step2.forward", "step2.backward")
+
+
+def _ids():
+    return [Path(p).stem for p in FIXTURES]
+
+
+def test_fixtures_cover_the_axes():
+    names = set(_ids())
+    for needed in ("fp32", "ampbf16", "ampfp16", "bf16_fused", "adafactor", "paged_adamw_8bit", "lora", "ga2", "_gc",
+                   "sgd", "lion", "foreach", "tied"):
+        assert any(needed in n for n in names), needed
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=_ids())
+def test_sizes_read_off_the_objects_are_byte_exact(path):
+    m = load_fixture(path)
+    assert m.ok, m.error
+    c = compare(make_plan(scenario_of(m)), m)
+    keys = {i.key for i in c.items}
+    assert {"model.params", "torch.grads", "optimizer.state.total"} <= keys
+    wrong = [f"{i.key}: plan {i.predicted_bytes:,} vs replay {i.measured_bytes:,}" for i in c.items if not i.matches]
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=_ids())
+def test_phase_peaks(path):
+    m = load_fixture(path)
+    c = compare(make_plan(scenario_of(m)), m)
+    tr = m.spec.training
+    eight_bit = "8bit" in tr["optim"]
+    tight = (tr["precision"] == "fp32" and m.spec.model_config["model_type"] == "llama"
+             and not m.spec.gradient_checkpointing)
+    seen = {p.phase for p in c.phases}
+    assert {"load", "setup", "forward", "backward", "optimizer_step", "step2.forward", "step2.optimizer_step"} <= seen
+    for p in c.phases:
+        print(f"{Path(path).stem} {p.phase}: plan {p.predicted_host_bytes:,} replay {p.measured_host_bytes:,} "
+              f"({p.diff_bytes:+,} B, {p.rel_diff:+.2%})")
+        if p.phase in STEP:
+            tol = TOL_ACT_FP32_REL if tight else TOL_ACT_REL
+            assert abs(p.rel_diff) <= tol, f"{p.phase}: {p.rel_diff:+.2%}"
+        elif p.phase == "setup" and eight_bit:
+            assert abs(p.diff_bytes) <= TOL_QMAP, f"{p.phase}: {p.diff_bytes:+,} B"
+        else:
+            assert abs(p.diff_bytes) <= TOL_SCALARS, f"{p.phase}: {p.diff_bytes:+,} B"
+
+
+def test_the_steady_state_holds_the_states_with_the_activations():
+    """step2.forward = step 1's forward plus the optimizer states, in the replay and in the plan."""
+    m = load_fixture(next(p for p in FIXTURES if Path(p).stem == "llama_full_fp32_adamw"))
+    plan = make_plan(scenario_of(m))
+    states = sum(i.bytes for i in plan.phase("optimizer_step").resident
+                 if i.key in ("optimizer.states", "optimizer.step_counters"))
+    assert plan.phase("step2.forward").cpu_peak_bytes - plan.phase("forward").cpu_peak_bytes == states
+    measured = m.peak("step2.forward", "host_peak_bytes") - m.peak("forward", "host_peak_bytes")
+    assert abs(measured - states) <= TOL_SCALARS
