@@ -9,10 +9,15 @@ Tolerances (each observed value is printed by ``-s``):
 - host tensor peaks of load, setup, the optimizer steps and save: ``TOL_SCALARS`` = 256 B (observed
   at most 154 B: 0-d scalars the loop makes, the RNG's state, the loss); bitsandbytes' 8-bit
   optimizers' setup ``TOL_QMAP`` = 2 KiB (observed 1,172 B: ``create_dynamic_map``'s temporaries);
-- forward and backward peaks, where the activations are analytic (CUDA kernels, one dtype) and the
-  replay runs the CPU kernels: fp32 Llama within ``TOL_ACT_FP32_REL`` = 0.2% (observed 0.05%), every
-  other case (autocast and pure 16-bit keep some activations in fp32; GPT-2; checkpointing) within
-  ``TOL_ACT_REL`` = 30% (observed at most 21%).
+- forward and backward peaks, where the activations are analytic (CUDA kernels, one dtype: the
+  residual stream's) and the replay runs the CPU kernels: fp32 Llama within ``TOL_ACT_FP32_REL`` =
+  0.2% (observed 0.05%), every other case (autocast keeps the matmul outputs 16-bit in an fp32
+  stream; pure 16-bit; GPT-2; checkpointing) within ``TOL_ACT_REL`` = 30% (observed at most 21%);
+- bitsandbytes-quantized bases: load within ``TOL_QUANT_LOAD_X`` x the largest quantized weight's
+  load-dtype bytes (the CPU backend's ``quantize_4bit`` makes float temporaries the CUDA kernel does
+  not; observed 13.1x); the other fixed phases within ``TOL_SCALARS + TOL_QUANT_CACHE`` (the CPU
+  backend caches its 4-bit bounds and order, 252 B); save within ``TOL_QUANT_SAVE_REL`` = 5% (peft's
+  save_pretrained over a quantized base; observed 2.2%).
 """
 
 import glob
@@ -29,6 +34,9 @@ TOL_SCALARS = 256
 TOL_QMAP = 2048
 TOL_ACT_FP32_REL = 0.002
 TOL_ACT_REL = 0.30
+TOL_QUANT_LOAD_X = 16
+TOL_QUANT_CACHE = 256
+TOL_QUANT_SAVE_REL = 0.05
 STEP = ("forward", "backward", "accum.forward", "accum.backward", "step2.forward", "step2.backward")
 
 
@@ -39,7 +47,7 @@ def _ids():
 def test_fixtures_cover_the_axes():
     names = set(_ids())
     for needed in ("fp32", "ampbf16", "ampfp16", "bf16_fused", "adafactor", "paged_adamw_8bit", "lora", "ga2", "_gc",
-                   "sgd", "lion", "foreach", "tied"):
+                   "sgd", "lion", "foreach", "tied", "qlora_nf4dq", "bf16storage", "fp4", "int8"):
         assert any(needed in n for n in names), needed
 
 
@@ -50,6 +58,8 @@ def test_sizes_read_off_the_objects_are_byte_exact(path):
     c = compare(make_plan(scenario_of(m)), m)
     keys = {i.key for i in c.items}
     assert {"model.params", "torch.grads", "optimizer.state.total"} <= keys
+    if m.spec.quantization:
+        assert "quant.weights" in keys
     wrong = [f"{i.key}: plan {i.predicted_bytes:,} vs replay {i.measured_bytes:,}" for i in c.items if not i.matches]
     assert not wrong, "\n".join(wrong)
 
@@ -61,8 +71,14 @@ def test_phase_peaks(path):
     tr = m.spec.training
     eight_bit = "8bit" in tr["optim"]
     tight = (tr["precision"] == "fp32" and m.spec.model_config["model_type"] == "llama"
-             and not m.spec.gradient_checkpointing)
+             and not m.spec.gradient_checkpointing and not m.spec.quantization)
+    quantized = bool(m.spec.quantization)
+    plan = make_plan(scenario_of(m))
+    from memfit.core.ledger.torch_params import build_torch_model
+
+    largest_q = max((p.numel * 2 for p in build_torch_model(scenario_of(m)).params if p.quantized), default=0)
     seen = {p.phase for p in c.phases}
+    del plan
     assert {"load", "setup", "forward", "backward", "optimizer_step", "step2.forward", "step2.optimizer_step"} <= seen
     for p in c.phases:
         print(f"{Path(path).stem} {p.phase}: plan {p.predicted_host_bytes:,} replay {p.measured_host_bytes:,} "
@@ -70,10 +86,13 @@ def test_phase_peaks(path):
         if p.phase in STEP:
             tol = TOL_ACT_FP32_REL if tight else TOL_ACT_REL
             assert abs(p.rel_diff) <= tol, f"{p.phase}: {p.rel_diff:+.2%}"
-        elif p.phase == "setup" and eight_bit:
-            assert abs(p.diff_bytes) <= TOL_QMAP, f"{p.phase}: {p.diff_bytes:+,} B"
+        elif p.phase == "load" and quantized:
+            assert abs(p.diff_bytes) <= TOL_QUANT_LOAD_X * largest_q, f"load: {p.diff_bytes:+,} B"
+        elif p.phase == "save" and quantized:
+            assert abs(p.rel_diff) <= TOL_QUANT_SAVE_REL, f"save: {p.rel_diff:+.2%}"
         else:
-            assert abs(p.diff_bytes) <= TOL_SCALARS, f"{p.phase}: {p.diff_bytes:+,} B"
+            tol = TOL_SCALARS + (TOL_QUANT_CACHE if quantized else 0) + (TOL_QMAP if eight_bit and p.phase == "setup" else 0)
+            assert abs(p.diff_bytes) <= tol, f"{p.phase}: {p.diff_bytes:+,} B"
 
 
 def test_the_steady_state_holds_the_states_with_the_activations():

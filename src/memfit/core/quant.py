@@ -16,8 +16,9 @@ other parameter stay in the load dtype.
 - ``code``: the 16-entry fp32 NF4/FP4 table (``get_4bit_type``), one per weight (64 B);
 - double quantization (``compress_statistics``): ``offset = absmax.mean()`` (a 0-d fp32), the
   absmax quantized by ``quantize_blockwise(absmax - offset, blocksize=256)`` to uint8 (``ceil(n/64)``
-  bytes) with its own fp32 absmax per 256 (``ceil(ceil(n/64)/256) x 4`` B) and the shared 256-entry
-  dynamic map (``name2qmap["dynamic"]``, one 1 KiB tensor per device).
+  bytes) with its own fp32 absmax per 256 (``ceil(ceil(n/64)/256) x 4`` B) and its own copy of the
+  256-entry dynamic map (``QuantState(code=code.to(A.device, copy=True))``, 1 KiB per weight); the
+  map itself stays cached once per device (``name2qmap["dynamic"]``).
 
 8-bit (LLM.int8(): ``Int8Params._quantize`` -> ``int8_vectorwise_quant``): ``CB`` int8 (``n`` B)
 and ``SCB`` fp32 per output row.
@@ -76,7 +77,8 @@ def quantized_tensors(q: QuantSettings, shape: tuple[int, ...]) -> tuple[QuantTe
     out = [QuantTensor("weight", ((n + 1) // (s * 2)) * s)]
     if q.double_quant:
         out += [QuantTensor("absmax(uint8)", blocks), QuantTensor("offset", 4),
-                QuantTensor("nested_absmax", _ceil(blocks, NESTED_BLOCKSIZE) * 4)]
+                QuantTensor("nested_absmax", _ceil(blocks, NESTED_BLOCKSIZE) * 4),
+                QuantTensor("nested_code", DYNAMIC_MAP_BYTES)]
     else:
         out.append(QuantTensor("absmax", blocks * 4))
     out.append(QuantTensor("code", CODE_4BIT_BYTES))
@@ -88,7 +90,7 @@ def quantized_bytes(q: QuantSettings, shape: tuple[int, ...]) -> int:
 
 
 def shared_bytes(q: QuantSettings) -> int:
-    """Per device, once: the dynamic map of double quantization."""
+    """Per device, once: the dynamic map of double quantization cached in ``name2qmap``."""
     return DYNAMIC_MAP_BYTES if q.method == "4bit" and q.double_quant else 0
 
 

@@ -29,6 +29,8 @@ TINY_GPT2: dict[str, Any] = {
 }
 """GPT-2 shaped (Conv1D, tied head), 128 wide."""
 LORA = {"lora_r": 4, "target_modules": "q_proj,v_proj"}
+QLORA = {"method": "4bit", "quant_type": "nf4", "double_quant": True, "compute_dtype": "bf16"}
+"""QLoRA's usual BitsAndBytesConfig."""
 
 CASES: dict[str, dict[str, Any]] = {
     "llama_full_fp32_adamw": dict(precision="fp32", optim="adamw_torch"),
@@ -45,6 +47,15 @@ CASES: dict[str, dict[str, Any]] = {
                                            peft_options=LORA, load_dtype="bf16", gradient_checkpointing=True),
     "llama_full_ampfp16_adamw": dict(precision="amp_fp16", optim="adamw_torch"),
     "gpt2_full_fp32_adamw_tied": dict(precision="fp32", optim="adamw_torch", model=TINY_GPT2),
+    "llama_qlora_nf4dq_ampbf16_adamw": dict(precision="amp_bf16", optim="adamw_torch", peft_method="lora",
+                                            peft_options=LORA, load_dtype="bf16", quantization=QLORA),
+    "llama_qlora_nf4dq_bf16storage_paged8bit_gc": dict(
+        precision="amp_bf16", optim="paged_adamw_8bit", peft_method="lora", peft_options=LORA, load_dtype="bf16",
+        quantization={**QLORA, "quant_storage": "bf16"}, gradient_checkpointing=True),
+    "llama_qlora_fp4_fp32compute": dict(precision="fp32", optim="adamw_torch", peft_method="lora", peft_options=LORA,
+                                        load_dtype="bf16", quantization={"method": "4bit"}),
+    "llama_lora_int8_ampbf16": dict(precision="amp_bf16", optim="adamw_torch", peft_method="lora", peft_options=LORA,
+                                    load_dtype="bf16", quantization={"method": "8bit"}),
 }
 """Case name -> scenario inputs (besides the defaults below)."""
 

@@ -19,7 +19,8 @@ Run by ``python -m memfit.replay.child`` (which dispatches here) under the same 
    steps is ``step2.*`` (the phase's peak is the worst of them).
 4. ``save``: ``save_pretrained`` (a PEFT model saves its adapter).
 
-Sizes read off the objects (``AttributedItem`` keys): ``model.params`` (after load), ``torch.grads``
+Sizes read off the objects (``AttributedItem`` keys): ``model.params`` (after load; the params that
+are not bitsandbytes-quantized), ``torch.grads``
 (after the first backward of step 1: every ``.grad`` storage once), ``optimizer.state.total`` (after
 the first step: every optimizer state tensor once), ``quant.weights`` (the quantized weights' packed
 data and quant-state tensors), ``ddp.buckets`` (DDP's reducer buckets).
@@ -187,7 +188,8 @@ class TorchChildRun:
         if spec.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model_summary = _model_summary(model, build_config(model_config, attention=spec.attention))
-        self.items.append(_item("model.params", "load", list(model.parameters())))
+        self.items.append(_item("model.params", "load", [p for p in model.parameters()
+                                                         if type(p).__name__ not in ("Params4bit", "Int8Params")]))
         if q.enabled:
             self.items.append(_item("quant.weights", "load", quant_tensors(model)))
 

@@ -12,8 +12,8 @@ from memfit.core.scenario import Scenario
 from memfit.replay.measurement import Measurement
 
 TORCH_ITEM_MAP: dict[str, tuple[tuple[str, ...], str, str]] = {
-    "model.params": (("load.weights", "load.adapter_weights", "move.params", "quant.weights"), "load", "load"),
-    "quant.weights": (("quant.weights", "quant.dynamic_map"), "load", "load"),
+    "model.params": (("load.weights", "load.adapter_weights", "move.params"), "load", "load"),
+    "quant.weights": (("quant.weights",), "load", "load"),
     "torch.grads": (("step.gradients", "ddp.buckets"), "backward", "backward"),
     "optimizer.state.total": (("optimizer.states", "optimizer.step_counters", "optimizer.paged_states"),
                               "optimizer_step", "step"),

@@ -129,7 +129,7 @@ def build_torch_model(sc: Scenario) -> TorchModel:
     for p in params:
         mod, _, leaf = p.name.rpartition(".")
         own.setdefault(mod, {})[leaf] = p
-    kinds = {mod: layer_kind(model_type, mod, ps) for mod, ps in own.items()}
+    kinds = {mod: layer_kind(model_type, mod.replace(".base_layer", ""), ps) for mod, ps in own.items()}
     base_modules = [base_module(p.name) for p in params if not is_adapter_param(p.name)]
     skips: tuple[str, ...] = ()
     if q.enabled:
@@ -152,7 +152,8 @@ def build_torch_model(sc: Scenario) -> TorchModel:
             quantize = (q.enabled and leaf == "weight" and kind in ("linear", "conv1d")
                         and should_convert(base_module(p.name), skips))
             if quantize:
-                quant = quantized_tensors(q, p.shape)
+                # a Conv1D weight is (in, out); transformers quantizes its transpose (out, in)
+                quant = quantized_tensors(q, tuple(p.shape)[::-1] if kind == "conv1d" else tuple(p.shape))
                 dtype = load
             else:
                 dtype = base_param_dtype(pm, load_dtype=load, trainable=p.trainable,

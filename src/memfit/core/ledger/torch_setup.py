@@ -96,22 +96,43 @@ def record_load(t: Timeline, sc: Scenario, m: TorchModel) -> Where:
                            + " + 16-entry code" if q.method == "4bit" else f"{n_q} weights: n B + out_features x 4 B"),
                   source=f"{BNB_SRC} functional.py:quantize_4bit / int8_vectorwise_quant")
         shared = m.shared_quant_bytes
-        for p in base:
-            if p.quantized:
-                if shared and t.live_bytes(QUANT_SHARED) == 0:
-                    t.declare(QUANT_SHARED, name="dynamic quantization map of double quantization (one per device)",
-                              device=Device.GPU, category="params", formula="256 x 4 B",
-                              source=f"{BNB_SRC} functional.py:quantize_blockwise (name2qmap['dynamic'])")
-                t.alloc(QUANT_STAGING, p.numel * lb)
-                for qt in p.quant:
-                    t.alloc(QUANT, qt.nbytes)
-                if shared and t.live_bytes(QUANT_SHARED) == 0:
-                    t.alloc(QUANT_SHARED, shared)
-                t.free(QUANT_STAGING, p.numel * lb)
-                where[p.name] = (QUANT, "q")
-            else:
-                t.alloc(GPU_PARAMS, p.numel * lb)
+        if shared:
+            t.declare(QUANT_SHARED, name="dynamic quantization map of double quantization (cached once per device)",
+                      device=Device.GPU, category="params", formula="256 x 4 B",
+                      source=f"{BNB_SRC} functional.py:quantize_blockwise (name2qmap['dynamic'])")
+
+        def quantize(p) -> None:
+            fp16_copy = q.method == "8bit" and sc.load.dtype != "fp16"
+            if fp16_copy:  # Int8Params._quantize: self.data.contiguous().to(device, dtype=torch.float16)
+                t.alloc(QUANT_STAGING, p.numel * 2)
+            for qt in p.quant:
+                t.alloc(QUANT, qt.nbytes)
+            if fp16_copy:
+                t.free(QUANT_STAGING, p.numel * 2)
+            if shared and t.live_bytes(QUANT_SHARED) == 0:
+                t.alloc(QUANT_SHARED, shared)
+
+        if sc.load.from_checkpoint:
+            for p in base:  # each tensor to the GPU; a quantized one whole, then quantized, then freed
+                if p.quantized:
+                    t.alloc(QUANT_STAGING, p.numel * lb)
+                    quantize(p)
+                    t.free(QUANT_STAGING, p.numel * lb)
+                    where[p.name] = (QUANT, "q")
+                else:
+                    t.alloc(GPU_PARAMS, p.numel * lb)
+                    where[p.name] = (GPU_PARAMS, sc.load.dtype)
+        else:
+            # a random-init build (replays): from_config makes every weight first, then each
+            # quantized weight goes through the same Params4bit(...).to(device) call
+            for p in base:
+                t.alloc(QUANT_STAGING if p.quantized else GPU_PARAMS, p.numel * lb)
                 where[p.name] = (GPU_PARAMS, sc.load.dtype)
+            for p in base:
+                if p.quantized:
+                    quantize(p)
+                    t.free(QUANT_STAGING, p.numel * lb)
+                    where[p.name] = (QUANT, "q")
         _buffers(t, sc, Device.GPU, GPU_BUFFERS)
         if sc.quant.prepare_kbit:
             _kbit_upcast(t, m, where)

@@ -129,12 +129,11 @@ def _leaf(p: TParam) -> str:
 def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: GradSink) -> StepContext:
     pm = m.precision
     ckpt = sc.train.gradient_checkpointing
-    if pm.autocast or pm.pure:
-        D = 2
-    elif sc.quant.method == "4bit" and not (sc.quant.prepare_kbit and sc.load.dtype != "fp32"):
-        D = DTYPE_BYTES[sc.quant.compute_dtype]
-    else:
-        D = 4
+    # the activations' element size: the residual stream's dtype, i.e. the input embedding's (fp32 under
+    # AMP on an fp32 model and after prepare_model_for_kbit_training: autocast makes the matmul outputs
+    # 16-bit but adding them to the stream promotes back to fp32)
+    emb = next((p for p in m.params if p.stage == 0 and len(p.shape) == 2 and not p.adapter and not p.quantized), None)
+    D = emb.elem_bytes if emb is not None else (2 if pm.autocast or pm.pure else 4)
     est = estimate_activation_bytes(sc.model.arch, sc.peft, seq_len=sc.train.seq_len,
                                     micro_batch=sc.train.micro_batch, dtype_bytes=D, gradient_checkpointing=ckpt,
                                     attention=sc.train.attention)
