@@ -56,8 +56,15 @@ CASES: dict[str, dict[str, Any]] = {
                                         load_dtype="bf16", quantization={"method": "4bit"}),
     "llama_lora_int8_ampbf16": dict(precision="amp_bf16", optim="adamw_torch", peft_method="lora", peft_options=LORA,
                                     load_dtype="bf16", quantization={"method": "8bit"}),
+    "llama_ddp_w2_fp32_adamw": dict(precision="fp32", optim="adamw_torch", gpus="2x24GiB", launcher="fake"),
+    "llama_ddp_w2_ampbf16_bucketview_findunused": dict(
+        precision="amp_bf16", optim="adamw_torch", gpus="2x24GiB", launcher="fake",
+        ddp={"gradient_as_bucket_view": True, "find_unused_parameters": True}),
+    "llama_ddp_w2_lora_ga2": dict(precision="fp32", optim="adamw_torch", peft_method="lora", peft_options=LORA,
+                                  gpus="2x24GiB", launcher="fake", grad_accum=2,
+                                  ddp={"bucket_cap_mb": 1.0}),
 }
-"""Case name -> scenario inputs (besides the defaults below)."""
+"""Case name -> scenario inputs (besides the defaults below); ``launcher`` is the replay's."""
 
 DEFAULTS = dict(seq_len=64, micro_batch=2, accelerator="cpu", gpus="1x24GiB", cpu_ram="64GB")
 LAYERS = 4
@@ -69,6 +76,7 @@ def case_inputs(name: str, config_dir: str):
 
     kw = dict(DEFAULTS)
     kw.update(CASES[name])
+    kw.pop("launcher", None)
     cfg = kw.pop("model", TINY_LLAMA)
     path = os.path.join(config_dir, f"{cfg['model_type']}.json")
     with open(path, "w", encoding="utf-8") as fh:
@@ -77,7 +85,7 @@ def case_inputs(name: str, config_dir: str):
     return ScenarioInputs(model=path, peft_options=opts, name=name, **kw)
 
 
-def case_spec(name: str, *, layers: int = LAYERS, launcher: str = "fake"):
+def case_spec(name: str, *, layers: int = LAYERS, launcher: str | None = None):
     from memfit.core.scenario_io import build_scenario
     from memfit.replay.spec import spec_from_scenario
 
@@ -87,8 +95,8 @@ def case_spec(name: str, *, layers: int = LAYERS, launcher: str = "fake"):
 
         cfg = resolve_model_config(sc.model_ref).config_dict() if os.path.exists(sc.model_ref) else None
         cfg = cfg or json.load(open(os.path.join(d, os.listdir(d)[0]), encoding="utf-8"))
-        return spec_from_scenario(sc, model_config=cfg, layers=layers, steps=2, threads=2, name=name,
-                                  launcher=launcher)
+        return spec_from_scenario(sc, model_config=cfg, layers=layers, steps=2, threads=1 if sc.world_size > 1 else 2,
+                                  name=name, launcher=launcher or CASES[name].get("launcher", "fake"))
 
 
 def main(argv: list[str] | None = None) -> int:

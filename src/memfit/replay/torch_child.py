@@ -23,11 +23,13 @@ Sizes read off the objects (``AttributedItem`` keys): ``model.params`` (after lo
 are not bitsandbytes-quantized), ``torch.grads``
 (after the first backward of step 1: every ``.grad`` storage once), ``optimizer.state.total`` (after
 the first step: every optimizer state tensor once), ``quant.weights`` (the quantized weights' packed
-data and quant-state tensors), ``ddp.buckets`` (DDP's reducer buckets).
+data and quant-state tensors), ``ddp.buckets`` (DDP's reducer buckets: at ``setup`` as built, at
+``step`` as rebuilt after the first synced backward).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -218,6 +220,10 @@ class TorchChildRun:
                     fwd, bwd = "step2.forward", "step2.backward"
                 recorder.enter(fwd, step=step, micro_step=micro)
                 ids = torch.randint(0, vocab, (spec.micro_batch, spec.seq_len), generator=gen).to(dev)
+                sync = contextlib.nullcontext()
+                if spec.framework == "ddp" and micro < ga - 1:
+                    sync = wrapped.no_sync()  # the Trainer's accelerator.accumulate: no all-reduce before the last
+                sync.__enter__()
                 if autocast_dtype is not None:
                     with torch.autocast(dev.type, dtype=autocast_dtype):
                         loss = wrapped(input_ids=ids, labels=ids).loss
@@ -229,10 +235,13 @@ class TorchChildRun:
                 if ga > 1:
                     loss = loss / ga
                 (scaler.scale(loss) if scaler is not None else loss).backward()
+                sync.__exit__(None, None, None)
                 del loss, ids
                 if step == 0 and micro == 0:
-                    self.items.append(_item("torch.grads", "backward",
-                                            [p.grad for p in model.parameters() if p.grad is not None]))
+                    # .grad tensors of their own (under gradient_as_bucket_view they are views into
+                    # DDP's buckets, which the ddp.buckets item counts)
+                    self.items.append(_item("torch.grads", "backward", [p.grad for p in model.parameters()
+                                                                        if p.grad is not None and not p.grad._is_view()]))
             recorder.enter("optimizer_step" if step == 0 else "step2.optimizer_step", step=step, micro_step=ga - 1)
             if scaler is not None:
                 scaler.unscale_(opt)
@@ -245,6 +254,11 @@ class TorchChildRun:
                 opt.step()
             if step == 0:
                 self.items.append(_item("optimizer.state.total", "step", optimizer_state_tensors(opt)))
+            if step == 1 and spec.framework == "ddp":
+                from memfit.replay.torch_ddp import bucket_bytes
+
+                rebuilt = bucket_bytes(wrapped, "rebuilt_bucket_sizes") or bucket_bytes(wrapped, "bucket_sizes")
+                self.items.append(AttributedItem(key="ddp.buckets", at="step", bytes=rebuilt, count=0, device="cpu"))
             wrapped.zero_grad(set_to_none=True)
         # ---- save
         if spec.save != "never":
@@ -252,15 +266,11 @@ class TorchChildRun:
             self._save(model)
 
     def _join_world(self):
-        from memfit.replay.fake_world import join_fake_world, join_real_world
+        from memfit.replay.torch_ddp import join_world
 
-        spec = self.spec
-        if spec.launcher == "torchrun":
-            rank, backend = join_real_world(world_size=spec.world_size)
-            self.notes.append(f"real world: rank {rank} of {spec.world_size} processes, backend {backend}")
-            return rank
-        join_fake_world(rank=spec.rank, world_size=spec.world_size)
-        return spec.rank
+        rank, backend = join_world(self.spec)
+        self.notes.append(f"rank {rank} of {self.spec.world_size}, backend {backend}")
+        return rank
 
     def _cast_and_move(self, model, ts, q, dev):
         """Pure 16-bit modes: each non-PEFT, non-quantized param cast where it is (what

@@ -14,7 +14,7 @@ from memfit.replay.measurement import Measurement
 TORCH_ITEM_MAP: dict[str, tuple[tuple[str, ...], str, str]] = {
     "model.params": (("load.weights", "load.adapter_weights", "move.params"), "load", "load"),
     "quant.weights": (("quant.weights",), "load", "load"),
-    "torch.grads": (("step.gradients", "ddp.buckets"), "backward", "backward"),
+    "torch.grads": (("step.gradients",), "backward", "backward"),
     "optimizer.state.total": (("optimizer.states", "optimizer.step_counters", "optimizer.paged_states"),
                               "optimizer_step", "step"),
     "ddp.buckets": (("ddp.buckets",), "setup", "setup"),

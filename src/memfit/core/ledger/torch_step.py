@@ -66,6 +66,11 @@ class GradSink:
     """What a gradient costs when autograd produces it (plain torch: a ``.grad`` tensor)."""
 
     key: str = GRADS
+    last_micro: bool = True
+    """The backward being recorded is the last micro-step of a step (DDP syncs only then)."""
+
+    def start_forward(self, t: Timeline, phase: str) -> None:
+        """Work at the start of a forward (DDP's bucket rebuild and buffer broadcast)."""
 
     def declare(self, t: Timeline, m: TorchModel) -> None:
         tr = m.trainable
@@ -254,12 +259,14 @@ def _forward(t: Timeline, c: StepContext) -> None:
 
 def record_forward(t: Timeline, c: StepContext, phase: str, description: str) -> None:
     t.phase(phase, description)
+    c.sink.start_forward(t, phase)
     _forward(t, c)
 
 
 def record_backward(t: Timeline, c: StepContext, phase: str, description: str, *, first_micro: bool,
                     last_micro: bool) -> None:
     t.phase(phase, description)
+    c.sink.last_micro = last_micro
     m = c.m
     if m.precision.grad_scaler and t.live_bytes(SCALER) == 0:
         t.alloc(SCALER, 4)
@@ -326,6 +333,8 @@ def record_steps(t: Timeline, c: StepContext) -> None:
     record_opt_step(t, c, "optimizer_step", "first optimizer step: states created, then zero_grad", first=True)
     if ga > 1:
         t.phase("step2.forward", f"steady state, last micro-step of {ga}: states and accumulated gradients alive")
+        c.sink.start_forward(t, "step2.forward")
+        c.sink.last_micro = False
         for p in tr:  # the earlier micro-steps' gradients
             c.sink.on_grad(t, p, True)
         _forward(t, c)
