@@ -63,9 +63,21 @@ CASES: dict[str, dict[str, Any]] = {
     "llama_ddp_w2_lora_ga2": dict(precision="fp32", optim="adamw_torch", peft_method="lora", peft_options=LORA,
                                   gpus="2x24GiB", launcher="fake", grad_accum=2,
                                   ddp={"bucket_cap_mb": 1.0}),
+    "llama_fsdp2_w2_fp32_adamw": dict(framework="fsdp2", precision="fp32", optim="adamw_torch", gpus="2x24GiB",
+                                      fsdp={"sharding_strategy": "FULL_SHARD"}),
+    "llama_fsdp2_w2_mpbf16": dict(framework="fsdp2", precision="fp32", optim="adamw_torch", gpus="2x24GiB",
+                                  fsdp={"mixed_precision": "bf16"}),
+    "llama_fsdp2_w2_lora": dict(framework="fsdp2", precision="fp32", optim="adamw_torch", gpus="2x24GiB",
+                                peft_method="lora", peft_options=LORA, fsdp={}),
+    "llama_fsdp1_w2_fp32_adamw": dict(framework="fsdp", precision="fp32", optim="adamw_torch", gpus="2x24GiB",
+                                      fsdp={"sharding_strategy": "FULL_SHARD"}, save="never"),
+    "llama_fsdp1_w2_lora_shardgradop": dict(framework="fsdp", precision="fp32", optim="adamw_torch", gpus="2x24GiB",
+                                            peft_method="lora", peft_options=LORA,
+                                            fsdp={"sharding_strategy": "SHARD_GRAD_OP"}, save="never"),
 }
 """Case name -> scenario inputs (besides the defaults below); ``launcher`` is the replay's."""
 
+# FSDP1's full state dict crashes torch's fake process group (SIGSEGV in state_dict()): no save phase.
 DEFAULTS = dict(seq_len=64, micro_batch=2, accelerator="cpu", gpus="1x24GiB", cpu_ram="64GB")
 LAYERS = 4
 
@@ -77,6 +89,7 @@ def case_inputs(name: str, config_dir: str):
     kw = dict(DEFAULTS)
     kw.update(CASES[name])
     kw.pop("launcher", None)
+    kw.pop("save", None)
     cfg = kw.pop("model", TINY_LLAMA)
     path = os.path.join(config_dir, f"{cfg['model_type']}.json")
     with open(path, "w", encoding="utf-8") as fh:
@@ -96,7 +109,8 @@ def case_spec(name: str, *, layers: int = LAYERS, launcher: str | None = None):
         cfg = resolve_model_config(sc.model_ref).config_dict() if os.path.exists(sc.model_ref) else None
         cfg = cfg or json.load(open(os.path.join(d, os.listdir(d)[0]), encoding="utf-8"))
         return spec_from_scenario(sc, model_config=cfg, layers=layers, steps=2, threads=1 if sc.world_size > 1 else 2,
-                                  name=name, launcher=launcher or CASES[name].get("launcher", "fake"))
+                                  name=name, launcher=launcher or CASES[name].get("launcher", "fake"),
+                                  save=CASES[name].get("save", "auto"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,8 +48,12 @@ def storages_bytes(tensors) -> tuple[int, int]:
     for t in tensors:
         if t is None:
             continue
-        st = t.untyped_storage()
-        seen.setdefault(st.data_ptr(), st.nbytes())
+        t = getattr(t, "_local_tensor", t)  # a DTensor's local shard
+        try:
+            st = t.untyped_storage()
+            seen.setdefault(st.data_ptr(), st.nbytes())
+        except RuntimeError:  # storage resized to zero (an FSDP unsharded param between uses)
+            continue
     return sum(seen.values()), len(seen)
 
 
@@ -240,8 +244,12 @@ class TorchChildRun:
                 if step == 0 and micro == 0:
                     # .grad tensors of their own (under gradient_as_bucket_view they are views into
                     # DDP's buckets, which the ddp.buckets item counts)
-                    self.items.append(_item("torch.grads", "backward", [p.grad for p in model.parameters()
-                                                                        if p.grad is not None and not p.grad._is_view()]))
+                    if spec.framework not in ("fsdp", "fsdp2"):
+                        self.items.append(_item("torch.grads", "backward", [
+                            p.grad for p in model.parameters() if p.grad is not None and not p.grad._is_view()]))
+                    else:
+                        self.items.append(_item("fsdp.sharded_grads", "backward",
+                                                [p.grad for p in wrapped.parameters() if p.grad is not None]))
             recorder.enter("optimizer_step" if step == 0 else "step2.optimizer_step", step=step, micro_step=ga - 1)
             if scaler is not None:
                 scaler.unscale_(opt)
@@ -263,7 +271,10 @@ class TorchChildRun:
         # ---- save
         if spec.save != "never":
             recorder.enter("save")
-            self._save(model)
+            if spec.framework in ("fsdp", "fsdp2"):
+                self._fsdp_state_dict(wrapped)
+            else:
+                self._save(model)
 
     def _join_world(self):
         from memfit.replay.torch_ddp import join_world
@@ -354,6 +365,23 @@ class TorchChildRun:
             wrapped.clip_grad_norm_(max_norm)
         else:
             torch.nn.utils.clip_grad_norm_(wrapped.parameters(), max_norm)
+
+    def _fsdp_state_dict(self, wrapped) -> None:
+        """What accelerate's ``get_state_dict`` does for FSDP: the full state dict on rank 0's host."""
+        if self.spec.framework == "fsdp":
+            from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+            # rank0_only=False: every rank builds what rank 0 builds (rank0_only crashes torch's fake
+            # process group); the measured rank holds the same bytes either way
+            with FSDP.state_dict_type(wrapped, StateDictType.FULL_STATE_DICT,
+                                      FullStateDictConfig(offload_to_cpu=True, rank0_only=False)):
+                state = wrapped.state_dict()
+        else:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            state = get_model_state_dict(wrapped, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        del state
 
     def _save(self, model) -> None:
         rank = int(os.environ.get("RANK", "0"))

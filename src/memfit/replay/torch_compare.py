@@ -18,6 +18,8 @@ TORCH_ITEM_MAP: dict[str, tuple[tuple[str, ...], str, str]] = {
     "optimizer.state.total": (("optimizer.states", "optimizer.step_counters", "optimizer.paged_states"),
                               "optimizer_step", "step"),
     "ddp.buckets": (("ddp.buckets",), "setup", "setup"),
+    "fsdp.sharded_params": (("fsdp.sharded_params",), "setup", "setup"),
+    "fsdp.sharded_grads": (("fsdp.sharded_grads", "fsdp.offloaded_grads"), "backward", "backward"),
 }
 """replay key -> (ledger keys, phase whose resident set holds them, replay ``at``); compared byte for byte."""
 

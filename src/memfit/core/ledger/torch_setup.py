@@ -68,8 +68,10 @@ def record_cuda_context(t: Timeline, sc: Scenario) -> None:
         host_process.record(t, [host_process.cuda_part()])
 
 
-def record_load(t: Timeline, sc: Scenario, m: TorchModel) -> Where:
-    """``from_pretrained`` (+ quantization, + prepare_model_for_kbit_training) and the PEFT wrap."""
+def record_load(t: Timeline, sc: Scenario, m: TorchModel, *, rank0_only: bool = False) -> Where:
+    """``from_pretrained`` (+ quantization, + prepare_model_for_kbit_training) and the PEFT wrap.
+    ``rank0_only``: only rank 0 loads the weights (accelerate's FSDP ``cpu_ram_efficient_loading``:
+    the other ranks build the model on the meta device)."""
     t.phase("load", "from_pretrained" + (" with bitsandbytes quantization onto the GPU" if sc.quant.enabled else "")
             + (" and the PEFT wrap" if sc.peft.method not in ("full", "freeze") else ""))
     record_process(t, sc)
@@ -137,10 +139,11 @@ def record_load(t: Timeline, sc: Scenario, m: TorchModel) -> Where:
         if sc.quant.prepare_kbit:
             _kbit_upcast(t, m, where)
     else:
-        t.declare(HOST_LOADED, name=f"model weights ({sc.load.dtype}, as from_pretrained loads them)",
+        t.declare(HOST_LOADED, name=f"model weights ({sc.load.dtype}, as from_pretrained loads them)"
+                  + (", rank 0 only (cpu_ram_efficient_loading)" if rank0_only else ""),
                   device=Device.CPU_PAGEABLE, category="params",
                   formula=f"{sum(p.numel for p in base):,} params x {lb} B, one tensor per param",
-                  source=f"{TF} modeling_utils.py:PreTrainedModel.from_pretrained")
+                  source=f"{TF} modeling_utils.py:PreTrainedModel.from_pretrained", rank0_only=rank0_only)
         for p in base:
             t.alloc(HOST_LOADED, p.numel * lb)
             where[p.name] = (HOST_LOADED, sc.load.dtype)

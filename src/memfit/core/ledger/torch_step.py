@@ -139,6 +139,8 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
     # 16-bit but adding them to the stream promotes back to fp32)
     emb = next((p for p in m.params if p.stage == 0 and len(p.shape) == 2 and not p.adapter and not p.quantized), None)
     D = emb.elem_bytes if emb is not None else (2 if pm.autocast or pm.pure else 4)
+    if sc.framework in ("fsdp", "fsdp2") and sc.fsdp.mixed_precision != "none":
+        D = 2  # FSDP's mixed precision computes with 16-bit unsharded params: a 16-bit stream
     est = estimate_activation_bytes(sc.model.arch, sc.peft, seq_len=sc.train.seq_len,
                                     micro_batch=sc.train.micro_batch, dtype_bytes=D, gradient_checkpointing=ckpt,
                                     attention=sc.train.attention)
@@ -239,22 +241,34 @@ def _dequant(t: Timeline, c: StepContext, p: TParam, *, backward: bool) -> None:
     t.free(DEQUANT, nested + p.numel * cb)
 
 
-def _forward(t: Timeline, c: StepContext) -> None:
-    """Every stage's forward, then autocast's exit (its cache of trained weights' casts cleared)."""
+def forward_stage(t: Timeline, c: StepContext, st: _Stage, block: bool) -> None:
+    """One stage's forward: its activations, the dequantized weights of its quantized matmuls, its
+    autocast casts (``block``: a checkpointed block, which saves nothing inside)."""
+    t.alloc(ACT, st.act)
+    for p in st.quant:
+        _dequant(t, c, p, backward=False)
+    for n, saved, cached in st.casts:
+        t.alloc(CASTS, n)
+        if not cached and (block or not saved):
+            t.free(CASTS, n)  # used once, not kept
+
+
+def end_forward(t: Timeline, c: StepContext) -> None:
+    """Autocast exits: its cache of trained weights' casts is cleared (those not saved for backward)."""
     ckpt = c.sc.train.gradient_checkpointing
     last = len(c.stages) - 1
     for i, st in enumerate(c.stages):
         block = ckpt and 0 < i < last
-        t.alloc(ACT, st.act)
-        for p in st.quant:
-            _dequant(t, c, p, backward=False)
-        for n, saved, cached in st.casts:
-            t.alloc(CASTS, n)
-            if not cached and (block or not saved):
-                t.free(CASTS, n)  # used once, not kept (checkpointed blocks save nothing inside)
-    for i, st in enumerate(c.stages):
-        block = ckpt and 0 < i < last
         t.free(CASTS, sum(n for n, saved, cached in st.casts if cached and (block or not saved)))
+
+
+def _forward(t: Timeline, c: StepContext) -> None:
+    """Every stage's forward, then autocast's exit."""
+    ckpt = c.sc.train.gradient_checkpointing
+    last = len(c.stages) - 1
+    for i, st in enumerate(c.stages):
+        forward_stage(t, c, st, ckpt and 0 < i < last)
+    end_forward(t, c)
 
 
 def record_forward(t: Timeline, c: StepContext, phase: str, description: str) -> None:
