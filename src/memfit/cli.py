@@ -73,6 +73,9 @@ def plan(
     precision: Optional[str] = typer.Option(None, "--precision", help="Outside DeepSpeed: fp32 | amp_fp16 | amp_bf16 (autocast, fp32 weights) | fp16 | bf16 (pure 16-bit model, gradients and optimizer states)."),
     optim: Optional[str] = typer.Option(None, "--optim", help="Outside DeepSpeed: the Trainer's optim string (adamw_torch, adamw_torch_fused, adafactor, sgd, adamw_bnb_8bit, paged_adamw_8bit, paged_adamw_32bit, lion_32bit, lion_8bit, ...)."),
     grad_accum: Optional[int] = typer.Option(None, "--grad-accum", help="Outside DeepSpeed: gradient accumulation steps."),
+    training_args: Optional[Path] = typer.Option(None, "--training-args", help="A Hugging Face TrainingArguments or TRL SFTConfig as JSON/YAML: batch size, accumulation, checkpointing, bf16/fp16, optim, max_length, fsdp, deepspeed."),
+    bnb_config: Optional[Path] = typer.Option(None, "--bnb-config", help="A BitsAndBytesConfig as JSON (or a config.json with a quantization_config)."),
+    accelerate_config: Optional[Path] = typer.Option(None, "--accelerate-config", help="An accelerate config YAML (distributed_type, mixed_precision, num_processes, fsdp_config, deepspeed_config)."),
     quantization: Optional[str] = typer.Option(None, "--quantization", help="bitsandbytes quantization of the base model: none | 4bit | 8bit (4bit: nf4 + double quant + bf16 compute, QLoRA's usual; give a BitsAndBytesConfig for other settings)."),
     report: Optional[Path] = typer.Option(None, "--report", help="Also write a report: .html (charts, self-contained) or .md. Never overwrites a file."),
     exact: bool = typer.Option(False, "--exact", help="Trace forward/backward from the model's code (needs torch, transformers, peft; seconds) instead of the analytic activation estimate."),
@@ -105,6 +108,8 @@ def plan(
         batching=batching, max_seq_length=max_seq_length,
         framework=framework, precision=precision, optim=optim, grad_accum=grad_accum,
         quantization=_quant_flag(quantization),
+        training_args=str(training_args) if training_args else None, bnb_config=str(bnb_config) if bnb_config else None,
+        accelerate_config=str(accelerate_config) if accelerate_config else None,
     )
     inputs = merge_inputs(read_scenario_file(scenario), flags) if scenario else flags
     sc = build_scenario(inputs)

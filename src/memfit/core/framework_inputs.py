@@ -67,6 +67,9 @@ def _number(value: Any, what: str, kind=float):
 
 def resolve_framework_settings(inputs, hw: Hardware, *, has_deepspeed_json: bool) -> FrameworkResolution:
     quant = _settings(QuantSettings, inputs.quantization, _QUANT_KEYS, "quantization")
+    if quant.enabled and (inputs.peft_method or "full") == "full":
+        raise MemfitError("bitsandbytes quantization with full fine-tuning: a quantized base cannot be fully "
+                          "fine-tuned (its weights get no gradient); use a PEFT method such as LoRA (QLoRA)")
     ddp = _settings(DdpSettings, inputs.ddp, _DDP_KEYS, "ddp")
     fsdp = _settings(FsdpSettings, inputs.fsdp, _FSDP_KEYS, "fsdp")
     fw = inputs.framework

@@ -9,6 +9,13 @@ from memfit.core.scenario import Scenario
 from memfit.core.verdict import judge
 
 
+def build_notes(sc: Scenario) -> tuple[str, ...]:
+    """What the non-DeepSpeed ledger resolved (dtypes of trained params, ...)."""
+    from memfit.core.ledger.torch_params import build_torch_model
+
+    return build_torch_model(sc).notes
+
+
 def count_params(sc: Scenario) -> ParamCounts:
     m = sc.model
     big = m.largest_param
@@ -31,7 +38,7 @@ def make_plan(sc: Scenario, traced: TracedStep | None = None) -> Plan:
         *timeline.granularity_notes,
         *sc.model.notes,
         *((sc.train.batch_shape.describe(),) if sc.train.batch_shape is not None else ()),
-    )
+    ) + tuple(sc.input_notes) + (build_notes(sc) if sc.framework != "deepspeed" else ())
     return Plan(scenario_name=sc.name, params=count_params(sc), phases=phases, verdict=verdict,
                 findings=derive_findings(sc, phases, verdict), notes=notes)
 

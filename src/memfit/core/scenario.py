@@ -155,6 +155,8 @@ class Scenario:
     """bitsandbytes quantization of the base model (any framework)."""
     ddp: DdpSettings = DdpSettings()
     fsdp: FsdpSettings = FsdpSettings()
+    input_notes: tuple[str, ...] = field(default=(), hash=False, compare=False)
+    """What memfit resolved or ignored while reading the input files (TrainingArguments, ...)."""
 
     def __post_init__(self) -> None:
         if self.framework not in FRAMEWORKS:

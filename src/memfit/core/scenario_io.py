@@ -29,7 +29,8 @@ from memfit.errors import MemfitError
 _TOP = {"name", "model", "peft", "deepspeed", "deepspeed_version", "hardware", "load", "train",
         "trust_remote_code", "accelerator", "runtime",
         # outside DeepSpeed (memfit.core.framework_settings; memfit.core.framework_inputs)
-        "framework", "precision", "optim", "optim_args", "quantization", "ddp", "fsdp"}
+        "framework", "precision", "optim", "optim_args", "quantization", "ddp", "fsdp", "training_args",
+        "accelerate_config", "bnb_config"}
 _RUNTIME = {"torch_version", "alloc_conf", "cuda_version", "pin_memory_backend", "alloc_conf_from_env"}
 _HW = {"gpus", "nodes", "cpu_ram", "nvme"}
 _LOAD = {"dtype", "zero_init", "low_cpu_mem_usage", "checkpoint_index", "max_shard_size"}
@@ -114,6 +115,8 @@ class ScenarioInputs:
     """Path to an accelerate config YAML."""
     bnb_config: str | None = None
     """Path to a BitsAndBytesConfig JSON."""
+    input_notes: tuple[str, ...] = ()
+    """What memfit resolved or ignored while reading the input files (shown in the plan's notes)."""
 
 
 def merge_inputs(base: ScenarioInputs, override: ScenarioInputs) -> ScenarioInputs:
@@ -124,6 +127,8 @@ def merge_inputs(base: ScenarioInputs, override: ScenarioInputs) -> ScenarioInpu
         if f.name in ("peft_options", "optim_args"):
             if v:
                 changes[f.name] = {**getattr(base, f.name), **v}
+        elif f.name == "input_notes":
+            changes[f.name] = tuple(base.input_notes) + tuple(v)
         elif v is not None:
             changes[f.name] = v
     if override.deepspeed is not None:
@@ -409,7 +414,8 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
                     peft=spec, deepspeed=ds, deepspeed_json=ds_json, hardware=hw, load=load, train=train,
                     ds_version=str(inputs.ds_version or "0.19"), accelerator=inputs.accelerator or "cuda",
                     runtime=runtime_settings(inputs),
-                    framework=fw.framework, torch=fw.torch, quant=fw.quant, ddp=fw.ddp, fsdp=fw.fsdp)
+                    framework=fw.framework, torch=fw.torch, quant=fw.quant, ddp=fw.ddp, fsdp=fw.fsdp,
+                    input_notes=tuple(inputs.input_notes))
 
 
 def runtime_settings(inputs: ScenarioInputs):  # -> RuntimeSettings

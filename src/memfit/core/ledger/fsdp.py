@@ -45,7 +45,7 @@ from memfit.core.ledger.torch_params import TorchModel, TParam
 from memfit.core.ledger.torch_setup import HOST_BUFFERS, HOST_LOADED, record_cuda_context, record_load
 from memfit.core.ledger.torch_step import (ACT, CASTS, RECOMPUTE, GradSink, build_step_context, declare_step,
                                            end_forward, forward_stage, record_save)
-from memfit.core.ledger_types import Device, PhaseLedger
+from memfit.core.ledger_types import Device
 from memfit.core.optimizers import OptimizerModel
 from memfit.core.precision import DTYPE_BYTES
 from memfit.core.quant import STORAGE_BYTES, storage_elements
@@ -432,7 +432,7 @@ class FsdpRun:
                     self.t.alloc(UNSHARDED_GRADS, pc.shard_numel * self.S * (self.param_bytes or pc.elem))
 
 
-def build_fsdp_ledger(t: Timeline, sc: Scenario, m: TorchModel, opt: OptimizerModel) -> tuple[PhaseLedger, ...]:
+def build_fsdp_ledger(t: Timeline, sc: Scenario, m: TorchModel, opt: OptimizerModel) -> None:
     run = FsdpRun(t, sc, m, opt)
     where = record_load(t, sc, m, rank0_only=sc.fsdp.cpu_ram_efficient_loading and sc.framework == "fsdp2"
                         and not sc.quant.enabled)
@@ -457,7 +457,7 @@ def build_fsdp_ledger(t: Timeline, sc: Scenario, m: TorchModel, opt: OptimizerMo
         _fsdp_forward(run, c, fp)
         _fsdp_backward(run, c, bp, first_micro=first)
     if not opt_params:
-        return t.phases()
+        return
     _fsdp_opt(run, c, opt_params, "optimizer_step", first=True, host=host_opt)
     if ga > 1:
         t.phase("step2.forward", f"steady state, last micro-step of {ga}")
@@ -468,7 +468,6 @@ def build_fsdp_ledger(t: Timeline, sc: Scenario, m: TorchModel, opt: OptimizerMo
         _fsdp_backward(run, c, "step2.backward", first_micro=True)
     _fsdp_opt(run, c, opt_params, "step2.optimizer_step", first=False, host=host_opt)
     _fsdp_save(run)
-    return t.phases()
 
 
 SAVE_HOST = "save.full_state_dict"
