@@ -122,7 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--overwrite", action="store_true")
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--examples", action="store_true", help="replay examples/frameworks/*.yaml at a tiny size "
+                    "into tests/fixtures/replay_examples instead")
     args = ap.parse_args(argv)
+    if args.examples:
+        return record_examples(args.out if args.out != FIXTURE_DIR else EXAMPLE_FIXTURE_DIR, args.only, args.overwrite)
     if args.list:
         print("\n".join(CASES))
         return 0
@@ -141,6 +145,81 @@ def main(argv: list[str] | None = None) -> int:
             continue
         save_fixture(m, path, overwrite=args.overwrite)
         print(f"{name}: {path} ({m.wall_s:.1f} s)")
+    return 1 if failed else 0
+
+
+
+# ---- the examples in examples/frameworks, replayed at a tiny size --------------------------------
+
+EXAMPLE_DIR = os.path.join("examples", "frameworks")
+EXAMPLE_FIXTURE_DIR = os.path.join("tests", "fixtures", "replay_examples")
+EXAMPLE_NOTES = {
+    "fsdp2-offload-llama3-8b-8gpu": "CPUOffloadPolicy needs an accelerator: the CPU replay shards without offload",
+}
+
+
+def tiny_of_family(model_type: str) -> dict[str, Any]:
+    """A tiny config of the example model's family (same model_type and block structure)."""
+    if model_type == "mistral":
+        return {**TINY_LLAMA, "model_type": "mistral", "architectures": ["MistralForCausalLM"], "sliding_window": None}
+    if model_type == "llama":
+        return dict(TINY_LLAMA)
+    raise ValueError(f"no tiny config for model_type {model_type!r}")
+
+
+def example_spec(path: str, *, layers: int = 2):
+    """The example's settings (framework, precision, optimizer, quantization, PEFT, input files) on a
+    tiny model of its family: 2 blocks, sequence 64, micro-batch 2, at most 2 accumulation
+    micro-steps, the example's world size in a fake world, on this CPU."""
+    import dataclasses
+
+    from memfit.core.catalog import resolve_model_config
+    from memfit.core.framework_inputs import apply_input_files
+    from memfit.core.hardware import parse_gpus
+    from memfit.core.scenario_io import build_scenario, read_scenario_file
+    from memfit.replay.spec import spec_from_scenario
+
+    inputs = apply_input_files(read_scenario_file(path))
+    model_type = resolve_model_config(inputs.model).config_dict()["model_type"]
+    cfg = tiny_of_family(model_type)
+    count, _ = parse_gpus(inputs.gpus or "1x24GiB")
+    with tempfile.TemporaryDirectory() as d:
+        cfg_path = os.path.join(d, "config.json")
+        with open(cfg_path, "w", encoding="utf-8") as fh:
+            json.dump(cfg, fh)
+        fsdp = dict(inputs.fsdp) if inputs.fsdp else None
+        if fsdp and fsdp.get("cpu_offload"):
+            fsdp["cpu_offload"] = False
+        fsdp = fsdp if fsdp is None else {**fsdp, "cpu_ram_efficient_loading": False}
+        small = dataclasses.replace(
+            inputs, model=cfg_path, seq_len=64, micro_batch=2, accelerator="cpu", gpus=f"{count}x24GiB",
+            cpu_ram="64GB", nodes=1, grad_accum=min(inputs.grad_accum or 1, 2), fsdp=fsdp)
+        sc = build_scenario(small)
+    name = os.path.splitext(os.path.basename(path))[0]
+    return spec_from_scenario(sc, model_config=cfg, layers=layers, steps=2, threads=1 if count > 1 else 2,
+                              name=name, save="never" if sc.framework == "fsdp" else "auto")
+
+
+def record_examples(out: str = EXAMPLE_FIXTURE_DIR, only: list[str] | None = None, overwrite: bool = False) -> int:
+    from memfit.replay.measurement import save_fixture
+    from memfit.replay.runner import run_replay
+
+    os.makedirs(out, exist_ok=True)
+    failed = 0
+    for f in sorted(os.listdir(EXAMPLE_DIR)):
+        stem, ext = os.path.splitext(f)
+        if ext != ".yaml" or f.startswith("accelerate") or (only and stem not in only):
+            continue
+        path = os.path.join(out, f"{stem}.json")
+        if os.path.exists(path) and not overwrite:
+            continue
+        m = run_replay(example_spec(os.path.join(EXAMPLE_DIR, f)), timeout_s=900)
+        if m.error is not None:
+            failed += 1
+            print(f"{stem}: FAILED {m.error.kind} in {m.error.phase}: {m.error.message}", file=sys.stderr)
+            continue
+        save_fixture(m, path, overwrite=overwrite)
+        print(f"{stem}: {path} ({m.wall_s:.1f} s)")
     return 1 if failed else 0
 
 

@@ -245,12 +245,16 @@ def forward_stage(t: Timeline, c: StepContext, st: _Stage, block: bool) -> None:
     """One stage's forward: its activations, the dequantized weights of its quantized matmuls, its
     autocast casts (``block``: a checkpointed block, which saves nothing inside)."""
     t.alloc(ACT, st.act)
+    if block:  # a checkpointed block still makes its activations while it runs; only its input stays
+        t.alloc(RECOMPUTE, st.recompute)
     for p in st.quant:
         _dequant(t, c, p, backward=False)
     for n, saved, cached in st.casts:
         t.alloc(CASTS, n)
         if not cached and (block or not saved):
             t.free(CASTS, n)  # used once, not kept
+    if block:
+        t.free(RECOMPUTE, st.recompute)
 
 
 def end_forward(t: Timeline, c: StepContext) -> None:
