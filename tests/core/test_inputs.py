@@ -125,3 +125,13 @@ def test_yaml_is_parsed_safely(tmp_path):
     r = subprocess.run([sys.executable, "-m", "memfit.cli", "plan", "--model", "gpt2", "--accelerate-config", str(evil)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "pwned" not in r.stdout + r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+@pytest.mark.parametrize("data,flag", [({"distributed_type": "FSDP", "num_processes": 8}, "--accelerate-config"),
+                                       ({"output_dir": "out", "per_device_train_batch_size": 2}, "--training-args")])
+def test_an_input_file_given_as_the_scenario_says_which_flag_it_needs(tmp_path, data, flag):
+    from memfit.core.scenario_io import read_scenario_file
+
+    path = _write(tmp_path, "x.yaml", data)
+    with pytest.raises(MemfitError, match=flag):
+        read_scenario_file(path)

@@ -167,17 +167,22 @@ def load_adapter_config(path: str | Path) -> PeftSpec:
         raise MemfitError(f"{file} is not valid JSON: {exc.msg} (line {exc.lineno})") from None
     if not isinstance(raw, dict):
         raise MemfitError(f"{file} must hold a JSON object, got {type(raw).__name__}")
-    peft_type = raw.get("peft_type")
-    if peft_type not in _PEFT_TYPES:
-        raise MemfitError(
-            f"{file}: peft_type {peft_type!r} is not supported; memfit models {', '.join(_PEFT_TYPES)}"
-        )
-    method = _PEFT_TYPES[peft_type]
     try:
-        options = _lora_options(raw) if method == "lora" else _prompt_learning_options(raw, method)
-        return parse_peft_options(method, **options)
+        return adapter_config_spec(raw)
     except MemfitError as exc:
         raise MemfitError(f"{file}: {exc}") from None
+
+
+def adapter_config_spec(raw: Mapping[str, Any]) -> PeftSpec:
+    """A ``PeftSpec`` from an adapter config's dict (``adapter_config.json``'s content, or a live
+    peft config's ``to_dict()``)."""
+    peft_type = raw.get("peft_type")
+    peft_type = getattr(peft_type, "value", peft_type)  # a live config holds the PeftType enum
+    if peft_type not in _PEFT_TYPES:
+        raise MemfitError(f"peft_type {peft_type!r} is not supported; memfit models {', '.join(_PEFT_TYPES)}")
+    method = _PEFT_TYPES[peft_type]
+    options = _lora_options(raw) if method == "lora" else _prompt_learning_options(raw, method)
+    return parse_peft_options(method, **options)
 
 
 def _lora_options(raw: Mapping[str, Any]) -> dict[str, Any]:

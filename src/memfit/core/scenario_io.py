@@ -166,6 +166,12 @@ def read_scenario_file(path: str | Path) -> ScenarioInputs:
     if not isinstance(raw, dict):
         raise MemfitError(f"{p}: expected a mapping of scenario keys, got {type(raw).__name__}")
     unknown = set(raw) - _TOP
+    if unknown and {"distributed_type", "compute_environment"} & unknown:
+        raise MemfitError(f"{p} is an accelerate config, not a memfit scenario: pass it as --accelerate-config "
+                          "(or the scenario key accelerate_config) with a scenario or --model")
+    if unknown and {"per_device_train_batch_size", "output_dir"} & unknown:
+        raise MemfitError(f"{p} looks like TrainingArguments, not a memfit scenario: pass it as --training-args "
+                          "(or the scenario key training_args) with a scenario or --model")
     if unknown:
         raise MemfitError(f"{p}: unknown key(s): {', '.join(sorted(unknown))} (known: {', '.join(sorted(_TOP))})")
     hw = _section(raw.get("hardware"), "hardware", _HW, p)

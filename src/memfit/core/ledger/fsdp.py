@@ -42,7 +42,8 @@ from dataclasses import dataclass, field
 from memfit.core.ledger.timeline import Timeline
 from memfit.core.ledger.torch_optim import STATES, TEMPS, record_clip_and_unscale, record_optimizer_step, trainer_groups
 from memfit.core.ledger.torch_params import TorchModel, TParam
-from memfit.core.ledger.torch_setup import HOST_BUFFERS, HOST_LOADED, record_cuda_context, record_load
+from memfit.core.ledger.torch_setup import (HOST_BUFFERS, HOST_LOADED, record_cuda_context, record_load,
+                                          record_optimizer_construction)
 from memfit.core.ledger.torch_step import (ACT, CASTS, RECOMPUTE, GradSink, build_step_context, declare_step,
                                            end_forward, forward_stage, record_save)
 from memfit.core.ledger_types import Device
@@ -328,6 +329,7 @@ class FsdpRun:
             t.free(HOST_BUFFERS)
         if t.live_bytes(HOST_LOADED):
             t.free(HOST_LOADED)
+        record_optimizer_construction(t, self.opt)
 
     # ---- gather / reshard
     def issue(self, i: int) -> None:
@@ -410,12 +412,13 @@ class FsdpRun:
         if self.reduce_bytes and cast != out:
             t.alloc(SHARD_GRADS, cast)  # _to_dtype_if_needed: the sharded grad in the param's dtype
             t.free(SHARD_GRADS, out)
-        if not first_micro:  # accumulated into the existing sharded grad
+        if self.offload:  # new_sharded_grad.to(cpu): pinned host copy; the device one dies
+            t.alloc(HOST_GRADS, cast)
             t.free(SHARD_GRADS, cast)
-        if self.offload:
-            if first_micro:
-                t.alloc(HOST_GRADS, cast)  # .to(cpu), pinned
-            t.free(SHARD_GRADS, cast)
+            if not first_micro:
+                t.free(HOST_GRADS, cast)  # added into the existing host gradient
+        elif not first_micro:
+            t.free(SHARD_GRADS, cast)  # added into the existing sharded gradient
         self.rs_retained = sum(rb)
 
     def grads_of_stage(self, s: int) -> None:
@@ -461,6 +464,9 @@ def build_fsdp_ledger(t: Timeline, sc: Scenario, m: TorchModel, opt: OptimizerMo
     _fsdp_opt(run, c, opt_params, "optimizer_step", first=True, host=host_opt)
     if ga > 1:
         t.phase("step2.forward", f"steady state, last micro-step of {ga}")
+        for u in run.units:  # the earlier micro-steps' sharded gradients
+            n = sum(pc.shard_numel * pc.elem for pc in u.pieces if pc.trainable)
+            t.alloc(HOST_GRADS if run.offload else SHARD_GRADS, n)
         _fsdp_forward(run, c, None)
         _fsdp_backward(run, c, "step2.backward", first_micro=False)
     else:
@@ -551,8 +557,12 @@ def _fsdp_backward(run: FsdpRun, c, phase: str, *, first_micro: bool) -> None:
             if nxt is not None and run.sc.fsdp.backward_prefetch != "NO_PREFETCH":
                 run.prefetch(nxt)  # backward prefetch: the unit that runs next
         block = ckpt and 0 < s < last
-        if block:
+        if block:  # the block's forward again: activations, and under autocast its casts
             t.alloc(RECOMPUTE, st.recompute)
+            for n, saved, _ in st.casts:
+                t.alloc(CASTS, n)
+                if not saved:
+                    t.free(CASTS, n)
         run.grads_of_stage(s)
         t.free(ACT, st.act)
         if block:

@@ -13,18 +13,29 @@ from memfit.core.optimizers import resolve_optimizer
 from memfit.core.scenario import Scenario
 
 
-def build_torch_ledger(sc: Scenario) -> tuple[PhaseLedger, ...]:
-    return build_torch_timeline(sc).phases()
+def build_torch_ledger(sc: Scenario, timeline: Timeline | None = None,
+                       model_cache: dict | None = None) -> tuple[PhaseLedger, ...]:
+    """The phase ledgers; with ``timeline`` (a ``LeanTimeline``) the recipes write into it instead and
+    its ``peaks()`` are the result (``memfit.core.recommend``'s fast path, which also shares the
+    model-state view between candidates through ``model_cache``)."""
+    t = build_torch_timeline(sc, timeline=timeline, model_cache=model_cache)
+    return t.phases() if timeline is None else ()
 
 
-def build_torch_timeline(sc: Scenario, *, tracker=None) -> Timeline:  # noqa: ANN001 (MemoryTracker | None)
+def build_torch_timeline(sc: Scenario, *, tracker=None, timeline: Timeline | None = None,  # noqa: ANN001
+                         model_cache: dict | None = None) -> Timeline:
     """Every recipe of the run, in the order of the real code (``tracker``: the allocator simulators
-    of ``ledger.build.memory_tracker``)."""
+    of ``ledger.build.memory_tracker``; ``timeline``: write into this one instead)."""
     from memfit.core.alloc.non_pytorch import record_cublas_workspace
 
-    t = Timeline(ranks_per_node=sc.hardware.gpus_per_node, accelerator=sc.accelerator, tracker=tracker)
+    t = timeline or Timeline(ranks_per_node=sc.hardware.gpus_per_node, accelerator=sc.accelerator, tracker=tracker)
     t.at_phase("forward", lambda: record_cublas_workspace(t, sc))  # the first matmul of the first forward
-    m = build_torch_model(sc)
+    key = (sc.quant, sc.torch.precision, sc.load.dtype, sc.model.name, len(sc.model.params))
+    m = model_cache.get(key) if model_cache is not None else None
+    if m is None:
+        m = build_torch_model(sc)
+        if model_cache is not None:
+            model_cache[key] = m
     opt = resolve_optimizer(sc.torch, sc.accelerator)
     fw = sc.framework
     if fw == "ddp":

@@ -250,6 +250,11 @@ def record_setup(t: Timeline, sc: Scenario, m: TorchModel, where: Where, opt: Op
             for b in sc.model.buffers:
                 t.alloc(GPU_BUFFERS, b.nbytes)
                 t.free(HOST_BUFFERS, b.nbytes)
+    record_optimizer_construction(t, opt)
+
+
+def record_optimizer_construction(t: Timeline, opt: OptimizerModel) -> None:
+    """The optimizer's ``__init__``: only bitsandbytes' 8-bit optimizers allocate (their maps)."""
     if opt.bnb and opt.state_bits == 8:
         t.declare(QMAPS_HOST, name="8-bit optimizer quantization maps (signed and unsigned, on the host)",
                   device=Device.CPU_PAGEABLE, category="optimizer", formula=f"2 x {BNB_QMAP_BYTES} B",
