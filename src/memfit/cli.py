@@ -251,9 +251,9 @@ def replay(
     save_fixture: Optional[Path] = typer.Option(None, "--save-fixture", help="Write the measurement as a JSON fixture (never overwrites)."),
     json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
 ) -> None:
-    """Run the real deepspeed.initialize and training steps for a scenario in a supervised child
-    process, measure memory per phase, and compare with the plan (byte for byte where DeepSpeed's
-    allocations are deterministic)."""
+    """Run the real deepspeed.initialize (or, for framework torch/ddp/fsdp/fsdp2, the plain torch
+    loop) and training steps for a scenario in a supervised child process, measure memory per
+    phase, and compare with the plan (byte for byte where the allocations are deterministic)."""
     import dataclasses
 
     from memfit.core.hardware import parse_gpus, parse_size
