@@ -163,3 +163,37 @@ def test_plan_is_fast_and_imports_no_torch():
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["scenario"]["framework"] == "torch"
     print(f"memfit plan wall: {time.perf_counter() - t0:.2f} s")
+
+
+# ---- the allocator simulation on these ledgers ----------------------------------------------
+
+def test_torch_ledgers_free_tensors_not_lumps_and_get_allocator_figures():
+    """BRIEF contract 2 on a CUDA plan: every ``free`` of the torch, DDP and FSDP recipes is one live
+    tensor (no granularity note from the timeline), over every framework, precision, optimizer, 4-bit
+    base and checkpointing choice the search enumerates for three examples (a sample), and the
+    allocator simulators' figures come out ordered as torch's counters are."""
+    import random
+
+    from memfit.core.framework_inputs import apply_input_files
+    from memfit.core.recommend.torch_search import _base, candidate_inputs, enumerate_candidates
+
+    root = "examples/frameworks/"
+    checked = 0
+    for name in ("adafactor-llama2-7b-1gpu.yaml", "ddp-lora-llama2-7b-2gpu.yaml", "fsdp2-offload-llama3-8b-8gpu.yaml"):
+        inputs = apply_input_files(read_scenario_file(root + name))
+        sc = build_scenario(inputs)
+        base = _base(sc, inputs)
+        cands = [c for c in enumerate_candidates(sc, base) if c.micro_batch == base.micro_batch]
+        for c in random.Random(len(name)).sample(cands, min(25, len(cands))):
+            try:
+                csc = build_scenario(candidate_inputs(inputs, sc, c))
+            except MemfitError:
+                continue
+            plan = make_plan(csc)
+            assert not [n for n in plan.notes if "no single live tensor" in n], (name, c)
+            for ph in plan.phases:
+                assert ph.allocators_simulated
+                assert ph.gpu_reserved_bytes >= ph.gpu_allocated_bytes >= ph.gpu_peak_bytes - ph.gpu_outside_pytorch_bytes
+                assert ph.gpu_oom_relevant_bytes >= ph.gpu_allocated_bytes
+            checked += 1
+    assert checked >= 40

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from memfit.core.ledger.timeline import Timeline
 from memfit.core.ledger.torch_optim import STATES, TEMPS, record_clip_and_unscale, record_optimizer_step, trainer_groups
-from memfit.core.ledger.torch_params import TorchModel, TParam
+from memfit.core.ledger.torch_params import TorchModel, TParam, free_each
 from memfit.core.ledger.torch_setup import (HOST_BUFFERS, HOST_LOADED, record_cuda_context, record_load,
                                           record_optimizer_construction)
 from memfit.core.ledger.torch_step import (ACT, CASTS, RECOMPUTE, GradSink, build_step_context, declare_step,
@@ -386,7 +386,7 @@ class FsdpRun:
     def reshard(self, i: int) -> None:
         if i not in self.unsharded_live:
             return
-        self.t.free(UNSHARDED, sum(self.unit_unsharded(self.units[i])))
+        free_each(self.t, UNSHARDED, self.unit_unsharded(self.units[i]))
         self.unsharded_live.discard(i)
 
     def unit_of_stage(self, s: int) -> list[int]:
@@ -405,7 +405,7 @@ class FsdpRun:
             t.free(RS_IN, self.rs_retained)
             self.rs_retained = 0
         t.alloc(RS_IN, sum(rb))
-        t.free(UNSHARDED_GRADS, sum(gbytes))  # copied in: the unsharded grads die
+        free_each(t, UNSHARDED_GRADS, gbytes)  # copied in: the unsharded grads die
         out = sum(n // self.S for n in rb)
         t.alloc(SHARD_GRADS, out)  # reduce-scatter output
         cast = sum(pc.shard_numel * pc.elem for pc in tr)
@@ -567,7 +567,7 @@ def _fsdp_backward(run: FsdpRun, c, phase: str, *, first_micro: bool) -> None:
         t.free(ACT, st.act)
         if block:
             t.free(RECOMPUTE, st.recompute)
-        t.free(CASTS, sum(n for n, saved, _ in st.casts if saved))
+        free_each(t, CASTS, [n for n, saved, _ in st.casts if saved])
         for i in units:
             u = run.units[i]
             if min(u.stages) == s:

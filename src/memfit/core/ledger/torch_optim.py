@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from memfit.core.ledger.timeline import Timeline
-from memfit.core.ledger.torch_params import TParam
+from memfit.core.ledger.torch_params import TParam, free_each
 from memfit.core.ledger_types import Device
 from memfit.core.optimizers import BNB_QMAP_BYTES, OptimizerModel, param_states, qmaps
 
@@ -121,7 +121,7 @@ def record_clip_and_unscale(t: Timeline, trained: Sequence[TParam], *, grad_scal
         big = max(sizes)
         t.alloc(NORMS, len(trained) * big)  # torch.stack (promoted dtype)
         t.alloc(NORMS, big)  # vector_norm of the stack: total_norm
-        t.free(NORMS, sum(sizes))  # the per-param norms die with the list
+        free_each(t, NORMS, [p.elem_bytes for g in _dtype_groups(list(trained)) for p in g])  # the per-param norms die with the list
         t.free(NORMS, len(trained) * big)
         t.alloc(NORMS, big)  # total_norm + 1e-6
         t.alloc(NORMS, big)  # max_norm / (...)
@@ -211,8 +211,8 @@ def _bnb_cpu_update(t: Timeline, opt: OptimizerModel, p: TParam) -> None:
         for _ in range(2 if opt.family == "adamw" else 1):  # quantize_blockwise: out + absmax, copied back
             t.alloc(TEMPS, p.numel)
             t.alloc(TEMPS, blocks * 4)
-            t.free(TEMPS, p.numel + blocks * 4)
-    t.free(TEMPS, sum(live))
+            free_each(t, TEMPS, [p.numel, blocks * 4])
+    free_each(t, TEMPS, live)
 
 
 def _alloc_states(t: Timeline, opt: OptimizerModel, p: TParam, accelerator: str) -> None:
@@ -229,15 +229,15 @@ def _adamw_temps(t: Timeline, opt: OptimizerModel, g: list[TParam]) -> None:
     if opt.impl == "fused":
         return
     if opt.impl == "foreach":
-        prev = 0
+        prev: list[int] = []
         for dg in _dtype_groups(g):
             # torch._foreach_add_(state_steps, torch.tensor(1.0, device="cpu")): a host scalar
-            size = sum(p.numel * p.elem_bytes for p in dg)
-            for p in dg:
-                t.alloc(TEMPS, p.numel * p.elem_bytes)  # torch._foreach_sqrt(exp_avg_sqs)
-            t.free(TEMPS, prev)  # the previous dtype group's list, rebound
-            prev = size
-        t.free(TEMPS, prev)
+            sizes = [p.numel * p.elem_bytes for p in dg]
+            for n in sizes:
+                t.alloc(TEMPS, n)  # torch._foreach_sqrt(exp_avg_sqs)
+            free_each(t, TEMPS, prev)  # the previous dtype group's list, rebound
+            prev = sizes
+        free_each(t, TEMPS, prev)
         return
     prev = 0  # single tensor: denom = (exp_avg_sq.sqrt() / bc2).add_(eps), one param at a time
     for p in g:
@@ -260,7 +260,7 @@ def _sgd(t: Timeline, opt: OptimizerModel, g: list[TParam], *, first: bool, grad
             for p in g:
                 t.alloc(STATES, grad_bytes(p))  # device_grads[i].detach().clone()
         if wd:
-            t.free(TEMPS, sum(grad_bytes(p) for p in g))
+            free_each(t, TEMPS, [grad_bytes(p) for p in g])
         return
     prev = 0
     for p in g:
@@ -275,10 +275,9 @@ def _sgd(t: Timeline, opt: OptimizerModel, g: list[TParam], *, first: bool, grad
 
 def _adagrad_temps(t: Timeline, opt: OptimizerModel, g: list[TParam]) -> None:
     if opt.impl == "foreach":
-        size = sum(p.numel * p.elem_bytes for p in g)
         for p in g:
             t.alloc(TEMPS, p.numel * p.elem_bytes)  # std = torch._foreach_sqrt(state_sums)
-        t.free(TEMPS, size)
+        free_each(t, TEMPS, [p.numel * p.elem_bytes for p in g])
         return
     prev = 0
     for p in g:
@@ -343,7 +342,7 @@ def _adafactor(t: Timeline, opt: OptimizerModel, groups: list[list[TParam]], *, 
                 t.free(TEMPS, lead * 4)
                 t.alloc(TEMPS, cols * 4)  # col.unsqueeze(-2).rsqrt()
                 t.alloc(TEMPS, n4)  # torch.mul(r_factor, c_factor)
-                t.free(TEMPS, rows * 4 + cols * 4)
+                free_each(t, TEMPS, [rows * 4, cols * 4])
                 t.free(TEMPS, n4)  # the old update, rebound
             else:
                 t.alloc(TEMPS, n4)  # exp_avg_sq.rsqrt()
@@ -360,5 +359,5 @@ def _adafactor(t: Timeline, opt: OptimizerModel, groups: list[list[TParam]], *, 
                 prev_update = 0
             t.alloc(TEMPS, n4)  # -update
             t.free(TEMPS, n4)
-    t.free(TEMPS, prev_update + prev_grad + prev_p)  # the last param's, at return
+    free_each(t, TEMPS, [prev_grad, prev_p, prev_update])  # the last param's, at return
 

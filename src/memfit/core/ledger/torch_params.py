@@ -189,3 +189,10 @@ def _tied(sc: Scenario) -> str | None:
         if len(p.shape) == 2 and p.shape[0] == vocab and not is_adapter_param(p.name):
             return p.name
     return None
+
+
+def free_each(t, key: str, sizes) -> None:  # noqa: ANN001 (Timeline)
+    """Free several tensors of one item, one ``free`` per tensor (BRIEF contract 2: the timeline and
+    its allocator simulation free tensors, not lumps), the most recently allocated first."""
+    for n in reversed([n for n in sizes if n]):
+        t.free(key, n)

@@ -39,7 +39,7 @@ from memfit.core.activations import estimate_activation_bytes
 from memfit.core.ledger.timeline import Timeline
 from memfit.core.ledger.torch_optim import (declare_optimizer, record_clip_and_unscale, record_optimizer_step,
                                             trainer_groups)
-from memfit.core.ledger.torch_params import TorchModel, TParam
+from memfit.core.ledger.torch_params import TorchModel, TParam, free_each
 from memfit.core.ledger_types import Device
 from memfit.core.optimizers import OptimizerModel
 from memfit.core.precision import DTYPE_BYTES
@@ -233,12 +233,12 @@ def _dequant(t: Timeline, c: StepContext, p: TParam, *, backward: bool) -> None:
         if p.elem_bytes != cb or p.dtype != q.compute_dtype:
             t.alloc(DEQUANT, p.numel * cb)
             t.free(DEQUANT, p.numel * cb)
-        t.free(DEQUANT, nested + p.numel * p.elem_bytes)
+        free_each(t, DEQUANT, [nested, p.numel * p.elem_bytes])
         return
     nested = 2 * blocks * 4 if q.double_quant else 0  # absmax_dq, then absmax_dq + offset
     t.alloc(DEQUANT, nested)
     t.alloc(DEQUANT, p.numel * cb)  # B_dq
-    t.free(DEQUANT, nested + p.numel * cb)
+    free_each(t, DEQUANT, [nested, p.numel * cb])
 
 
 def forward_stage(t: Timeline, c: StepContext, st: _Stage, block: bool) -> None:
@@ -263,7 +263,7 @@ def end_forward(t: Timeline, c: StepContext) -> None:
     last = len(c.stages) - 1
     for i, st in enumerate(c.stages):
         block = ckpt and 0 < i < last
-        t.free(CASTS, sum(n for n, saved, cached in st.casts if cached and (block or not saved)))
+        free_each(t, CASTS, [n for n, saved, cached in st.casts if cached and (block or not saved)])
 
 
 def _forward(t: Timeline, c: StepContext) -> None:
@@ -316,7 +316,7 @@ def record_backward(t: Timeline, c: StepContext, phase: str, description: str, *
         t.free(ACT, st.act)
         if block:
             t.free(RECOMPUTE, st.recompute)
-        t.free(CASTS, sum(n for n, saved, _ in st.casts if saved))
+        free_each(t, CASTS, [n for n, saved, _ in st.casts if saved])
     c.sink.after_backward(t, m, last_micro)
 
 
