@@ -135,3 +135,12 @@ def test_an_input_file_given_as_the_scenario_says_which_flag_it_needs(tmp_path, 
     path = _write(tmp_path, "x.yaml", data)
     with pytest.raises(MemfitError, match=flag):
         read_scenario_file(path)
+
+
+def test_quantization_under_deepspeed_is_refused_not_ignored(tmp_path):
+    from pathlib import Path
+
+    ds = Path(__file__).resolve().parents[2] / "examples" / "deepspeed" / "zero2_bf16.json"
+    bnb = _write(tmp_path, "bnb.json", {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4"})
+    with pytest.raises(MemfitError, match="quantization under DeepSpeed is not modelled"):
+        build_scenario(ScenarioInputs(model="gpt2", peft_method="lora", deepspeed=str(ds), bnb_config=bnb))

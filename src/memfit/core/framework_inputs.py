@@ -99,6 +99,10 @@ def resolve_framework_settings(inputs, hw: Hardware, *, has_deepspeed_json: bool
         raise MemfitError(f"framework torch trains on one GPU, but the hardware has {hw.world_size}; use framework "
                           "ddp, fsdp or fsdp2 (or one GPU)")
     if fw == "deepspeed":
+        if quant.enabled:  # the DeepSpeed recipes partition by the param dtype; quant_storage is not modelled there
+            raise MemfitError(f"bitsandbytes {quant.method} quantization under DeepSpeed is not modelled (ZeRO-3 would "
+                              "shard the packed weights by bnb_4bit_quant_storage); plan QLoRA with framework torch, "
+                              "ddp, fsdp or fsdp2, or drop the quantization")
         return FrameworkResolution(framework=fw, torch=TorchSettings(), quant=quant, ddp=ddp, fsdp=fsdp)
     precision = inputs.precision or "fp32"
     if precision in ("amp_bf16", "bf16") and not hw.gpu.bf16:
