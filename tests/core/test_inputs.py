@@ -144,3 +144,16 @@ def test_quantization_under_deepspeed_is_refused_not_ignored(tmp_path):
     bnb = _write(tmp_path, "bnb.json", {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4"})
     with pytest.raises(MemfitError, match="quantization under DeepSpeed is not modelled"):
         build_scenario(ScenarioInputs(model="gpt2", peft_method="lora", deepspeed=str(ds), bnb_config=bnb))
+
+
+@pytest.mark.parametrize("sft,rule,seq", [({"max_length": 512, "packing": True}, "pack", 512),
+                                         ({"max_length": 300}, "pad-longest", 300),
+                                         ({"max_length": 4096, "group_by_length": True}, "bucket", 700)])
+def test_training_args_with_a_length_distribution(tmp_path, sft, rule, seq):
+    """With --lengths the SFTConfig's max_length truncates the samples (max_seq_length) and its
+    packing / group_by_length choose the batching rule; the plan takes the largest batch."""
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("\n".join(str(n) for n in (120, 300, 450, 700, 90)) + "\n")
+    ta = _write(tmp_path, "sft.json", {"per_device_train_batch_size": 2, **sft, "dataset_text_field": "text"})
+    sc = build_scenario(ScenarioInputs(model="gpt2", gpus="1xa100-80gb", training_args=ta, lengths=str(lengths)))
+    assert sc.train.batch_shape.rule == rule and sc.train.seq_len == seq

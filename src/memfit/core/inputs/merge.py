@@ -54,7 +54,11 @@ def merge_input_files(inputs):
     take("optim_args", "optim_args")
     take("weight_decay", "weight_decay")
     take("max_grad_norm", "max_grad_norm")
-    take("seq_len", "seq_len")
+    if inputs.lengths is not None:  # a length distribution: the file's length truncates, its packing batches
+        take("max_seq_length", "seq_len", what="max_seq_length")
+        take("batching", "batching")
+    else:
+        take("seq_len", "seq_len")
     take("load_dtype", "load_dtype", what="load dtype")
     take("quantization", "quantization")
     if "deepspeed" in v:

@@ -86,9 +86,14 @@ def read_training_args(path: str) -> Sourced:
             raise MemfitError(f"{origin(seq_key or 'max_length')} is null (no truncation): give the sequence length "
                               "with --seq-len")
         out.set("seq_len", as_int(seq, origin(seq_key or "max_length")), origin(seq_key or "max_length"))
-        if not as_bool(raw.get("packing", False), origin("packing")):
-            out.notes.append(f"{path}: packing is off; memfit takes every sequence at {seq_key or 'max_length'} "
-                             f"{seq} tokens (padding to the longest of a batch can only be shorter)")
+        if as_bool(raw.get("packing", False), origin("packing")):
+            out.set("batching", "pack", origin("packing"))
+        else:
+            out.notes.append(f"{path}: packing is off; without a length distribution (--lengths) memfit takes every "
+                             f"sequence at {seq_key or 'max_length'} {seq} tokens (padding to the longest of a batch "
+                             "can only be shorter)")
+    if "packing" not in raw and as_bool(raw.get("group_by_length", False), origin("group_by_length")):
+        out.set("batching", "bucket", origin("group_by_length"))
     mik = raw.get("model_init_kwargs")
     if isinstance(mik, dict):
         for k in ("torch_dtype", "dtype"):

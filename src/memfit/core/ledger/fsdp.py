@@ -45,7 +45,8 @@ from memfit.core.ledger.torch_params import TorchModel, TParam, free_each
 from memfit.core.ledger.torch_setup import (HOST_BUFFERS, HOST_LOADED, record_cuda_context, record_load,
                                           record_optimizer_construction)
 from memfit.core.ledger.torch_step import (ACT, CASTS, RECOMPUTE, GradSink, build_step_context, declare_step,
-                                           end_forward, forward_stage, record_save)
+                                           end_forward, forward_stage, loss_backward_end, loss_backward_start,
+                                           record_save, record_workers)
 from memfit.core.ledger_types import Device
 from memfit.core.optimizers import OptimizerModel
 from memfit.core.precision import DTYPE_BYTES
@@ -518,6 +519,8 @@ def _fsdp_forward(run: FsdpRun, c, phase: str | None) -> None:
     t = run.t
     if phase:
         t.phase(phase, "forward: each unit all-gathered, computed, resharded")
+        if phase == "forward":
+            record_workers(t, c.sc)
     run.in_forward = True
     ckpt = c.sc.train.gradient_checkpointing
     last = len(c.stages) - 1
@@ -547,8 +550,11 @@ def _fsdp_backward(run: FsdpRun, c, phase: str, *, first_micro: bool) -> None:
     ckpt = c.sc.train.gradient_checkpointing
     order = sorted(range(len(run.units)), key=lambda i: -max(run.units[i].stages))  # backward order
     done: set[int] = set()
+    loss_backward_start(t, c)
     for s in range(last, -1, -1):
         st = c.stages[s]
+        if s == last - 1:
+            loss_backward_end(t, c)
         units = run.unit_of_stage(s)
         for i in units:
             run.unshard(i)

@@ -50,6 +50,7 @@ ACT = "step.activations"
 RECOMPUTE = "step.recompute"
 CASTS = "amp.weight_casts"
 DEQUANT = "quant.dequantized_weight"
+LOSS = "step.loss_transients"
 GRADS = "step.gradients"
 GRAD_TMP = "step.grad_to_accumulate"
 SCALER = "amp.grad_scaler"
@@ -124,6 +125,10 @@ class StepContext:
     act_formula: str
     tokens: int
     groups: list[list[TParam]]
+    loss_forward: tuple[int, ...] = ()
+    """Tensors alive only while the loss runs: the fp32 copy of 16-bit logits, the shifted labels."""
+    loss_backward: tuple[int, ...] = ()
+    """Tensors alive at the start of backward: nll_loss's and log_softmax's gradients (logits-sized)."""
 
 
 def _leaf(p: TParam) -> str:
@@ -158,6 +163,22 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
         else:
             stages[i].act = est.first_layer_bytes if i == 1 else est.layer_bytes
     stages[-1].act = est.head_bytes
+    # the logits' own dtype: 16-bit when the head's matmul runs in 16 bits (autocast, a pure 16-bit
+    # model, FSDP's param_dtype), even where the residual stream is fp32
+    tV = t_tok * arch.vocab_size
+    fsdp_mp = sc.framework in ("fsdp", "fsdp2") and sc.fsdp.mixed_precision != "none"
+    head_w = next((p for p in m.params if p.stage == n_st - 1 and len(p.shape) == 2 and not p.quantized), None)
+    LD = 2 if (pm.autocast or fsdp_mp or (head_w is not None and head_w.elem_bytes == 2)) else 4
+    loss_fwd: tuple[int, ...] = ()
+    loss_bwd: tuple[int, ...] = ()
+    if est.logits_bytes and est.loss_forward_bytes >= 4 * tV:  # a language-model head with ForCausalLMLoss
+        if LD < D:  # the logits kept with the outputs are 16-bit, not the stream's dtype
+            stages[-1].act -= (D - LD) * tV
+        labels = est.loss_forward_bytes - 4 * tV
+        loss_fwd = ((4 * tV,) if LD != 4 else ()) + ((labels,) if labels else ())  # logits.float() copies 16-bit only
+        # est.loss_backward_bytes (nll_loss's and log_softmax's gradients, 8·t·V) is not applied: on this
+        # CPU the fp32 replays' backward peaks match without it (with it: +9.4%), so where it lands
+        # against the other backward peaks is not settled; 16-bit checkpointed runs under-predict there
     if ckpt:
         held = est.total_bytes - est.embedding_bytes - est.head_bytes - blocks * layer_in
         stages[-1].act += max(held, 0)  # the eager causal mask, kept with the head
@@ -186,12 +207,18 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
             continue
         st.casts.append((p.numel * 2, needs_in, p.trainable and p.dtype == "fp32"))
     return StepContext(sc=sc, m=m, opt=opt, sink=sink, stages=stages, act_formula=est.formula, tokens=t_tok,
-                       groups=trainer_groups(m.params, split=sc.torch.trainer_param_groups))
+                       groups=trainer_groups(m.params, split=sc.torch.trainer_param_groups),
+                       loss_forward=loss_fwd, loss_backward=loss_bwd)
 
 
 def declare_step(t: Timeline, c: StepContext) -> None:
     sc, m = c.sc, c.m
     ckpt = sc.train.gradient_checkpointing
+    t.declare(LOSS, name="the loss's transients (fp32 copy of 16-bit logits, labels; gradients at backward's start)",
+              device=Device.GPU, category="activations", exact=False,
+              formula=f"forward {' + '.join(f'{n:,}' for n in c.loss_forward) or '0'} B; backward "
+                      f"{' + '.join(f'{n:,}' for n in c.loss_backward) or '0'} B (memfit.core.activations loss_*_bytes)",
+              source="transformers loss/loss_utils.py:ForCausalLMLoss (logits.float()); nll_loss / log_softmax backward")
     t.declare(ACT, name="activations saved for backward (analytic, per layer)", device=Device.GPU,
               category="activations", exact=False, formula=c.act_formula,
               source="memfit.core.activations (use `memfit plan --exact` for the traced figure)")
@@ -255,6 +282,21 @@ def forward_stage(t: Timeline, c: StepContext, st: _Stage, block: bool) -> None:
             t.free(CASTS, n)  # used once, not kept
     if block:
         t.free(RECOMPUTE, st.recompute)
+    if st is c.stages[-1]:  # the loss: transients next to the log-softmax it saves
+        for n in c.loss_forward:
+            t.alloc(LOSS, n)
+        free_each(t, LOSS, c.loss_forward)
+
+
+def loss_backward_start(t: Timeline, c: StepContext) -> None:
+    """Backward begins at the loss: nll_loss's gradient and log_softmax's backward result."""
+    for n in c.loss_backward:
+        t.alloc(LOSS, n)
+
+
+def loss_backward_end(t: Timeline, c: StepContext) -> None:
+    """The logits' gradient has gone through the head: the loss's gradients die."""
+    free_each(t, LOSS, c.loss_backward)
 
 
 def end_forward(t: Timeline, c: StepContext) -> None:
@@ -275,8 +317,20 @@ def _forward(t: Timeline, c: StepContext) -> None:
     end_forward(t, c)
 
 
+def record_workers(t: Timeline, sc: Scenario) -> None:
+    """The DataLoader's worker processes, forked by the training loop's first ``iter(dataloader)``
+    (``ledger.host_process.worker_part``)."""
+    from memfit.core.ledger import host_process
+
+    workers = host_process.worker_part(sc.train.dataloader_workers, sc.train.dataset_tokens)
+    if workers is not None:
+        host_process.record(t, [workers])
+
+
 def record_forward(t: Timeline, c: StepContext, phase: str, description: str) -> None:
     t.phase(phase, description)
+    if phase == "forward":
+        record_workers(t, c.sc)
     c.sink.start_forward(t, phase)
     _forward(t, c)
 
@@ -291,9 +345,12 @@ def record_backward(t: Timeline, c: StepContext, phase: str, description: str, *
         t.alloc(SCALER, 4)
     ckpt = c.sc.train.gradient_checkpointing
     last = len(c.stages) - 1
+    loss_backward_start(t, c)
     for i in range(last, -1, -1):
         st = c.stages[i]
         block = ckpt and 0 < i < last
+        if i == last - 1:
+            loss_backward_end(t, c)
         if block:  # recompute the block's forward: its activations and saved casts again
             t.alloc(RECOMPUTE, st.recompute)
             for p in st.quant:
