@@ -80,6 +80,14 @@ def plan(
     pin_memory_backend: Optional[str] = typer.Option(None, "--pin-memory-backend", help="DeepSpeed 0.19's DS_PIN_MEMORY_BACKEND: torch (default) or native (mlock, no torch cache)."),
     dataloader_workers: Optional[int] = typer.Option(None, "--dataloader-workers", help="DataLoader num_workers per rank (forked processes: their host memory; default 0)."),
     dataset_tokens: Optional[int] = typer.Option(None, "--dataset-tokens", help="Tokens of the tokenized dataset held in host memory (default: not counted)."),
+    framework: Optional[str] = typer.Option(None, "--framework", help="deepspeed | torch (one GPU: a plain loop or the HF Trainer) | ddp | fsdp | fsdp2 (default: inferred; a DeepSpeed JSON means deepspeed)."),
+    precision: Optional[str] = typer.Option(None, "--precision", help="Outside DeepSpeed: fp32 | amp_fp16 | amp_bf16 (autocast, fp32 weights) | fp16 | bf16 (pure 16-bit model, gradients and optimizer states)."),
+    optim: Optional[str] = typer.Option(None, "--optim", help="Outside DeepSpeed: the Trainer's optim string (adamw_torch, adamw_torch_fused, adafactor, sgd, adamw_bnb_8bit, paged_adamw_8bit, paged_adamw_32bit, lion_32bit, lion_8bit, ...)."),
+    grad_accum: Optional[int] = typer.Option(None, "--grad-accum", help="Outside DeepSpeed: gradient accumulation steps."),
+    training_args: Optional[Path] = typer.Option(None, "--training-args", help="A Hugging Face TrainingArguments or TRL SFTConfig as JSON/YAML: batch size, accumulation, checkpointing, bf16/fp16, optim, max_length, fsdp, deepspeed."),
+    bnb_config: Optional[Path] = typer.Option(None, "--bnb-config", help="A BitsAndBytesConfig as JSON (or a config.json with a quantization_config)."),
+    accelerate_config: Optional[Path] = typer.Option(None, "--accelerate-config", help="An accelerate config YAML (distributed_type, mixed_precision, num_processes, fsdp_config, deepspeed_config)."),
+    quantization: Optional[str] = typer.Option(None, "--quantization", help="bitsandbytes quantization of the base model: none | 4bit | 8bit (4bit: nf4 + double quant + bf16 compute, QLoRA's usual; give a BitsAndBytesConfig for other settings)."),
     report: Optional[Path] = typer.Option(None, "--report", help="Also write a report: .html (charts, self-contained) or .md. Never overwrites a file."),
     exact: bool = typer.Option(False, "--exact", help="Trace forward/backward from the model's code (needs torch, transformers, peft; seconds) instead of the analytic activation estimate."),
     json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON (schema: docs/json-schema.md)."),
@@ -109,7 +117,10 @@ def plan(
         dataloader_workers=dataloader_workers, dataset_tokens=dataset_tokens,
         task=task, target_len=target_len, lengths=str(lengths) if lengths else None,
         batching=batching, max_seq_length=max_seq_length,
-        grad_accum=grad_accum, precision=precision,
+        framework=framework, precision=precision, optim=optim, grad_accum=grad_accum,
+        quantization=_quant_flag(quantization),
+        training_args=str(training_args) if training_args else None, bnb_config=str(bnb_config) if bnb_config else None,
+        accelerate_config=str(accelerate_config) if accelerate_config else None,
     )
     inputs = merge_inputs(read_scenario_file(scenario), flags) if scenario else flags
     sc = build_scenario(inputs)
@@ -139,6 +150,17 @@ def plan(
     from memfit.render.terminal import render_plan
 
     render_plan(result, sc, _console(), all_items=all_items)
+
+
+def _quant_flag(value: Optional[str]) -> Optional[dict]:
+    """``--quantization``: ``4bit`` is QLoRA's usual BitsAndBytesConfig (nf4, double quant, bf16 compute)."""
+    if value is None:
+        return None
+    if value == "4bit":
+        return {"method": "4bit", "quant_type": "nf4", "double_quant": True, "compute_dtype": "bf16"}
+    if value in ("8bit", "none"):
+        return {"method": value}
+    raise MemfitError(f"--quantization must be none, 4bit or 8bit, got {value!r}")
 
 
 def _check_report_path(path: Path) -> str:
@@ -268,9 +290,9 @@ def replay(
     save_fixture: Optional[Path] = typer.Option(None, "--save-fixture", help="Write the measurement as a JSON fixture (never overwrites)."),
     json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
 ) -> None:
-    """Run the real deepspeed.initialize and training steps for a scenario in a supervised child
-    process, measure memory per phase, and compare with the plan (byte for byte where DeepSpeed's
-    allocations are deterministic)."""
+    """Run the real deepspeed.initialize (or, for framework torch/ddp/fsdp/fsdp2, the plain torch
+    loop) and training steps for a scenario in a supervised child process, measure memory per
+    phase, and compare with the plan (byte for byte where the allocations are deterministic)."""
     from memfit.core.scenario_io import ScenarioInputs, build_scenario, merge_inputs, read_scenario_file
     from memfit.replay.compare import compare_replay
     from memfit.replay.measurement import save_fixture as write_fixture

@@ -415,3 +415,73 @@ def test_prefix_tuning_is_never_offered_gradient_checkpointing():
     res = recommend(dataclasses.replace(read_scenario_file(SEED), ds_version="0.19"), top=5)
     assert res.recommendations
     assert not any(r.candidate.gradient_checkpointing for r in res.recommendations)
+
+
+# ---- outside DeepSpeed: the framework, precision, optimizer, quantization and FSDP axes -----------
+
+TORCH_GRID = {
+    "qlora-example": lambda: read_scenario_file(EXAMPLES / "frameworks" / "qlora-llama3-8b-1x24gb.yaml"),
+    "ddp-example": lambda: read_scenario_file(EXAMPLES / "frameworks" / "ddp-lora-llama2-7b-2gpu.yaml"),
+    "fsdp2-offload-example": lambda: read_scenario_file(EXAMPLES / "frameworks" / "fsdp2-offload-llama3-8b-8gpu.yaml"),
+    "gpt2-full-fp32-2gpus": lambda: ScenarioInputs(model="gpt2", framework="ddp", precision="fp32", gpus="2xa100-40gb",
+                                                   seq_len=256, micro_batch=4),
+    "opt-lora-fsdp1-t4": lambda: ScenarioInputs(model="facebook/opt-1.3b", peft_method="lora", framework="fsdp",
+                                                precision="amp_fp16", gpus="4xt4", seq_len=256, micro_batch=2,
+                                                fsdp={"sharding_strategy": "FULL_SHARD"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TORCH_GRID))
+def test_torch_fast_estimate_equals_exact_ledger(name):
+    """Every phase's peaks of the fast path (the recipes on a LeanTimeline, the model state shared
+    between candidates) equal ``make_plan`` on the candidate's scenario rebuilt from its inputs
+    (``build_scenario``), to the byte, over a random sample of the search space."""
+    from memfit.core.framework_inputs import apply_input_files
+    from memfit.core.recommend.torch_search import _base, candidate_inputs, enumerate_candidates, fast_peaks
+
+    inputs = apply_input_files(TORCH_GRID[name]())
+    sc = build_scenario(inputs)
+    cands = list(enumerate_candidates(sc, _base(sc, inputs)))
+    sample = random.Random(sum(map(ord, name))).sample(cands, min(12, len(cands)))
+    cache: dict = {}
+    checked = 0
+    for c in sample:
+        peaks = fast_peaks(inputs, sc, c, cache)
+        try:
+            plan = make_plan(build_scenario(candidate_inputs(inputs, sc, c)))
+        except MemfitError:
+            assert peaks is None, c  # both paths refuse the same configurations
+            continue
+        assert peaks is not None, c
+        exact = tuple((p.gpu_peak_bytes, p.cpu_peak_bytes, p.node_cpu_peak_bytes, p.nvme_bytes) for p in plan.phases)
+        assert peaks == exact, (c, [(p.name, a, b) for p, a, b in zip(plan.phases, peaks, exact) if a != b])
+        checked += 1
+    print(f"\n{name}: {checked} candidates, fast == exact")
+    assert checked >= 6
+
+
+def test_torch_recommend_searches_the_new_axes_and_confirms():
+    r = recommend(read_scenario_file(EXAMPLES / "frameworks" / "ddp-lora-llama2-7b-2gpu.yaml"), top=5)
+    assert r.recommendations and r.max_fast_exact_diff_bytes == 0
+    searched = set()
+    from memfit.core.framework_inputs import apply_input_files
+    from memfit.core.recommend.torch_search import _base, enumerate_candidates
+
+    inputs = apply_input_files(read_scenario_file(EXAMPLES / "frameworks" / "ddp-lora-llama2-7b-2gpu.yaml"))
+    sc = build_scenario(inputs)
+    for c in enumerate_candidates(sc, _base(sc, inputs)):
+        searched.update({("framework", c.framework), ("precision", c.precision), ("optim", c.optim),
+                         ("quantization", c.quantization), ("strategy", c.sharding_strategy)})
+    assert {("framework", "ddp"), ("framework", "fsdp2"), ("precision", "bf16"), ("optim", "paged_adamw_8bit"),
+            ("optim", "adafactor"), ("quantization", "4bit"), ("strategy", "SHARD_GRAD_OP")} <= searched
+    for rec in r.recommendations:
+        assert rec.plan.verdict.fits
+
+
+def test_torch_recommendations_are_written_as_scenarios(tmp_path):
+    r = write_recommendations(recommend(read_scenario_file(EXAMPLES / "frameworks" / "lora-ampbf16-llama2-7b-1gpu.yaml"),
+                                        top=2), tmp_path / "out")
+    for rec in r.recommendations:
+        (yaml_file,) = rec.files
+        sc = build_scenario(read_scenario_file(yaml_file))
+        assert [p.gpu_peak_bytes for p in make_plan(sc).phases] == [p.gpu_peak_bytes for p in rec.plan.phases]

@@ -59,3 +59,59 @@ def test_check_without_a_gpu_says_so(prefix_model):
         pytest.skip("a GPU is visible")
     with pytest.raises(MemfitError, match="no CUDA device"):
         memfit.check(prefix_model, DS)
+
+
+def test_check_a_live_qlora_model_outside_deepspeed(tmp_path):
+    """A tiny Llama quantized by bitsandbytes (NF4, double quant, bf16 compute) on this CPU, prepared
+    for k-bit training and given LoRA: ``check(framework="torch")`` reads the quantization off its
+    weights and the LoRA settings off its peft config, and plans exactly as the scenario written
+    from the same config does, phase by phase and item by item."""
+    import dataclasses
+    import json
+
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("bitsandbytes")
+    from peft import prepare_model_for_kbit_training
+
+    import memfit
+    from memfit.core.framework_settings import QuantSettings
+    from memfit.core.plan import make_plan
+    from memfit.core.scenario_io import ScenarioInputs, build_scenario
+    from memfit.replay.model_build import apply_peft
+    from memfit.replay.quantize import build_quantized_model
+    from memfit.replay.record_fixtures import TINY_LLAMA
+
+    q = QuantSettings(method="4bit", quant_type="nf4", double_quant=True, compute_dtype="bf16")
+    cfg = dict(TINY_LLAMA, num_hidden_layers=2)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    sc = build_scenario(ScenarioInputs(model=str(tmp_path / "config.json"), peft_method="lora",
+                                       peft_options={"lora_r": 4}, quantization=dataclasses.asdict(q),
+                                       load_dtype="bf16", precision="amp_bf16", framework="torch",
+                                       gpus="1x24GiB", cpu_ram="64GiB", seq_len=64, micro_batch=1))
+    model = build_quantized_model(cfg, load_dtype="bf16", quant=q, attention="sdpa", device=torch.device("cpu"))
+    model = apply_peft(prepare_model_for_kbit_training(model, use_gradient_checkpointing=False), sc.peft)
+
+    plan = memfit.check(model, framework="torch", precision="amp_bf16", gpus="1x24GiB", cpu_ram="64GiB",
+                        seq_len=64, micro_batch=1, warn=False)
+    ref = make_plan(sc)
+    assert [p.name for p in plan.phases] == [p.name for p in ref.phases]
+    assert (plan.params.total, plan.params.trainable) == (ref.params.total, ref.params.trainable)
+    for got, want in zip(plan.phases, ref.phases):
+        assert got.gpu_peak_bytes == want.gpu_peak_bytes, got.name
+        assert {i.key: i.bytes for i in got.items} == {i.key: i.bytes for i in want.items}, got.name
+
+
+def test_check_ddp_and_fsdp2_without_a_deepspeed_config(prefix_model):
+    import memfit
+    from memfit.core.ledger_types import TORCH_PHASES
+    from memfit.errors import MemfitError
+
+    ddp = memfit.check(prefix_model, framework="ddp", precision="amp_bf16", gpus="2x24GiB", cpu_ram="64GiB",
+                       seq_len=64, warn=False)
+    assert [p.name for p in ddp.phases] == [p for p in TORCH_PHASES if not p.startswith("accum.")]
+    assert any(i.key.startswith("ddp.bucket") for i in ddp.phase("backward").items)
+    fsdp = memfit.check(prefix_model, framework="fsdp2", precision="bf16", gpus="2x24GiB", cpu_ram="64GiB",
+                        seq_len=64, warn=False)
+    assert fsdp.verdict.fits
+    with pytest.raises(MemfitError, match="give the DeepSpeed config"):
+        memfit.check(prefix_model, gpus="2x24GiB", cpu_ram="64GiB", warn=False)

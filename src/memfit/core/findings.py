@@ -24,6 +24,10 @@ def _item(ph: PhaseLedger | None, key: str) -> int:
 
 
 def derive_findings(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: Verdict) -> tuple[Finding, ...]:
+    if sc.framework != "deepspeed":
+        from memfit.core.framework_findings import framework_findings
+
+        return framework_findings(sc, phases, verdict)
     out: list[Finding] = []
     ds = sc.deepspeed
     z = ds.zero

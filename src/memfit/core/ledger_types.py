@@ -52,6 +52,26 @@ PHASE_LABELS = {
 }
 """Plain-words names of the step phases, for the terminal and reports (JSON keeps ``name``)."""
 
+TORCH_PHASES = (
+    "load",
+    "setup",
+    "forward",
+    "backward",
+    "accum.forward",
+    "accum.backward",
+    "optimizer_step",
+    "step2.forward",
+    "step2.backward",
+    "step2.optimizer_step",
+    "save",
+)
+"""Phase names of the frameworks without ``deepspeed.initialize`` (torch, ddp, fsdp, fsdp2), in run
+order (contract 1): ``setup`` is the DDP/FSDP wrap, the move to the GPU and the optimizer's
+construction; ``accum.*`` only with gradient accumulation; ``step2.*`` the steady state."""
+
+ALL_PHASES = tuple(dict.fromkeys(PHASES + TORCH_PHASES))
+"""Every phase name any ledger or replay uses."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LedgerItem:

@@ -172,16 +172,8 @@ def load_adapter_config(path: str | Path) -> PeftSpec:
     raw = parse_json(read_text(file, what="adapter config"), what=str(file))
     if not isinstance(raw, dict):
         raise MemfitError(f"{file} must hold a JSON object, got {type(raw).__name__}")
-    peft_type = raw.get("peft_type")
-    if peft_type not in _PEFT_TYPES:
-        raise MemfitError(
-            f"{file}: peft_type {peft_type!r} is not supported; memfit models {', '.join(_PEFT_TYPES)}"
-        )
-    method = _PEFT_TYPES[peft_type]
     try:
-        _as_peft_reads_it(raw, method)
-        options = _lora_options(raw) if method == "lora" else _prompt_learning_options(raw, method)
-        return parse_peft_options(method, **options)
+        return adapter_config_spec(raw)
     except MemfitError as exc:
         raise MemfitError(f"{file}: {exc}") from None
 
@@ -225,6 +217,19 @@ def _as_peft_reads_it(raw: Mapping[str, Any], method: str) -> None:
     if method == "lora" and targets == []:
         raise MemfitError("target_modules is an empty list: peft finds no module to adapt (get_peft_model raises "
                           "NoMatchingPeftModuleError)")
+
+
+def adapter_config_spec(raw: Mapping[str, Any]) -> PeftSpec:
+    """A ``PeftSpec`` from an adapter config's dict (``adapter_config.json``'s content, or a live
+    peft config's ``to_dict()``)."""
+    peft_type = raw.get("peft_type")
+    peft_type = getattr(peft_type, "value", peft_type)  # a live config holds the PeftType enum
+    if peft_type not in _PEFT_TYPES:
+        raise MemfitError(f"peft_type {peft_type!r} is not supported; memfit models {', '.join(_PEFT_TYPES)}")
+    method = _PEFT_TYPES[peft_type]
+    _as_peft_reads_it(raw, method)
+    options = _lora_options(raw) if method == "lora" else _prompt_learning_options(raw, method)
+    return parse_peft_options(method, **options)
 
 
 def _lora_options(raw: Mapping[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,13 @@ from memfit.core.scenario import Scenario
 from memfit.core.verdict import judge
 
 
+def build_notes(sc: Scenario) -> tuple[str, ...]:
+    """What the non-DeepSpeed ledger resolved (dtypes of trained params, ...)."""
+    from memfit.core.ledger.torch_params import build_torch_model
+
+    return build_torch_model(sc).notes
+
+
 def count_params(sc: Scenario) -> ParamCounts:
     m = sc.model
     big = m.largest_param
@@ -26,11 +33,12 @@ def make_plan(sc: Scenario, traced: TracedStep | None = None) -> Plan:
         traced.note if traced is not None else
         "Activations are analytic (Korthikanti-style, corrected for frozen weights and PEFT); "
         "`memfit plan --exact` traces them from the model's code.",
-        f"Allocation behaviour of DeepSpeed {sc.ds_version}.x. " + allocator_note(sc),
+        (f"Allocation behaviour of DeepSpeed {sc.ds_version}.x. " if sc.framework == "deepspeed" else
+         "Allocation behaviour of torch 2.13, transformers 5.24, peft 0.21, bitsandbytes 0.50. ") + allocator_note(sc),
         *timeline.granularity_notes,
         *sc.model.notes,
         *((sc.train.batch_shape.describe(),) if sc.train.batch_shape is not None else ()),
-    )
+    ) + tuple(sc.input_notes) + (build_notes(sc) if sc.framework != "deepspeed" else ())
     return Plan(scenario_name=sc.name, params=count_params(sc), phases=phases, verdict=verdict,
                 findings=derive_findings(sc, phases, verdict), notes=notes)
 

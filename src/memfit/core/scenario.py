@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from memfit.core.batch_shapes import BatchShape
 from memfit.core.checkpoint import CheckpointLayout
 from memfit.core.ds_settings import DeepSpeedSettings
+from memfit.core.framework_settings import FRAMEWORKS, DdpSettings, FsdpSettings, QuantSettings, TorchSettings
 from memfit.core.hardware import Hardware
 from memfit.core.model import ModelShape
 from memfit.core.peft_spec import PeftSpec
@@ -145,8 +146,21 @@ class Scenario:
     host memory, moves to it are no-ops and nothing is pinned (what CPU replays run)."""
     runtime: RuntimeSettings = RuntimeSettings()
     """torch version, PYTORCH_CUDA_ALLOC_CONF, CUDA version, DeepSpeed's pinning backend."""
+    framework: str = "deepspeed"
+    """``deepspeed``, ``torch`` (one GPU, a plain loop or the Trainer), ``ddp``, ``fsdp`` or
+    ``fsdp2`` (see ``memfit.core.framework_settings``)."""
+    torch: TorchSettings = TorchSettings()
+    """Precision mode, optimizer and loop settings of the non-DeepSpeed frameworks."""
+    quant: QuantSettings = QuantSettings()
+    """bitsandbytes quantization of the base model (any framework)."""
+    ddp: DdpSettings = DdpSettings()
+    fsdp: FsdpSettings = FsdpSettings()
+    input_notes: tuple[str, ...] = field(default=(), hash=False, compare=False)
+    """What memfit resolved or ignored while reading the input files (TrainingArguments, ...)."""
 
     def __post_init__(self) -> None:
+        if self.framework not in FRAMEWORKS:
+            raise MemfitError(f"framework must be one of {', '.join(FRAMEWORKS)}, got {self.framework!r}")
         if self.ds_version not in DS_VERSIONS:
             raise MemfitError(f"--deepspeed-version must be one of {', '.join(DS_VERSIONS)}, got {self.ds_version!r}")
         if self.accelerator not in ("cuda", "cpu"):

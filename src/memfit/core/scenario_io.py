@@ -33,12 +33,16 @@ from memfit.core.scenario import Scenario
 from memfit.errors import MemfitError
 
 _TOP = {"name", "model", "peft", "deepspeed", "deepspeed_version", "hardware", "load", "train",
-        "trust_remote_code", "accelerator", "runtime"}
+        "trust_remote_code", "accelerator", "runtime",
+        # outside DeepSpeed (memfit.core.framework_settings; memfit.core.framework_inputs)
+        "framework", "precision", "optim", "optim_args", "quantization", "ddp", "fsdp", "training_args",
+        "accelerate_config", "bnb_config"}
 _RUNTIME = {"torch_version", "alloc_conf", "cuda_version", "pin_memory_backend", "alloc_conf_from_env"}
 _HW = {"gpus", "nodes", "cpu_ram", "nvme"}
 _LOAD = {"dtype", "zero_init", "low_cpu_mem_usage", "checkpoint_index", "max_shard_size"}
 _TRAIN = {"seq_len", "micro_batch", "gradient_checkpointing", "model_parameters", "attention", "dataloader_workers",
-          "dataset_tokens", "task", "target_len", "lengths", "batching", "max_seq_length", "precision", "grad_accum"}
+          "dataset_tokens", "task", "target_len", "lengths", "batching", "max_seq_length", "precision", "grad_accum",
+          "gradient_accumulation_steps", "max_grad_norm", "weight_decay"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,12 +97,35 @@ class ScenarioInputs:
     """Read PYTORCH_CUDA_ALLOC_CONF (then PYTORCH_ALLOC_CONF) from the environment: only when asked."""
     cuda_version: str | None = None
     pin_memory_backend: str | None = None
+    # -- outside DeepSpeed (see memfit.core.framework_inputs) ---------------------------------
+    framework: str | None = None
+    """``deepspeed``, ``torch``, ``ddp``, ``fsdp``, ``fsdp2``; None: inferred from the inputs."""
     precision: str | None = None
-    """``fp16``, ``bf16`` or ``fp32`` (the Trainer's --fp16/--bf16): fills ``"auto"`` in the
-    DeepSpeed config's fp16/bf16 sections, or sets them without a config. Default: bf16 where the
-    GPU supports it, else fp16."""
+    """With DeepSpeed: ``fp16``, ``bf16`` or ``fp32`` (the Trainer's --fp16/--bf16), filling ``"auto"``
+    in the config's fp16/bf16 sections or setting them without a config (default: bf16 where the GPU
+    supports it, else fp16). Outside DeepSpeed: the precision mode, ``fp32``, ``amp_fp16``,
+    ``amp_bf16``, ``fp16``, ``bf16``."""
+    optim: str | None = None
+    """The Trainer's ``optim`` string."""
+    optim_args: dict[str, Any] = field(default_factory=dict)
+    """``momentum`` (sgd), ``beta1`` (adafactor)."""
     grad_accum: int | None = None
-    """Gradient accumulation steps: fills ``"auto"`` in the DeepSpeed config, or sets it without one."""
+    """Gradient accumulation steps: fills ``"auto"`` in a DeepSpeed config, or sets it without one."""
+    max_grad_norm: float | None = None
+    weight_decay: float | None = None
+    quantization: dict[str, Any] | None = None
+    """bitsandbytes settings (memfit's names: method, quant_type, double_quant, compute_dtype,
+    quant_storage, skip_modules, prepare_kbit)."""
+    ddp: dict[str, Any] | None = None
+    fsdp: dict[str, Any] | None = None
+    training_args: str | None = None
+    """Path to a TrainingArguments / TRL SFTConfig JSON or YAML."""
+    accelerate_config: str | None = None
+    """Path to an accelerate config YAML."""
+    bnb_config: str | None = None
+    """Path to a BitsAndBytesConfig JSON."""
+    input_notes: tuple[str, ...] = ()
+    """What memfit resolved or ignored while reading the input files (shown in the plan's notes)."""
 
 
 def merge_inputs(base: ScenarioInputs, override: ScenarioInputs) -> ScenarioInputs:
@@ -106,9 +133,11 @@ def merge_inputs(base: ScenarioInputs, override: ScenarioInputs) -> ScenarioInpu
     changes = {}
     for f in fields(ScenarioInputs):
         v = getattr(override, f.name)
-        if f.name == "peft_options":
+        if f.name in ("peft_options", "optim_args"):
             if v:
-                changes[f.name] = {**base.peft_options, **v}
+                changes[f.name] = {**getattr(base, f.name), **v}
+        elif f.name == "input_notes":
+            changes[f.name] = tuple(base.input_notes) + tuple(v)
         elif v is not None:
             changes[f.name] = v
     if override.deepspeed is not None:
@@ -155,6 +184,13 @@ def read_scenario_file(path: str | Path) -> ScenarioInputs:
     raw = parse_yaml(read_text(p, what="scenario file"), what=f"scenario file {p}")
     if not isinstance(raw, dict):
         raise MemfitError(f"{p}: expected a mapping of scenario keys, got {type(raw).__name__}")
+    unknown = set(raw) - _TOP
+    if unknown and {"distributed_type", "compute_environment"} & unknown:
+        raise MemfitError(f"{p} is an accelerate config, not a memfit scenario: pass it as --accelerate-config "
+                          "(or the scenario key accelerate_config) with a scenario or --model")
+    if unknown and {"per_device_train_batch_size", "output_dir"} & unknown:
+        raise MemfitError(f"{p} looks like TrainingArguments, not a memfit scenario: pass it as --training-args "
+                          "(or the scenario key training_args) with a scenario or --model")
     _unknown(raw, _TOP, "", p)
     hw = _section(raw.get("hardware"), "hardware", _HW, p)
     load = _section(raw.get("load"), "load", _LOAD, p)
@@ -188,7 +224,37 @@ def read_scenario_file(path: str | Path) -> ScenarioInputs:
     if isinstance(model, str) and (model.startswith("./") or model.startswith("../")):
         model = str(p.parent / model)
     name = raw.get("name", p.stem)
+
+    def rel(key: str) -> str | None:
+        v = raw.get(key)
+        if v is None:
+            return None
+        v = _text(v, key, p)
+        return v if Path(v).is_absolute() else str(p.parent / v)
+
+    def mapping(key: str) -> dict[str, Any] | None:
+        v = raw.get(key)
+        if v is None:
+            return None
+        if not isinstance(v, dict):
+            raise MemfitError(f"{p}: '{key}' must be a mapping")
+        return dict(v)
+
+    def one_of(a: tuple[str, Any], b: tuple[str, Any]) -> Any:
+        """A value the file may give under either of two names; both given and different is refused."""
+        if a[1] is not None and b[1] is not None and a[1] != b[1]:
+            raise MemfitError(f"{p}: {a[0]} {a[1]!r} contradicts {b[0]} {b[1]!r}; give one")
+        return a[1] if a[1] is not None else b[1]
+
+    precision = one_of(("precision", raw.get("precision")), ("train.precision", train.get("precision")))
+    grad_accum = one_of(("train.grad_accum", train.get("grad_accum")),
+                        ("train.gradient_accumulation_steps", train.get("gradient_accumulation_steps")))
     return ScenarioInputs(
+        framework=raw.get("framework"), precision=precision, optim=raw.get("optim"),
+        optim_args=mapping("optim_args") or {}, grad_accum=grad_accum,
+        max_grad_norm=train.get("max_grad_norm"), weight_decay=train.get("weight_decay"),
+        quantization=mapping("quantization"), ddp=mapping("ddp"), fsdp=mapping("fsdp"),
+        training_args=rel("training_args"), accelerate_config=rel("accelerate_config"), bnb_config=rel("bnb_config"),
         name=_scalar_text(name), model=model, peft_method=method, peft_options=options,
         deepspeed=ds_path, deepspeed_inline=ds_inline, ds_version=_scalar_text(raw.get("deepspeed_version")),
         gpus=_scalar_text(hw.get("gpus")), nodes=hw.get("nodes"),
@@ -324,13 +390,14 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
     """Resolve model, PEFT method, DeepSpeed config and hardware into a ``Scenario``."""
     from memfit.core.catalog import resolve_model_config
     from memfit.core.dsconfig import AutoContext, parse_deepspeed_config, read_deepspeed_json, trainer_defaults
+    from memfit.core.framework_inputs import apply_input_files, resolve_framework_settings
     from memfit.core.hardware import Hardware, parse_gpus, parse_size
     from memfit.core.peft import apply_peft
     from memfit.core.peft_parse import load_adapter_config, parse_peft_options
     from memfit.core.scenario import LoadSettings, Scenario, TrainSettings
     from memfit.core.shapes import build_model_shape
 
-    inputs = check_inputs(inputs)
+    inputs = apply_input_files(check_inputs(inputs))
     if not inputs.model:
         raise MemfitError("no model given: pass --model (e.g. --model kakaobrain/kogpt) or a scenario file")
     source = resolve_model_config(inputs.model, trust_remote_code=bool(inputs.trust_remote_code))
@@ -349,13 +416,18 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
     hw = Hardware(gpu=gpu, gpus_per_node=count, nodes=nodes,
                   cpu_ram_bytes=parse_size(inputs.cpu_ram or "256GB", what="cpu_ram"),
                   nvme_bytes=parse_size(inputs.nvme, what="nvme") if inputs.nvme else None)
+    fw = resolve_framework_settings(inputs, hw, has_deepspeed_json=bool(inputs.deepspeed or inputs.deepspeed_inline))
     micro = inputs.micro_batch
-    if inputs.precision is not None and inputs.precision not in ("fp16", "bf16", "fp32"):
-        raise MemfitError(f"{input_label('precision')} must be fp16, bf16 or fp32, got {inputs.precision!r}")
-    precision = inputs.precision or ("bf16" if gpu.bf16 else "fp16")
-    precision_why = (f"{input_label('precision')}" if inputs.precision else
-                     f"the default for the GPU ({gpu.name} {'supports' if gpu.bf16 else 'has no'} bf16; "
-                     "--precision chooses)")
+    if fw.framework == "deepspeed":
+        if inputs.precision is not None and inputs.precision not in ("fp16", "bf16", "fp32"):
+            raise MemfitError(f"{input_label('precision')} must be fp16, bf16 or fp32 under DeepSpeed, got "
+                              f"{inputs.precision!r}")
+        precision = inputs.precision or ("bf16" if gpu.bf16 else "fp16")
+        precision_why = (f"{input_label('precision')}" if inputs.precision else
+                         f"the default for the GPU ({gpu.name} {'supports' if gpu.bf16 else 'has no'} bf16; "
+                         "--precision chooses)")
+    else:  # the precision mode is the torch settings'; the stub DeepSpeed config only carries the batch
+        precision, precision_why = ("bf16" if gpu.bf16 else "fp16"), "unused outside DeepSpeed"
     if inputs.deepspeed:
         raw = read_deepspeed_json(inputs.deepspeed)
     elif inputs.deepspeed_inline is not None:
@@ -375,14 +447,14 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
     elif isinstance(raw.get("gradient_accumulation_steps"), str):
         fills["gradient_accumulation_steps"] = 1
         sources["gradient_accumulation_steps"] = "transformers' TrainingArguments default (--grad-accum chooses)"
-    if inputs.precision is not None:
+    if inputs.precision is not None and fw.framework == "deepspeed":
         fills["precision"] = precision
     ctx = AutoContext(world_size=hw.world_size, hidden_size=base.arch.hidden_size, sources=sources, **fills)
     ds = parse_deepspeed_config(raw, context=ctx)
     from memfit.core.dsconfig import resolve_auto
 
     ds_json = resolve_auto(raw, ctx)
-    if not inputs.deepspeed and inputs.deepspeed_inline is None:
+    if not inputs.deepspeed and inputs.deepspeed_inline is None and fw.framework == "deepspeed":
         from dataclasses import replace as _replace
 
         ds = _replace(ds, notes=ds.notes + (
@@ -411,7 +483,9 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
     return Scenario(name=inputs.name or f"{source.name} ({spec.method})", model_ref=source.name, model=model,
                     peft=spec, deepspeed=ds, deepspeed_json=ds_json, hardware=hw, load=load, train=train,
                     ds_version=str(inputs.ds_version or "0.19"), accelerator=inputs.accelerator or "cuda",
-                    runtime=runtime_settings(inputs))
+                    runtime=runtime_settings(inputs),
+                    framework=fw.framework, torch=fw.torch, quant=fw.quant, ddp=fw.ddp, fsdp=fw.fsdp,
+                    input_notes=tuple(inputs.input_notes))
 
 
 def runtime_settings(inputs: ScenarioInputs):  # -> RuntimeSettings
@@ -535,4 +609,10 @@ def describe_scenario(sc: Scenario) -> dict[str, Any]:
         "alloc_conf": sc.runtime.alloc_conf,
         "cuda_version": sc.runtime.cuda_version or resolve_torch_version(sc.runtime.torch_version).default_cuda,
         "pin_memory_backend": sc.runtime.pin_memory_backend,
+        "framework": sc.framework,
+        **({} if sc.framework == "deepspeed" else {
+            "precision_mode": sc.torch.precision, "optim": sc.torch.optim,
+            "gradient_accumulation_steps": sc.torch.gradient_accumulation_steps}),
+        **({"quantization": sc.quant.method, "bnb_4bit_quant_type": sc.quant.quant_type,
+            "bnb_4bit_quant_storage": sc.quant.quant_storage} if sc.quant.enabled else {}),
     }

@@ -68,6 +68,9 @@ def model_shape_of(model: Any):
         params = []
         for name, p in model.named_parameters():
             shape = tuple(getattr(p, "ds_shape", p.shape))  # zero.Init params keep their full shape in ds_shape
+            qs = getattr(p, "quant_state", None)
+            if qs is not None:  # a bitsandbytes 4-bit weight: its unquantized shape
+                shape = tuple(qs.shape)
             params.append(ParamSpec(name=name, shape=tuple(int(x) for x in shape), trainable=bool(p.requires_grad)))
         buffers = tuple(BufferSpec(name=n, shape=tuple(int(x) for x in b.shape), dtype=_DTYPES.get(str(b.dtype), "fp32"),
                                    persistent=True) for n, b in model.named_buffers())
@@ -93,11 +96,18 @@ def model_shape_of(model: Any):
                       buffers=buffers)
 
 
-def check(model: Any, ds_config: Mapping[str, Any] | str, *, gpus: str | None = None, nodes: int = 1,
+def check(model: Any, ds_config: Mapping[str, Any] | str | None = None, *, gpus: str | None = None, nodes: int = 1,
           cpu_ram: str | int | None = None, seq_len: int = 2048, micro_batch: int | None = None,
           gradient_checkpointing: bool | None = None, model_parameters: str = "trainable",
-          deepspeed_version: str = "0.19", raise_on_failure: bool = True, warn: bool = True) -> Plan:
+          deepspeed_version: str = "0.19", raise_on_failure: bool = True, warn: bool = True,
+          framework: str | None = None, precision: str | None = None, optim: str | None = None,
+          grad_accum: int | None = None, ddp: Mapping[str, Any] | None = None,
+          fsdp: Mapping[str, Any] | None = None) -> Plan:
     """Plan the run of the live ``model`` under ``ds_config`` (a dict or a JSON path) on this machine.
+
+    Outside DeepSpeed pass ``framework`` (``torch``, ``ddp``, ``fsdp``, ``fsdp2``) with ``precision``,
+    ``optim`` (the Trainer's string), ``grad_accum``, ``ddp``/``fsdp`` settings instead of a
+    ``ds_config``; a model quantized by bitsandbytes is recognised from its weights.
 
     GPUs and host RAM are read from the machine unless given (``gpus="2xrtx3090"``,
     ``cpu_ram="64GiB"``). Raises ``MemfitCheckError`` if a phase does not fit (unless
@@ -108,12 +118,13 @@ def check(model: Any, ds_config: Mapping[str, Any] | str, *, gpus: str | None = 
     _check_arguments(ds_config=ds_config, gpus=gpus, nodes=nodes, cpu_ram=cpu_ram, seq_len=seq_len,
                      micro_batch=micro_batch, gradient_checkpointing=gradient_checkpointing,
                      model_parameters=model_parameters, deepspeed_version=deepspeed_version,
-                     raise_on_failure=raise_on_failure, warn=warn)
+                     raise_on_failure=raise_on_failure, warn=warn, framework=framework)
     try:
         return _check(model, ds_config, gpus=gpus, nodes=nodes, cpu_ram=cpu_ram, seq_len=seq_len,
                       micro_batch=micro_batch, gradient_checkpointing=gradient_checkpointing,
                       model_parameters=model_parameters, deepspeed_version=deepspeed_version,
-                      raise_on_failure=raise_on_failure, warn=warn)
+                      raise_on_failure=raise_on_failure, warn=warn, framework=framework, precision=precision,
+                      optim=optim, grad_accum=grad_accum, ddp=ddp, fsdp=fsdp)
     except (MemfitError, KeyboardInterrupt):
         raise
     except RecursionError:
@@ -129,10 +140,18 @@ def _whole(value: Any, name: str, *, optional: bool = False) -> None:
 
 def _check_arguments(*, ds_config: Any, gpus: Any, nodes: Any, cpu_ram: Any, seq_len: Any, micro_batch: Any,
                      gradient_checkpointing: Any, model_parameters: Any, deepspeed_version: Any,
-                     raise_on_failure: Any, warn: Any) -> None:
+                     raise_on_failure: Any, warn: Any, framework: Any) -> None:
     from memfit.core.scenario import DS_VERSIONS
 
-    if not isinstance(ds_config, (Mapping, str, os.PathLike)) or isinstance(ds_config, bytes):
+    if ds_config is None and framework in (None, "deepspeed"):
+        raise MemfitError("memfit.check: give the DeepSpeed config, or framework='torch'/'ddp'/'fsdp'/'fsdp2'")
+    if framework is not None and framework not in ("deepspeed", "torch", "ddp", "fsdp", "fsdp2"):
+        raise MemfitError(f"memfit.check: framework must be deepspeed, torch, ddp, fsdp or fsdp2, got {framework!r:.60}")
+    if ds_config is not None and framework not in (None, "deepspeed"):
+        raise MemfitError(f"memfit.check: a DeepSpeed config contradicts framework={framework!r}; drop one of them")
+    if ds_config is None:
+        pass
+    elif not isinstance(ds_config, (Mapping, str, os.PathLike)) or isinstance(ds_config, bytes):
         raise MemfitError(f"memfit.check: ds_config must be a dict or the path of a DeepSpeed JSON, got "
                           f"{type(ds_config).__name__}")
     if isinstance(ds_config, str) and not ds_config.strip():
@@ -155,14 +174,17 @@ def _check_arguments(*, ds_config: Any, gpus: Any, nodes: Any, cpu_ram: Any, seq
                           f"{deepspeed_version!r:.60}")
 
 
-def _check(model: Any, ds_config: Mapping[str, Any] | str, *, gpus: str | None, nodes: int, cpu_ram: str | int | None,
-           seq_len: int, micro_batch: int | None, gradient_checkpointing: bool | None, model_parameters: str,
-           deepspeed_version: str, raise_on_failure: bool, warn: bool) -> Plan:
+def _check(model: Any, ds_config: Mapping[str, Any] | str | None, *, gpus: str | None, nodes: int,
+           cpu_ram: str | int | None, seq_len: int, micro_batch: int | None, gradient_checkpointing: bool | None,
+           model_parameters: str, deepspeed_version: str, raise_on_failure: bool, warn: bool,
+           framework: str | None, precision: str | None, optim: str | None, grad_accum: int | None,
+           ddp: Mapping[str, Any] | None, fsdp: Mapping[str, Any] | None) -> Plan:
     import torch
 
     from memfit.core.dsconfig import (AutoContext, parse_deepspeed_config, read_deepspeed_json, resolve_auto,
                                       trainer_defaults)
     from memfit.core.hardware import Hardware, parse_gpus, parse_size
+    from memfit.core.peft_parse import adapter_config_spec
     from memfit.core.peft_spec import PeftSpec
     from memfit.core.plan import make_plan
     from memfit.core.scenario import LoadSettings, Scenario, TrainSettings
@@ -177,6 +199,8 @@ def _check(model: Any, ds_config: Mapping[str, Any] | str, *, gpus: str | None, 
         count, gpu = found
     ram = parse_size(cpu_ram, what="cpu_ram") if cpu_ram is not None else _host_ram_bytes()
     hw = Hardware(gpu=gpu, gpus_per_node=count, nodes=nodes, cpu_ram_bytes=ram)
+    if ds_config is None:  # outside DeepSpeed: a stage-0 stub carrying the micro batch
+        ds_config = {"train_micro_batch_size_per_gpu": micro_batch or 1, "zero_optimization": {"stage": 0}}
     raw = read_deepspeed_json(ds_config) if isinstance(ds_config, (str, os.PathLike)) else ds_config
     fills, sources = trainer_defaults(raw, precision="bf16" if gpu.bf16 else "fp16",
                                       precision_why=f"the GPU ({gpu.name}) {'supports' if gpu.bf16 else 'has no'} bf16")
@@ -197,16 +221,35 @@ def _check(model: Any, ds_config: Mapping[str, Any] | str, *, gpus: str | None, 
     zero_init = any(hasattr(p, "ds_id") for p in model.parameters())
     if gradient_checkpointing is None:
         gradient_checkpointing = bool(getattr(model, "is_gradient_checkpointing", False))
-    peft_type = getattr(getattr(model, "peft_config", {}).get("default", None), "peft_type", None)
+    peft_cfg = getattr(model, "peft_config", {}).get("default", None)
+    peft_type = getattr(peft_cfg, "peft_type", None)
     method = {"LORA": "lora", "PREFIX_TUNING": "prefix", "PROMPT_TUNING": "prompt"}.get(getattr(peft_type, "value", ""), "freeze")
     if all(p.trainable for p in shape.params):
         method = "full"
-    sc = Scenario(name=f"{shape.name} (live model)", model_ref=shape.name, model=shape, peft=PeftSpec(method=method),
+    peft_spec = PeftSpec(method=method)
+    if method != "freeze" and method != "full":
+        try:  # the adapter's own settings (LoRA rank, prefix tokens), which size its activations
+            peft_spec = adapter_config_spec(peft_cfg.to_dict())
+        except MemfitError:
+            pass
+    quantized = any(getattr(p, "quant_state", None) is not None or type(p).__name__ == "Int8Params"
+                    for p in model.parameters())
+    if quantized:  # the load dtype of the non-quantized params (a 4-bit weight reports its storage dtype)
+        dtypes = [p.dtype for p in model.parameters() if getattr(p, "quant_state", None) is None
+                  and type(p).__name__ != "Int8Params" and p.is_floating_point()]
+        load_dtype = _DTYPES.get(str(max(set(dtypes), key=dtypes.count)), "fp32") if dtypes else "fp32"
+        compute = next((_DTYPES.get(str(getattr(m, "compute_dtype", None))) for m in _bnb_modules(model)), None)
+        if load_dtype == "fp32" and compute:  # prepare_model_for_kbit_training upcast them: the model was
+            load_dtype = compute               # loaded in the compute dtype, as with torch_dtype=compute dtype
+    sc = Scenario(name=f"{shape.name} (live model)", model_ref=shape.name, model=shape, peft=peft_spec,
                   deepspeed=ds, deepspeed_json=ds_json, hardware=hw,
                   load=LoadSettings(dtype=load_dtype, zero_init=zero_init),
                   train=TrainSettings(seq_len=seq_len, micro_batch=micro_batch or ds.train_micro_batch_size_per_gpu,
                                       gradient_checkpointing=gradient_checkpointing, model_parameters=model_parameters),
                   ds_version=deepspeed_version, accelerator="cuda")
+    if framework not in (None, "deepspeed"):
+        sc = _framework_scenario(sc, model, framework=framework, precision=precision, optim=optim,
+                                 grad_accum=grad_accum, ddp=ddp, fsdp=fsdp)
     del torch
     plan = make_plan(sc)
     if warn:
@@ -220,6 +263,45 @@ def _check(model: Any, ds_config: Mapping[str, Any] | str, *, gpus: str | None, 
             f"memfit: this run will not fit: phase {fail.phase} needs {fail.needed_bytes / 2**30:.2f} GiB of {dev}, "
             f"{fail.available_bytes / 2**30:.2f} GiB available", plan)
     return plan
+
+
+def _bnb_modules(model):
+    """bitsandbytes' own quantized Linear modules (not peft's wrappers, whose ``weight`` is the base's)."""
+    return [m for m in model.modules() if type(m).__module__.startswith("bitsandbytes")
+            and type(getattr(m, "weight", None)).__name__ in ("Params4bit", "Int8Params")]
+
+
+def _framework_scenario(sc, model, *, framework, precision, optim, grad_accum, ddp, fsdp):
+    """The live model's scenario outside DeepSpeed; bitsandbytes settings read off its first quantized
+    weight (``quant_state``: quant type, double quantization, storage dtype; ``compute_dtype`` of
+    its ``Linear4bit``)."""
+    from dataclasses import replace as _replace
+
+    import torch
+
+    from memfit.core.framework_inputs import resolve_framework_settings
+    from memfit.core.scenario_io import ScenarioInputs
+
+    quant = None
+    for mod in _bnb_modules(model):
+        w = mod.weight
+        qs = getattr(w, "quant_state", None)
+        if qs is not None:
+            quant = {"method": "4bit", "quant_type": qs.quant_type, "double_quant": bool(qs.nested),
+                     "quant_storage": _DTYPES.get(str(w.dtype), "uint8"),
+                     "compute_dtype": _DTYPES.get(str(getattr(mod, "compute_dtype", None)), "fp32"),
+                     # prepare_model_for_kbit_training leaves every non-quantized float param in fp32
+                     "prepare_kbit": all(p.dtype == torch.float32 for p in model.parameters()
+                                         if getattr(p, "quant_state", None) is None and p.is_floating_point())}
+            break
+        if type(w).__name__ == "Int8Params":
+            quant = {"method": "8bit"}
+            break
+    inputs = ScenarioInputs(framework=framework, precision=precision, optim=optim, grad_accum=grad_accum,
+                            quantization=quant, ddp=dict(ddp) if ddp else None, fsdp=dict(fsdp) if fsdp else None,
+                            peft_method=sc.peft.method)
+    fw = resolve_framework_settings(inputs, sc.hardware, has_deepspeed_json=False)
+    return _replace(sc, framework=fw.framework, torch=fw.torch, quant=fw.quant, ddp=fw.ddp, fsdp=fw.fsdp)
 
 
 __all__ = ["check", "MemfitCheckError", "MemfitWarning", "model_shape_of"]

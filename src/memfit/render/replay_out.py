@@ -37,15 +37,19 @@ def comparison_to_dict(c: Any, m: Any) -> dict[str, Any]:
 
 def render_comparison(c: Any, m: Any, console: Console) -> None:
     s = m.spec
+    framework = getattr(s, "framework", "deepspeed")
+    stack = (f"{m.versions.get('deepspeed', '?')} DeepSpeed" if framework == "deepspeed"
+             else f"{'' if framework == 'torch' else framework + ' on '}torch {m.versions.get('torch', '?')}")
     console.print(Text(f"memfit replay: {s.name}: rank 0 of {s.world_size}, {s.accelerator}, "
-                       f"{m.versions.get('deepspeed', '?')} DeepSpeed, {m.wall_s:.1f} s", style="bold"))
+                       f"{stack}, {m.wall_s:.1f} s", style="bold"))
     for note in m.substitutions:
         console.print(Text(f"note: {note}", style="dim"))
     if m.error is not None:
         console.print(Text(f"the run failed in phase {m.error.phase}: {m.error.kind}: {m.error.message}", style="bold red"))
     if c is None:
         return
-    t = Table(title="DeepSpeed's own buffers: plan vs replay (bytes, per rank)", title_justify="left")
+    owner = "DeepSpeed's own buffers" if framework == "deepspeed" else "Sizes read off the objects"
+    t = Table(title=f"{owner}: plan vs replay (bytes, per rank)", title_justify="left")
     for col in ("allocation", "read", "plan", "replay", "pinned plan", "pinned replay", "diff"):
         t.add_column(col, justify="left" if col in ("allocation", "read") else "right")
     for i in c.items:

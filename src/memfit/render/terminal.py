@@ -42,8 +42,9 @@ def scenario_summary(sc: Scenario) -> Text:
         f"model      {sc.model_ref} ({m.architecture}): {m.total_params:,} params, {m.trainable_params:,} trained, "
         f"{m.frozen_params:,} frozen; largest {m.largest_param.name} {m.largest_param.numel:,}",
         f"method     {sc.peft.method}",
-        f"deepspeed  {sc.ds_version}.x, ZeRO stage {z.stage}, {ds.precision}, {ds.optimizer.type}"
-        + (f", offload {', '.join(off)}" if off else ", no offload"),
+        (f"deepspeed  {sc.ds_version}.x, ZeRO stage {z.stage}, {ds.precision}, {ds.optimizer.type}"
+         + (f", offload {', '.join(off)}" if off else ", no offload")) if sc.framework == "deepspeed"
+        else framework_line(sc),
         f"load       from_pretrained {sc.load.dtype}" + (", under zero.Init" if sc.load.zero_init else ", not under zero.Init")
         + ("" if sc.load.low_cpu_mem_usage else ", low_cpu_mem_usage=False"),
         f"step       micro-batch {sc.train.micro_batch} x seq {sc.train.seq_len}"
@@ -54,6 +55,13 @@ def scenario_summary(sc: Scenario) -> Text:
     if sc.accelerator == "cpu":
         lines.append("accelerator DeepSpeed CPU accelerator (what a CPU replay runs)")
     return Text("\n".join(lines))
+
+
+def framework_line(sc: Scenario) -> str:
+    """The training setup of a non-DeepSpeed scenario, in one line."""
+    from memfit.core.framework_summary import describe_framework
+
+    return f"framework  {describe_framework(sc)}"
 
 
 def phase_table(plan: Plan, sc: Scenario, *, width: int = 120) -> Table:
@@ -106,7 +114,7 @@ def items_table(ph: PhaseLedger) -> Table:
     t.add_column("where")
     t.add_column("GiB", justify="right")
     t.add_column("bytes\n(held: block / locked)", justify="right")
-    t.add_column("formula / DeepSpeed code", overflow="fold")
+    t.add_column("formula / library code", overflow="fold")
     for it in sorted(ph.items, key=lambda i: (i.device.value, -i.bytes)):
         name = it.name + ("" if it.exact else " (estimate)")
         held = it.block_bytes if it.block_bytes is not None else it.locked_bytes

@@ -448,7 +448,12 @@ def _main(spec_path: str, out_path: str) -> int:
         spec = dataclasses.replace(spec, rank=int(os.environ.get("RANK", "0")))
         out_path = rank_output_path(out_path, spec.rank)
     command = shlex.join([sys.executable, "-m", "memfit.replay.child", *argv])
-    run = ChildRun(spec, progress_path=out_path + ".progress", command=command)
+    if spec.framework != "deepspeed":
+        from memfit.replay.torch_child import TorchChildRun
+
+        run = TorchChildRun(spec, progress_path=out_path + ".progress", command=command)
+    else:
+        run = ChildRun(spec, progress_path=out_path + ".progress", command=command)
     measurement = run.execute()
     tmp = out_path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:

@@ -218,6 +218,10 @@ def scenario_of(m: Measurement) -> Scenario:
     from memfit.replay.spec import override_layers
 
     spec = m.spec
+    if spec.framework != "deepspeed":
+        from memfit.replay.torch_compare import torch_scenario_of
+
+        return torch_scenario_of(m)
     cfg = override_layers(spec.model_config, spec.layers) if spec.layers else dict(spec.model_config)
     source = ModelConfigSource(name=spec.name, config=cfg, path=None, origin="local")
     model = apply_peft(build_model_shape(source), spec.peft)
@@ -317,8 +321,8 @@ def occurrences(m: Measurement, phase: str) -> tuple:
     first micro-step, ``accum.*`` its later ones, ``optimizer_step`` the end of step 1 (the last
     micro-step's, where the optimizer runs), ``step2.*`` every later step (the worst is compared)."""
     base = STEP_PHASES.get(phase)
-    if base is None:
-        return m.phase_occurrences(phase)
+    if base is None or getattr(m.spec, "framework", "deepspeed") != "deepspeed":
+        return m.phase_occurrences(phase)  # the non-DeepSpeed replays name every phase as the plan does
     ga = m.deepspeed_config_used.get("gradient_accumulation_steps", 1)
     ga = ga if isinstance(ga, int) and ga > 0 else 1
     rows = m.phase_occurrences(base)
@@ -355,6 +359,8 @@ def compare(plan: Plan, m: Measurement, *, sc: Scenario | None = None,
             placement_of: Mapping[str, Device] | None = None) -> Comparison:
     """``plan`` (of ``sc``, default ``scenario_of(m)``) against the replay ``m``; ``placement_of``:
     the CUDA placement of each ledger item (default: ``placement(sc)``)."""
+    if getattr(m.spec, "framework", "deepspeed") != "deepspeed":
+        return _compare_torch(plan, m)
     sc = sc or scenario_of(m)
     dev = placement_of if placement_of is not None else placement(sc)
     measured: dict[tuple[str, str], AttributedItem] = {(i.key, i.at): i for i in m.attributed}
@@ -397,3 +403,30 @@ def compare_replay(m: Measurement, traced: TracedStep | None = None) -> Comparis
 
     sc = scenario_of(m)
     return compare(make_plan(sc, traced), m, sc=sc, placement_of=placement(sc, traced))
+
+
+def _compare_torch(plan: Plan, m: Measurement) -> Comparison:
+    """A torch/DDP/FSDP replay (``memfit.replay.torch_child``): the sizes it read off its objects
+    (``TORCH_ITEM_MAP``) against the ledger items mirroring them, and the host peak per phase under
+    the names the plan uses. No pinned attribution: the CPU replays of these frameworks pin nothing."""
+    from memfit.replay.torch_compare import TORCH_ITEM_MAP
+
+    items = []
+    for rkey, (lkeys, phase, at) in TORCH_ITEM_MAP.items():
+        measured = m.items(at).get(rkey)
+        if measured is None:
+            continue
+        res = {i.key: i.bytes for i in plan.phase(phase).resident}
+        items.append(ItemComparison(key=rkey, at=at, ledger_keys=lkeys, measured_bytes=measured,
+                                    predicted_bytes=sum(res.get(k, 0) for k in lkeys)))
+    phases = []
+    for ph in plan.phases:
+        peak = measured_peak(m, ph.name, "host_peak_bytes")
+        if peak is None:
+            continue
+        gpu = measured_peak(m, ph.name, "device_peak_allocated_bytes")
+        phases.append(PhaseComparison(phase=ph.name, predicted_host_bytes=_tensor_host_peak(plan, ph.name),
+                                      measured_host_bytes=peak,
+                                      predicted_gpu_bytes=ph.gpu_peak_bytes if gpu is not None else None,
+                                      measured_gpu_bytes=gpu))
+    return Comparison(case=m.spec.name, items=tuple(items), phases=tuple(phases), notes=tuple(m.substitutions))

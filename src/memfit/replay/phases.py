@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
-from memfit.core.ledger_types import PHASES
+from memfit.core.ledger_types import ALL_PHASES
 from memfit.replay.host_tracker import HostTracker, TrackerResult
 from memfit.replay.measurement import PhaseMeasurement
 
@@ -181,7 +181,7 @@ class PhaseRecorder:
         return time.perf_counter() - self.t0
 
     def enter(self, name: str, *, step: int | None = None, micro_step: int | None = None) -> None:
-        if name not in PHASES:
+        if name not in ALL_PHASES:
             raise ValueError(f"unknown phase {name!r}")
         self.close(completed=True)
         window = self.tracker.mark()

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from memfit.core.ledger_types import PHASES
+from memfit.core.ledger_types import ALL_PHASES as PHASES
 from memfit.core.peft_spec import PeftSpec
 from memfit.core.scenario import DTYPES, Scenario
 from memfit.errors import MemfitError
@@ -180,6 +180,17 @@ class ReplaySpec:
     seed: int = 0
     threads: int | None = None
     """``torch.set_num_threads`` in the child (None: torch's default)."""
+    framework: str = "deepspeed"
+    """``deepspeed`` (the recipe above) or ``torch``/``ddp``/``fsdp``/``fsdp2``: the loop of
+    ``memfit.replay.torch_child`` (a plain PyTorch loop as the Trainer runs it), no DeepSpeed."""
+    training: dict[str, Any] = field(default_factory=dict, hash=False)
+    """Non-DeepSpeed frameworks: ``memfit.core.framework_settings.TorchSettings`` fields."""
+    quantization: dict[str, Any] = field(default_factory=dict, hash=False)
+    """``QuantSettings`` fields (bitsandbytes quantization of the base model); empty: none."""
+    ddp: dict[str, Any] = field(default_factory=dict, hash=False)
+    """``DdpSettings`` fields (framework ``ddp``)."""
+    fsdp: dict[str, Any] = field(default_factory=dict, hash=False)
+    """``FsdpSettings`` fields (framework ``fsdp``/``fsdp2``)."""
     fault: str | None = None
     """Harness self-test only: ``PHASE:KIND`` injects a failure when PHASE starts; KIND is
     ``raise`` (RuntimeError), ``oom`` (an impossible allocation on the device), ``kill``
@@ -191,7 +202,7 @@ class ReplaySpec:
             raise MemfitError("replay spec: model_config must be a config.json object with a model_type")
         if self.layers is not None and (isinstance(self.layers, bool) or self.layers < 1):
             raise MemfitError(f"replay spec: layers must be a positive integer, got {self.layers!r}")
-        if not isinstance(self.deepspeed_config, Mapping) or not self.deepspeed_config:
+        if self.framework == "deepspeed" and (not isinstance(self.deepspeed_config, Mapping) or not self.deepspeed_config):
             raise MemfitError("replay spec: deepspeed_config must be a non-empty DeepSpeed JSON object")
         if self.load_dtype not in DTYPES:
             raise MemfitError(f"replay spec: load_dtype must be one of {', '.join(DTYPES)}, got {self.load_dtype!r}")
@@ -288,7 +299,12 @@ def spec_from_scenario(
         from memfit.core.catalog import resolve_model_config
 
         model_config = resolve_model_config(scenario.model_ref).config_dict()
-    if not scenario.deepspeed_json:
+    if scenario.framework != "deepspeed":
+        overrides = {"framework": scenario.framework, "training": _plain(dataclasses.asdict(scenario.torch)),
+                     "quantization": _plain(dataclasses.asdict(scenario.quant)) if scenario.quant.enabled else {},
+                     "ddp": _plain(dataclasses.asdict(scenario.ddp)), "fsdp": _plain(dataclasses.asdict(scenario.fsdp)),
+                     **overrides}
+    elif not scenario.deepspeed_json:
         raise MemfitError(f"scenario {scenario.name!r} has no DeepSpeed JSON to replay")
     return ReplaySpec(
         name=name or scenario.name,

@@ -21,6 +21,10 @@ def build_ledger(sc: Scenario, traced: TracedStep | None = None) -> tuple[PhaseL
 
 def build_timeline(sc: Scenario, traced: TracedStep | None = None) -> Timeline:
     """Every recipe run, in the order of the real code; the timeline keeps the event log."""
+    if sc.framework != "deepspeed":  # torch / ddp / fsdp / fsdp2: their own recipes (ledger/torch_build.py)
+        from memfit.core.ledger.torch_build import build_torch_timeline
+
+        return build_torch_timeline(sc, tracker=memory_tracker(sc))
     ctx = RecipeContext.from_scenario(sc)
     t = Timeline(ranks_per_node=sc.hardware.gpus_per_node, accelerator=sc.accelerator, tracker=memory_tracker(sc))
     t.at_phase("forward", lambda: record_cublas_workspace(t, sc))

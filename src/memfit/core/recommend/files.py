@@ -18,6 +18,12 @@ from memfit.errors import MemfitError
 
 def slug(c: Candidate) -> str:
     """A short file-name tag of the configuration, e.g. ``zero3-optcpu-paramcpu-zinit-ckpt-mb2``."""
+    if not hasattr(c, "stage"):  # a non-DeepSpeed candidate (memfit.core.recommend.torch_search)
+        parts = [c.framework] + ([c.sharding_strategy.lower()] if c.sharding_strategy else []) + \
+            (["offload"] if c.cpu_offload else []) + [c.precision, c.optim] + \
+            (["4bit"] if c.quantization == "4bit" else []) + (["ckpt"] if c.gradient_checkpointing else []) + \
+            [f"mb{c.micro_batch}"]
+        return "-".join(parts)
     parts = [f"zero{c.stage}"]
     if c.offload_optimizer != "none":
         parts.append(f"opt{c.offload_optimizer}")
@@ -88,9 +94,9 @@ def write_recommendations(result: RecommendResult, out_dir: str | Path) -> Recom
     if out.exists() and not out.is_dir():
         raise MemfitError(f"--out {out} exists and is not a directory")
     rows = planned_files(result, out)
-    for _, *paths in rows:
+    for rec, *paths in rows:
         for p in paths:
-            if p is not None and p.exists():
+            if p is not None and p.exists() and (rec.deepspeed_json or p.suffix != ".json"):
                 raise MemfitError(f"{p} exists; memfit never overwrites a file you have (choose another --out)")
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -98,6 +104,14 @@ def write_recommendations(result: RecommendResult, out_dir: str | Path) -> Recom
         raise MemfitError(f"--out: cannot create directory {out}: {e.strerror or type(e).__name__}") from None
     recs = []
     for rec, json_path, yaml_path, diff_path in rows:
+        if not rec.deepspeed_json:  # outside DeepSpeed: the scenario file says everything
+            from memfit.core.recommend.torch_search import torch_scenario_document
+
+            doc = torch_scenario_document(rec, hardware=_hardware(result, rec.scenario_inputs))
+            written = [_write_new(yaml_path, "# memfit recommend: memfit plan this file to see its ledger\n"
+                                  + yaml.safe_dump(doc, sort_keys=False))]
+            recs.append(replace(rec, files=tuple(written)))
+            continue
         doc = scenario_document(replace(rec.scenario_inputs, name=f"{rec.scenario_inputs.name} (recommendation {rec.rank})"),
                                 deepspeed_file=json_path.name, hardware=_hardware(result, rec.scenario_inputs))
         written = [_write_new(json_path, json.dumps(_plain_numbers(rec.deepspeed_json), indent=4) + "\n"),

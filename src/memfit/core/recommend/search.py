@@ -289,6 +289,12 @@ def recommend(inputs: ScenarioInputs, *, top: int = 5, headroom: float = 0.1,
         raise MemfitError(f"--top must be at least 1, got {top}")
     if not 0 <= headroom < 1:
         raise MemfitError(f"--headroom must be in [0, 1), got {headroom}")
+    from memfit.core.framework_inputs import apply_input_files
+
+    if build_scenario(apply_input_files(inputs)).framework != "deepspeed":
+        from memfit.core.recommend.torch_search import recommend_torch
+
+        return recommend_torch(inputs, top=top, headroom=headroom, progress=progress)
     prep = prepare(inputs)
     sc, base, agg = prep.scenario, prep.base, prep.aggregates
     hw = sc.hardware

@@ -1,0 +1,129 @@
+"""bitsandbytes quantization of a model's Linear weights, reduced to the tensors it stores.
+
+Which layers: ``transformers/integrations/bitsandbytes.py:replace_with_bnb_linear`` (5.24) replaces
+every ``nn.Linear`` (exactly that type) and GPT-2's ``Conv1D`` whose name ``should_convert_module``
+does not skip; the default skips (``quantizers/base.py:get_keys_to_not_convert``) are the output
+embeddings (``lm_head``), tied weights and the module of the model's last parameter. Biases and every
+other parameter stay in the load dtype.
+
+4-bit (``Linear4bit``/``Params4bit``; ``bitsandbytes/functional.py:quantize_4bit``, CUDA kernel
+``backends/cuda/ops.py``, bitsandbytes 0.50.2), for a weight of ``n`` elements:
+
+- packed weight: ``torch.empty(((n + 1) // (s * 2), 1), dtype=quant_storage)`` with ``s`` the
+  storage dtype's size: two 4-bit codes per byte, ``(n + 1) // 2`` bytes for any storage dtype
+  when ``n`` is even;
+- ``absmax``: fp32, one per block of ``blocksize`` = 64 elements (``ceil(n/64)``);
+- ``code``: the 16-entry fp32 NF4/FP4 table (``get_4bit_type``), one per weight (64 B);
+- double quantization (``compress_statistics``): ``offset = absmax.mean()`` (a 0-d fp32), the
+  absmax quantized by ``quantize_blockwise(absmax - offset, blocksize=256)`` to uint8 (``ceil(n/64)``
+  bytes) with its own fp32 absmax per 256 (``ceil(ceil(n/64)/256) x 4`` B) and its own copy of the
+  256-entry dynamic map (``QuantState(code=code.to(A.device, copy=True))``, 1 KiB per weight); the
+  map itself stays cached once per device (``name2qmap["dynamic"]``).
+
+8-bit (LLM.int8(): ``Int8Params._quantize`` -> ``int8_vectorwise_quant``): ``CB`` int8 (``n`` B)
+and ``SCB`` fp32 per output row.
+
+In training, ``MatMul4Bit`` (``autograd/_functions.py``) computes the forward with
+``bitsandbytes::gemm_4bit``: for more than 1536 rows (tokens of a micro-batch) always by
+dequantizing the weight into a compute-dtype tensor the size of the full weight and calling
+``F.linear`` (``_dequant_linear_fallback``; with double quantization the fp32 absmax is rebuilt
+first); below that a fused kernel may be chosen per GPU architecture. The backward dequantizes the
+weight again (``F.dequantize_4bit(B, state)``, in the dtype the weight had when it was quantized)
+for the input gradient. The dequantized weight is a transient of one layer at a time.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from memfit.core.framework_settings import QuantSettings
+
+BLOCKSIZE_4BIT = 64
+"""bitsandbytes/functional.py:quantize_4bit: ``blocksize=64`` (also what Params4bit uses)."""
+NESTED_BLOCKSIZE = 256
+"""functional.py:quantize_4bit: ``quantize_blockwise(_absmax - offset, blocksize=256)``."""
+CODE_4BIT_BYTES = 16 * 4
+DYNAMIC_MAP_BYTES = 256 * 4
+GEMM_4BIT_CUSTOM_MAX_M = 1536
+"""backends/cuda/ops.py: ``_gemm_4bit_custom_max_m``: above it, always dequantize + F.linear."""
+STORAGE_BYTES = {"uint8": 1, "fp16": 2, "bf16": 2, "fp32": 4}
+SRC = "bitsandbytes 0.50.2"
+
+
+@dataclass(frozen=True, slots=True)
+class QuantTensor:
+    """One stored tensor of a quantized weight."""
+
+    name: str
+    nbytes: int
+    shared: bool = False
+    """One per device for the whole model (the double-quantization dynamic map)."""
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def quantized_tensors(q: QuantSettings, shape: tuple[int, ...]) -> tuple[QuantTensor, ...]:
+    """What one quantized Linear weight of ``shape`` is stored as, in allocation order."""
+    n = 1
+    for d in shape:
+        n *= d
+    if q.method == "8bit":
+        return (QuantTensor("CB", n), QuantTensor("SCB", shape[0] * 4))
+    s = STORAGE_BYTES[q.quant_storage]
+    blocks = _ceil(n, BLOCKSIZE_4BIT)
+    out = [QuantTensor("weight", ((n + 1) // (s * 2)) * s)]
+    if q.double_quant:
+        out += [QuantTensor("absmax(uint8)", blocks), QuantTensor("offset", 4),
+                QuantTensor("nested_absmax", _ceil(blocks, NESTED_BLOCKSIZE) * 4),
+                QuantTensor("nested_code", DYNAMIC_MAP_BYTES)]
+    else:
+        out.append(QuantTensor("absmax", blocks * 4))
+    out.append(QuantTensor("code", CODE_4BIT_BYTES))
+    return tuple(out)
+
+
+def quantized_bytes(q: QuantSettings, shape: tuple[int, ...]) -> int:
+    return sum(t.nbytes for t in quantized_tensors(q, shape))
+
+
+def shared_bytes(q: QuantSettings) -> int:
+    """Per device, once: the dynamic map of double quantization cached in ``name2qmap``."""
+    return DYNAMIC_MAP_BYTES if q.method == "4bit" and q.double_quant else 0
+
+
+def storage_elements(q: QuantSettings, shape: tuple[int, ...]) -> int:
+    """Elements of the packed weight tensor (what FSDP/ZeRO-3 flatten and shard): bytes / storage size."""
+    n = 1
+    for d in shape:
+        n *= d
+    if q.method == "8bit":
+        return n
+    s = STORAGE_BYTES[q.quant_storage]
+    return (n + 1) // (s * 2)
+
+
+def base_module(name: str) -> str:
+    """The module path of a param in the model transformers built (before PEFT wrapped it)."""
+    mod = name.rsplit(".", 1)[0]
+    mod = mod.removeprefix("base_model.model.").replace(".base_layer", "")
+    return mod
+
+
+def default_skips(module_names: list[str], last_param: str) -> tuple[str, ...]:
+    """``get_keys_to_not_convert``: the output embeddings (``lm_head``-like modules) and the module
+    of the last parameter (tied weights are embeddings, which are never converted anyway)."""
+    skips = {base_module(last_param)}
+    for m in module_names:
+        leaf = m.rsplit(".", 1)[-1]
+        if leaf in ("lm_head", "embed_out", "output_projection"):
+            skips.add(m)
+    return tuple(sorted(skips))
+
+
+def should_convert(module: str, patterns: tuple[str, ...]) -> bool:
+    """``quantizers_utils.should_convert_module`` (transformers 5.24)."""
+    boundary = r"(?:(?<=\.)|(?=\.|$))"
+    return not any(re.match(rf"(?:{key}){boundary}", module) or module.endswith(key) for key in patterns)
