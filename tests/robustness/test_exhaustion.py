@@ -18,7 +18,7 @@ import pytest
 from clirun import assert_one_line_error, cli
 from conftest import ROOT
 from memfit.core.diagnose import diagnose_log
-from memfit.core.inputs import MAX_CONFIG_BYTES, MAX_LOG_BYTES, MAX_LOG_LINES
+from memfit.core.reading import MAX_CONFIG_BYTES, MAX_LOG_BYTES, MAX_LOG_LINES
 from memfit.errors import MemfitError
 
 TINY = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,

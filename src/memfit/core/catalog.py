@@ -271,7 +271,7 @@ def _did_you_mean(ref: str) -> str:
 
 def _read_config(file: Path) -> Mapping[str, Any]:
     """Parse and freeze a config.json; ``MemfitError`` for unreadable or malformed files."""
-    from memfit.core.inputs import parse_json, read_text  # sizes, UTF-8, JSON types, depth
+    from memfit.core.reading import parse_json, read_text  # sizes, UTF-8, JSON types, depth
 
     data = parse_json(read_text(file, what="model config"), what=str(file), allow_non_finite=True)
     if not isinstance(data, dict):

@@ -12,7 +12,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from memfit.core.inputs import parse_bool, parse_json, read_text
+from memfit.core.reading import parse_bool, parse_json, read_text
 from memfit.core.peft import ALL_LINEAR, validate_peft_spec
 from memfit.core.peft_spec import PeftSpec
 from memfit.errors import MemfitError

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from memfit.core.inputs import parse_bool, parse_yaml, read_text
+from memfit.core.reading import parse_bool, parse_yaml, read_text
 from memfit.core.scenario import Scenario
 from memfit.errors import MemfitError
 
@@ -277,7 +277,6 @@ def read_scenario_file(path: str | Path) -> ScenarioInputs:
         alloc_conf_from_env=rt.get("alloc_conf_from_env"),
         cuda_version=None if rt.get("cuda_version") is None else str(rt["cuda_version"]),
         pin_memory_backend=rt.get("pin_memory_backend"),
-        precision=train.get("precision"), grad_accum=train.get("grad_accum"),
     )
 
 

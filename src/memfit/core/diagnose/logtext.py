@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memfit.core.diagnose.results import Frame
-from memfit.core.inputs import MAX_LOG_BYTES, MAX_LOG_LINES, read_bytes
+from memfit.core.reading import MAX_LOG_BYTES, MAX_LOG_LINES, read_bytes
 from memfit.errors import MemfitError
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from memfit.core.ds_settings import DeepSpeedSettings
 from memfit.core.dsconfig.auto import AUTO, AUTO_FLAGS, AutoContext, resolve_auto_record
 from memfit.core.dsconfig.sections import check_sections
-from memfit.core.inputs import check_tree, parse_json, read_text
+from memfit.core.reading import check_tree, parse_json, read_text
 from memfit.core.dsconfig.optimizer import _read_optimizer
 from memfit.core.dsconfig.validate import (REMOVED_TOP_LEVEL_KEYS, _as_bool, _as_float, _as_int, _read_dtype,
                                            _read_precision, _read_zero)

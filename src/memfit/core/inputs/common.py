@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,28 +10,16 @@ from memfit.errors import MemfitError
 
 
 def read_mapping(path: str, what: str) -> dict[str, Any]:
-    """A JSON or YAML file's top-level mapping (YAML through ``safe_load``: no tags, no code)."""
+    """A JSON or YAML file's top-level mapping, read through memfit's bounded reader
+    (``memfit.core.reading``: size cap, UTF-8, depth/node limits, YAML alias budget, safe YAML: no
+    tags, no code)."""
+    from memfit.core.reading import parse_json, parse_yaml, read_text
+
     p = Path(path)
     if not p.is_file():
         raise MemfitError(f"{what} not found: {p}")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise MemfitError(f"{p}: not a text file") from None
-    if p.suffix.lower() == ".json":
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise MemfitError(f"{p}: not valid JSON (line {e.lineno}, column {e.colno}): {e.msg}") from None
-    else:
-        import yaml
-
-        try:
-            raw = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f" (line {mark.line + 1})" if mark else ""
-            raise MemfitError(f"{p}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+    text = read_text(p, what=what)
+    raw = parse_json(text, what=str(p)) if p.suffix.lower() == ".json" else parse_yaml(text, what=str(p))
     if not isinstance(raw, dict):
         raise MemfitError(f"{p}: {what} must be a mapping of keys, got {type(raw).__name__}")
     return raw
