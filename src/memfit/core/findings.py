@@ -88,7 +88,7 @@ def derive_findings(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: Verd
         "Exact (byte for byte from DeepSpeed's code): parameters, partitions, optimizer buffers and states. "
         "Estimated: activations (analytic; `memfit trace` gives the exact figure), params gathered at a given "
         "instant, the GPU memory outside PyTorch (CUDA context, NCCL, cuBLAS: per GPU architecture and torch/CUDA "
-        "version, from published measurements) and the process itself (2 GiB per rank). The allocator figures "
+        "version, from published measurements) and the process itself in host memory (interpreter, libraries, CUDA runtime, tokenizer, dataset, DataLoader workers: measured on a CPU run or published, per part, see the host.* items). The allocator figures "
         "(blocks, segments, pinned rounding and caching) are torch's rules applied to these allocations on one "
         "stream.")))
     out.extend(input_findings(sc))

@@ -75,6 +75,7 @@ def framework_findings(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: V
         "Exact (byte for byte from the libraries' code, checked against real CPU runs): parameters and their "
         "dtypes, quantized storage, gradients, optimizer states and step temporaries"
         + (", DDP buckets" if sc.framework == "ddp" else "") + (", FSDP shards and flat parameters" if sc.framework in ("fsdp", "fsdp2") else "")
-        + ". Estimated: activations (analytic), autocast's weight copies (which are kept is a rule), the CUDA "
-        "context (512 MiB) and the process itself (2 GiB per rank).")))
+        + ". Estimated: activations (analytic), autocast's weight copies (which are kept is a rule), the GPU memory "
+        "outside PyTorch (CUDA context, cuBLAS workspace, NCCL) and the process itself in host memory (the host.* "
+        "items: measured on a CPU run or published, per part).")))
     return tuple(out)
