@@ -503,6 +503,20 @@ def test_seed_move_oom_reconciles_with_the_plans_gpu_items(seed):
     assert any(f.id == "plan-missed-failure" for f in d.findings) == (r.plan_verdict == "not_predicted")
 
 
+def test_gpu_reconciliation_uses_the_allocator_figures(seed):
+    """The reserved row is the caching allocator simulation's reserved peak (what the OOM message's
+    "reserved by PyTorch" reports), and "free" is the card less the OOM-relevant peak the verdict
+    uses, not less the requested tensor bytes."""
+    sc, plan = seed
+    r = diagnose_log(read("seed-move-oom-ds0510.txt"), plan, sc).reconciliation
+    move = plan.phase("initialize.move")
+    assert move.allocators_simulated and move.gpu_oom_relevant_bytes > move.gpu_peak_bytes - 2**30
+    rows = {row.label.split(" (")[0].split(":")[0]: row for row in r.rows}
+    assert rows["reserved by PyTorch"].plan_bytes == move.gpu_reserved_bytes
+    assert rows["reserved by PyTorch"].log_bytes == gib(9.41)  # the log: "9.41 GiB reserved in total by PyTorch"
+    assert rows["free"].plan_bytes == max(sc.hardware.gpu.total_bytes - move.gpu_oom_relevant_bytes, 0)
+
+
 def test_plan_that_fails_at_move_predicts_the_log(seed):
     from memfit.core.plan import make_plan
     from memfit.core.scenario_io import ScenarioInputs, build_scenario, merge_inputs, read_scenario_file

@@ -167,7 +167,7 @@ class Scenario:
             raise MemfitError(f"accelerator must be 'cuda' or 'cpu', got {self.accelerator!r}")
         if self.runtime.pin_memory_backend == "native" and self.ds_version != "0.19":
             raise MemfitError("--pin-memory-backend native (DS_PIN_MEMORY_BACKEND) exists in DeepSpeed 0.19 only")
-        if self.load.dtype != "fp32" and self.deepspeed.precision == "fp32":
+        if self.framework == "deepspeed" and self.load.dtype != "fp32" and self.deepspeed.precision == "fp32":
             # engine.py _configure_distributed_model casts only when fp16 or bf16 is enabled
             raise MemfitError(
                 f"the model is loaded in {self.load.dtype} but the DeepSpeed config enables neither fp16 nor bf16: "

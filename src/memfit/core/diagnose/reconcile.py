@@ -46,7 +46,7 @@ def reconcile(ev: LogEvent, phase: str | None, plan: Plan, scenario: Scenario | 
         if here:
             ph, basis = plan.phase(here[0].phase), "the log gives no phase: the plan's first failure on this device"
         else:
-            key = (lambda p: p.gpu_peak_bytes) if device == "gpu" else (lambda p: p.node_cpu_peak_bytes)
+            key = _gpu_need if device == "gpu" else (lambda p: p.node_cpu_peak_bytes)
             ph, basis = max(plan.phases, key=key), "the log gives no phase: the plan's peak on this device"
     hw = scenario.hardware if scenario is not None else None
     ranks = ph.ranks_per_node
@@ -73,11 +73,15 @@ def reconcile(ev: LogEvent, phase: str | None, plan: Plan, scenario: Scenario | 
         out = n.outside_allocator_bytes if n else None
         rows.append(ReconRow(label="outside PyTorch's allocator: CUDA context, NCCL, other processes",
                              log_bytes=out, plan_bytes=context, note="plan: CUDA context estimate"))
+        if ph.allocators_simulated:
+            rows.append(ReconRow(label="reserved by PyTorch (cached segments)",
+                                 log_bytes=n.reserved_bytes if n else None, plan_bytes=ph.gpu_reserved_bytes,
+                                 note="plan: the caching allocator simulation's reserved peak (max_memory_reserved)"))
         if n and n.free_bytes is not None:
-            left = (cap - ph.gpu_peak_bytes) if cap else None
+            left = (cap - _gpu_need(ph)) if cap else None
             rows.append(ReconRow(label="free", log_bytes=n.free_bytes,
                                  plan_bytes=None if left is None else max(left, 0),
-                                 note="plan: left at the phase peak" + (
+                                 note="plan: left at the phase's OOM-relevant peak" + (
                                      f" (none: {fmt_bytes(-left)} short)" if left is not None and left < 0 else "")))
         if needed is not None:
             tol = _tolerance(n, max(needed, tensors))
@@ -154,7 +158,15 @@ def reconcile(ev: LogEvent, phase: str | None, plan: Plan, scenario: Scenario | 
     else:
         verdict = "not_predicted"
         lines.insert(0, f"The plan does not predict this failure: it has every phase fitting, {ph.name} at "
-                        + (f"{fmt_bytes(ph.gpu_peak_bytes)} per GPU" if device == "gpu"
+                        + (f"{fmt_bytes(_gpu_need(ph))} per GPU (OOM-relevant: segments holding live blocks "
+                           f"+ memory outside PyTorch)" if device == "gpu"
                            else f"{fmt_bytes(ph.node_cpu_peak_bytes)} of host memory per node") + ".")
     return Reconciliation(scenario_name=plan.scenario_name, phase=ph.name, phase_basis=basis, device=device,
                           rows=tuple(rows), items=items, plan_verdict=verdict, plan_failure=first, lines=tuple(lines))
+
+
+def _gpu_need(ph) -> int:
+    """What the phase needs of the card, the figure the verdict uses: the allocator simulation's
+    OOM-relevant peak (segments holding live blocks + memory outside PyTorch), or the requested
+    bytes where no simulation ran (CPU accelerator)."""
+    return ph.gpu_oom_relevant_bytes if ph.allocators_simulated else ph.gpu_peak_bytes
