@@ -215,6 +215,11 @@ def test_cli_compare(tmp_path):
     assert d["schema"] == "memfit.compare" and d["schema_version"] == 1
     assert {p["phase"] for p in d["phases"]} >= {"initialize.move", "backward", "whole run"}
     assert d["attribution"]["unplanned"][0]["peak_live_bytes"] == 2 * gen.REDUCE
+    doc = (ROOT / "docs" / "compare-json.md").read_text()  # every key the output has is documented
+    keys = set(d) | set(d["phases"][0]) | set(d["phases"][0]["allocated"]) | set(d["records"][0]) | \
+        set(d["simulator"] or {}) | set(d["attribution"]) | set(d["attribution"]["phases"][0]) | \
+        set(d["attribution"]["phases"][0]["items"][0]) | set(d["attribution"]["unplanned"][0])
+    assert not {k for k in keys if f'"{k}"' not in doc}, "docs/compare-json.md misses these keys"
     md = tmp_path / "c.md"
     r = subprocess.run(cmd + ["--report", str(md)], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr
