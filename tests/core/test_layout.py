@@ -46,9 +46,6 @@ def _runtime_nodes(tree: ast.AST):
 KNOWN_CYCLES = [
     # Lazy (in-function) import cycles merged from other branches after this test was written; each is
     # reported to its owner. A new cycle fails the test; fixing one of these, remove it here.
-    # activations.estimate -> activation_layout -> activation_families/stacks -> activations._attention_bytes:
-    ["memfit.core.activation_families", "memfit.core.activation_layout", "memfit.core.activation_stacks",
-     "memfit.core.activations"],
     # runner -> child; child -> coordinator_log -> record_fixtures/runner:
     ["memfit.replay.child", "memfit.replay.coordinator_log", "memfit.replay.record_fixtures", "memfit.replay.runner"],
 ]
