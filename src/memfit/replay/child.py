@@ -52,6 +52,7 @@ from memfit.replay.measurement import (
     ModelSummary,
     ReplayError,
     TimelinePoint,
+    rank_output_path,
 )
 from memfit.replay.spec import ReplaySpec, parse_fault
 from memfit.replay.supervision import Terminated, end_own_group, guard_process
@@ -73,14 +74,6 @@ def launcher_env(spec: ReplaySpec) -> dict[str, str]:
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": "29517",
     }
-
-
-def rank_output_path(out_path: str, rank: int) -> str:
-    """Where rank ``rank`` writes its measurement: ``out_path`` for rank 0, ``OUT.rankR.json`` else."""
-    if rank == 0:
-        return out_path
-    root, ext = os.path.splitext(out_path)
-    return f"{root}.rank{rank}{ext}"
 
 
 def prepare_deepspeed_config(spec: ReplaySpec) -> tuple[dict[str, Any], list[str]]:
