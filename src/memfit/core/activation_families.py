@@ -19,7 +19,7 @@ Shared pieces, each read from the modeling code:
   width <= 256), padded to 32 queries for the memory-efficient kernel, which also keeps the mask as
   a dtype bias ``(b, s, s_kv)`` per layer and needs k, v repeated to all heads (D hq each) — which
   is what transformers does when a mask exists (``use_gqa_in_sdpa``). ``eager`` keeps the score
-  matrices (``memfit.core.activations._attention_bytes``).
+  matrices (``memfit.core.activation_common._attention_bytes``).
 - MLP (SwiGLU/GeGLU): gate output, its activation, up output and their product (4 D i).
 - Mixture of experts, grouped_mm (transformers/integrations/moe.py ``grouped_mm_experts_forward``):
   the router's fp32 probabilities (4 E) and top-k indices (8 k), and per routed (token, expert):
@@ -133,7 +133,7 @@ def _attention(arch: ArchSpec, L: LayerLayout, c: Ctx, *, masked: bool, qk_norm:
     elif qk_norm and L.qk_norm == "l2":
         n += 4 * t * (hq + hkv) + 4 * t * (a + kv)
     if c.eager:
-        from memfit.core.activations import _attention_bytes
+        from memfit.core.activation_common import _attention_bytes
 
         n += _attention_bytes(D=D, b=b, s=s, skv=skv, t=t, hq=hq, hkv=hkv, a=a, eager=True, gqa=c.gqa,
                               repeat_kv=True, upcast_qk=False, softmax_bytes=4)

@@ -20,9 +20,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import NamedTuple
 
+from memfit.core.activation_common import CAUSAL_LM_LOSS, _lora_targets
+from memfit.core.activation_estimate import ActivationEstimate, LayerGroup
 from memfit.core.activation_families import Ctx, llama_layer, norm_bytes
 from memfit.core.activation_stacks import bert_layer, neox_layer, t5_decoder_layer, t5_encoder_layer, t5_held_biases
-from memfit.core.activations import CAUSAL_LM_LOSS, ActivationEstimate, LayerGroup, _lora_targets
 from memfit.core.model import ArchSpec
 from memfit.core.peft_spec import PeftSpec
 

@@ -41,7 +41,7 @@ def neox_layer(arch: ArchSpec, L: LayerLayout, c: Ctx, *, grad_in: bool) -> int:
     elif not L.parallel:
         n += 2 * D * t * h + _LN * t
     if c.eager:
-        from memfit.core.activations import _attention_bytes
+        from memfit.core.activation_common import _attention_bytes
 
         n += _attention_bytes(D=D, b=b, s=s, skv=s, t=t, hq=hq, hkv=hkv, a=a, eager=True, gqa=hkv != hq,
                               repeat_kv=True, upcast_qk=False, softmax_bytes=4 if not falcon else D)

@@ -39,23 +39,12 @@ Bytes are per GPU; ``dtype_bytes`` is the training dtype's element size.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from memfit.core.activation_common import CAUSAL_LM_LOSS, _attention_bytes, _lora_targets
+from memfit.core.activation_estimate import ActivationEstimate, LayerGroup
 from memfit.core.families.attention import IMPLEMENTATIONS
 from memfit.core.model import ArchSpec
 from memfit.core.peft_spec import PeftSpec
 from memfit.errors import MemfitError
-
-LORA_DEFAULT_TARGETS = {
-    "gptj": ("q_proj", "v_proj"),
-    "llama": ("q_proj", "v_proj"),
-    "mistral": ("q_proj", "v_proj"),
-    "qwen2": ("q_proj", "v_proj"),
-    "gpt2": ("c_attn",),
-    "gpt_neox": ("query_key_value",),
-    "opt": ("q_proj", "v_proj"),
-}
-"""peft's ``TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`` for the families modelled."""
 
 _FAMILY = {"gptj": "gptj", "gpt2": "gpt2", "llama": "llama", "mistral": "llama", "qwen2": "llama",
            "qwen3": "llama", "gemma": "llama", "mixtral": "llama"}
@@ -64,116 +53,6 @@ _GPTJ_ROTARY_FRACTION = 4
 does not carry ``rotary_dim``."""
 _GELU_TANH_INTERMEDIATES = 4
 """``gelu_new`` = 0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³))) keeps x, tanh(·), 1 + tanh(·) and 0.5·x."""
-
-
-@dataclass(frozen=True, slots=True)
-class LayerGroup:
-    """Layers that keep the same activation bytes (without checkpointing)."""
-
-    name: str
-    """``layer``, ``encoder``, ``decoder``, ``dense``, ``moe``, ``sliding`` ..."""
-    count: int
-    bytes: int
-    """Per layer."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ActivationEstimate:
-    """Activation bytes live at the end of the forward (what backward will need).
-
-    Per layer, for a ledger that allocates one layer at a time: ``layers`` (groups of identical
-    layers, in execution order; the very first layer keeps ``first_layer_bytes`` instead of its
-    group's ``bytes``), ``per_layer_bytes()`` (one entry per layer, in order, checkpointing
-    applied) and ``non_layer_bytes`` (embeddings + head and loss, kept outside the layers).
-    """
-
-    total_bytes: int
-    """Everything below together: layers + embeddings + head and loss (+ checkpointed inputs)."""
-    layer_bytes: int
-    """One layer (every layer but the first) without checkpointing; the largest group's when
-    layers differ."""
-    first_layer_bytes: int
-    """The first layer without checkpointing (less when the embeddings are frozen)."""
-    embedding_bytes: int
-    """Before the first layer (embedding output, dropout mask, rotary tables)."""
-    head_bytes: int
-    """Final norm, the head's input, logits (kept with the outputs) and the loss's log-softmax."""
-    logits_bytes: int
-    """Part of ``head_bytes``: logits in the training dtype plus the loss's log-softmax."""
-    recompute_bytes: int
-    """With checkpointing: one layer recomputed during backward, on top of ``total_bytes``."""
-    formula: str
-    layers: tuple[LayerGroup, ...] = ()
-    checkpointed_layer_bytes: int = 0
-    """With checkpointing: what each layer keeps (its input), instead of its activations."""
-    logits_kept_bytes: int = 0
-    """Part of ``logits_bytes``: the logits the model's outputs hold (training dtype), kept until the
-    training loop drops the outputs (here: the end of backward)."""
-    loss_saved_bytes: int = 0
-    """Part of ``logits_bytes``: the log-softmax ``cross_entropy`` saves for its backward (fp32 when the
-    loss upcasts the logits), freed once log_softmax's backward has run."""
-    loss_forward_tensors: tuple[int, ...] = ()
-    """Transient tensors on top of ``total_bytes`` while the loss runs, all alive at its peak: the fp32
-    copy of the logits (``logits.float()`` in ForCausalLMLoss/ForMaskedLMLoss, alive next to the
-    log-softmax it feeds) and the label copies (transformers/loss/loss_utils.py)."""
-    loss_backward_tensors: tuple[int, ...] = ()
-    """Transients when backward starts, in order, both alive at its peak with the saved log-softmax:
-    the gradient of the log-softmax output (``nll_loss_backward``) and log_softmax's backward result."""
-    logits_grad_bytes: int = 0
-    """After log_softmax's backward, when the loss upcast the logits: their gradient cast back to the
-    training dtype (``ToCopyBackward``), alive through the head's backward (0 when the loss ran in the
-    training dtype: log_softmax's backward result is then that gradient)."""
-    loss_source: str = ""
-    """The code the loss tensors come from (file:function, transformers version)."""
-    checkpointed_layers: tuple[int, ...] = ()
-    """With checkpointing: what each layer holds, in order (its input; the first layer of a stack also
-    the masks or position biases handed to every layer). Sums to ``total_bytes`` minus embeddings and head."""
-
-    @property
-    def loss_forward_bytes(self) -> int:
-        """Transient on top of ``total_bytes`` while the loss runs (``loss_forward_tensors``)."""
-        return sum(self.loss_forward_tensors)
-
-    @property
-    def loss_backward_bytes(self) -> int:
-        """Transient on top of ``total_bytes`` when backward starts (``loss_backward_tensors``)."""
-        return sum(self.loss_backward_tensors)
-
-    @property
-    def non_layer_bytes(self) -> int:
-        """Embeddings plus head and loss: kept outside the layers."""
-        return self.embedding_bytes + self.head_bytes
-
-    @property
-    def forward_peak_bytes(self) -> int:
-        """Highest activation bytes of the forward: at the loss, when the logits peak."""
-        return self.total_bytes + self.loss_forward_bytes
-
-    @property
-    def backward_peak_bytes(self) -> int:
-        """Activation bytes when backward starts (the loss's gradients; layer-by-layer transients of
-        the backward are not modelled)."""
-        return self.total_bytes + self.loss_backward_bytes
-
-    def per_layer_bytes(self) -> tuple[int, ...]:
-        """Bytes each layer keeps, in execution order (encoder layers first), checkpointing applied."""
-        if self.checkpointed_layers:
-            return self.checkpointed_layers
-        if self.checkpointed_layer_bytes:
-            count = sum(g.count for g in self.layers)
-            return (self.checkpointed_layer_bytes,) * count
-        out = [g.bytes for g in self.layers for _ in range(g.count)]
-        if out:
-            out[0] = self.first_layer_bytes
-        return tuple(out)
-
-    def recompute_per_layer(self) -> tuple[int, ...]:
-        """With checkpointing: the activations each layer's recompute rebuilds during its backward
-        (its group's bytes: checkpointing makes the embedding output require grad, so the first layer
-        keeps what the others do), in execution order; zeros without checkpointing."""
-        if not self.recompute_bytes:
-            return (0,) * sum(g.count for g in self.layers)
-        return tuple(g.bytes for g in self.layers for _ in range(g.count))
 
 
 def estimate_activation_bytes(
@@ -286,38 +165,11 @@ def estimate_activation_bytes(
     )
 
 
-CAUSAL_LM_LOSS = ("transformers/loss/loss_utils.py:ForCausalLMLoss (logits.float(), nn.functional.pad + "
-                  "labels[..., 1:].contiguous(); fixed_cross_entropy -> cross_entropy = log_softmax + nll_loss) "
-                  "(transformers 5.24)")
-"""Where the causal-LM loss tensors come from."""
-
-
 def _held_layers(n_layers: int, per_layer: int, first_extra: int) -> tuple[int, ...]:
     """Checkpointing: each layer's kept input, the first also holding what every layer receives."""
     if not n_layers:
         return ()
     return (per_layer + first_extra,) + (per_layer,) * (n_layers - 1)
-
-
-def _lora_targets(arch: ArchSpec, peft: PeftSpec) -> tuple[str, ...]:
-    if peft.target_modules:
-        return tuple(peft.target_modules)
-    pattern = getattr(peft, "target_modules_pattern", None)
-    if pattern and pattern.lower() == "all-linear":
-        return ("q_proj", "k_proj", "v_proj", "o_proj", "out_proj", "gate_proj", "up_proj", "down_proj", "fc_in",
-                "fc_out", "c_attn", "c_proj", "c_fc")
-    return LORA_DEFAULT_TARGETS.get(arch.model_type, ("q_proj", "v_proj"))
-
-
-def _attention_bytes(*, D: int, b: int, s: int, skv: int, t: int, hq: int, hkv: int, a: int, eager: bool,
-                     gqa: bool, repeat_kv: bool, upcast_qk: bool, softmax_bytes: int) -> int:
-    """Inside attention: q, k, v, the output, and (eager) the score matrices."""
-    kv_heads_width = hq if repeat_kv else hkv
-    if eager:
-        qk = 4 * b * s * hq + 4 * b * skv * hq if upcast_qk else D * b * s * hq + D * b * skv * kv_heads_width
-        probs = softmax_bytes * b * a * s * skv + (D * b * a * s * skv if softmax_bytes != D else 0)
-        return qk + probs + D * b * skv * kv_heads_width + D * t * hq
-    return D * t * hq + 2 * D * b * skv * kv_heads_width + D * t * hq + 4 * b * a * s
 
 
 def _layer_bytes(fam: str, *, D: int, b: int, s: int, skv: int, t: int, h: int, a: int, hq: int, hkv: int, i: int,

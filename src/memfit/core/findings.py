@@ -6,27 +6,17 @@ numbers it quotes are the numbers the tables show.
 
 from __future__ import annotations
 
+from memfit.core.findings_common import _host_findings, _item, _on, _phase, _tightest
+from memfit.core.framework_findings import framework_findings
 from memfit.core.input_findings import input_findings
 from memfit.core.ledger_types import Device, Finding, PhaseLedger, Verdict
 from memfit.core.scenario import Scenario
 from memfit.core.units import fmt_both, fmt_bytes
-from memfit.core.verdict import gpu_figure, host_figure
-
-
-def _phase(phases: tuple[PhaseLedger, ...], name: str) -> PhaseLedger | None:
-    return next((p for p in phases if p.name == name), None)
-
-
-def _item(ph: PhaseLedger | None, key: str) -> int:
-    if ph is None:
-        return 0
-    return sum(i.bytes for i in ph.items if i.key == key)
+from memfit.core.verdict import gpu_figure
 
 
 def derive_findings(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: Verdict) -> tuple[Finding, ...]:
     if sc.framework != "deepspeed":
-        from memfit.core.framework_findings import framework_findings
-
         return framework_findings(sc, phases, verdict)
     out: list[Finding] = []
     ds = sc.deepspeed
@@ -95,14 +85,6 @@ def derive_findings(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: Verd
     return tuple(out)
 
 
-def _on(item_device: Device, failed: str) -> bool:
-    if failed == "gpu":
-        return item_device is Device.GPU
-    if failed == "cpu":
-        return item_device in (Device.CPU_PINNED, Device.CPU_PAGEABLE)
-    return item_device is Device.NVME
-
-
 def _elem(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
@@ -152,49 +134,6 @@ def _sixteen_bytes(sc: Scenario, phases: tuple[PhaseLedger, ...]) -> Finding:
         f"({fmt_both(frozen * eb)}) and get no gradient or optimizer state"
         + (f"; under ZeRO-3 they are partitioned too, 1/{W} per rank." if sc.deepspeed.zero.stage == 3
            else "; below ZeRO-3 every GPU holds all of them.")))
-
-
-def _host_findings(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: Verdict) -> list[Finding]:
-    hw = sc.hardware
-    R = hw.gpus_per_node
-    out = []
-    peak = max(phases, key=host_figure)
-    pinned_peak = max(phases, key=lambda p: p.cpu_pinned_locked_bytes)
-    head = hw.cpu_ram_bytes - host_figure(peak)
-    if R > 1 or head < hw.cpu_ram_bytes * 0.2:
-        out.append(Finding(id="host-ram-per-node", severity="warning" if head < hw.cpu_ram_bytes * 0.1 else "info", message=(
-            f"{R} rank(s) on one node each run their own process with their own copy: host memory peaks in phase "
-            f"{peak.name} at {fmt_bytes(host_figure(peak), 'GB')} per node of {fmt_bytes(hw.cpu_ram_bytes, 'GB')} "
-            f"({fmt_bytes(peak.cpu_pageable_bytes, 'GB')} pageable + {fmt_bytes(peak.cpu_pinned_locked_bytes, 'GB')} "
-            f"page-locked per rank), leaving {fmt_bytes(head, 'GB')} for the OS, page cache and everything else.")))
-    if pinned_peak.cpu_pinned_locked_bytes:
-        locked, asked = pinned_peak.cpu_pinned_locked_bytes, pinned_peak.cpu_pinned_requested_bytes
-        why = (f" (the tensors ask for {fmt_bytes(asked, 'GB')}; torch's pinned allocator rounds each block up to a "
-               f"power of two and keeps freed blocks locked)" if locked > asked else "")
-        out.append(Finding(id="pinned-oom-is-reported-as-cuda-oom", severity="info", message=(
-            f"Pinned (page-locked) host memory reaches {fmt_bytes(locked, 'GB')} per rank{why}, "
-            f"{fmt_bytes(locked * R, 'GB')} per node (phase {pinned_peak.name}). A pinned "
-            f"allocation that fails is reported as 'RuntimeError: CUDA error: out of memory' without 'Tried to allocate': "
-            f"it is host memory running out, not GPU memory. Setting pin_memory false trades speed for that.")))
-    return out
-
-
-def _tightest(sc: Scenario, phases: tuple[PhaseLedger, ...]) -> Finding:
-    hw = sc.hardware
-    gpu = max(phases, key=gpu_figure)
-    cpu = max(phases, key=host_figure)
-    g_frac = gpu_figure(gpu) / hw.gpu.total_bytes
-    c_frac = host_figure(cpu) / hw.cpu_ram_bytes
-    if g_frac >= c_frac:
-        where = (f"the GPU in phase {gpu.name}: {fmt_bytes(gpu_figure(gpu))} of {fmt_bytes(hw.gpu.total_bytes)} "
-                 f"({g_frac:.0%}) per rank")
-    else:
-        where = (f"host RAM in phase {cpu.name}: {fmt_bytes(host_figure(cpu))} of {fmt_bytes(hw.cpu_ram_bytes)} "
-                 f"({c_frac:.0%}) per node")
-    sev = "warning" if max(g_frac, c_frac) > 0.9 else "info"
-    return Finding(id="tightest-margin", severity=sev, message=(
-        f"It fits; the smallest margin is {where}. Allocator fragmentation, other processes and the OS need "
-        f"room too, so under about 10% of headroom a real run can still fail there."))
 
 
 def _still_reserved(phases: tuple[PhaseLedger, ...]) -> str:

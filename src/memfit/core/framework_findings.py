@@ -5,7 +5,7 @@ Every number quoted is read off the phase ledgers (never recomputed), like ``mem
 
 from __future__ import annotations
 
-from memfit.core.findings import _host_findings, _on, _phase, _tightest
+from memfit.core.findings_common import _host_findings, _on, _phase, _tightest
 from memfit.core.ledger_types import Finding, PhaseLedger, Verdict
 from memfit.core.scenario import Scenario
 from memfit.core.units import fmt_both, fmt_bytes

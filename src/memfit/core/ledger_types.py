@@ -135,7 +135,7 @@ class PhaseLedger:
     gpu_oom_relevant_bytes: int = 0
     """Per rank, peak of what a failing cudaMalloc cannot get back: every segment holding a live block
     (allocated + stranded free space + the segment a request just needed) + memory outside PyTorch.
-    The run OOMs in this phase iff it exceeds the card (see ``core/alloc/cuda_caching.py``)."""
+    The run OOMs in this phase iff it exceeds the card (see ``core/alloc/device_caching.py``)."""
     gpu_outside_pytorch_bytes: int = 0
     """Per rank, CUDA context + NCCL buffers (+ cuBLAS workspace before torch 1.13), estimated."""
     gpu_nvidia_smi_bytes: int = 0

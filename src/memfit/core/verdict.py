@@ -18,7 +18,7 @@ def judge(phases: tuple[PhaseLedger, ...], hw: Hardware) -> Verdict:
 
     With the allocator simulators (CUDA runs) the GPU figure is the OOM-relevant one: a CUDA OOM is
     raised exactly when, after ``release_cached_blocks``, what cannot be released plus the new segment
-    plus the memory outside PyTorch exceeds the card (``core/alloc/cuda_caching.py``). The host figure
+    plus the memory outside PyTorch exceeds the card (``core/alloc/device_caching.py``). The host figure
     counts pinned memory as page-locked (power-of-two blocks, freed blocks kept cached)."""
     simulated = any(p.allocators_simulated for p in phases)
     gpu_fig, host_fig = (GPU_OOM_RELEVANT, HOST_LOCKED) if simulated else (GPU_REQUESTED, HOST_REQUESTED)

@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from memfit import __version__
-from memfit.core.recommend.search import Recommendation, RecommendResult
+from memfit.core.recommend.results import Recommendation, RecommendResult
 from memfit.core.units import fmt_bytes
 from memfit.render.json_out import plan_to_dict
 

@@ -46,41 +46,18 @@ import time
 import traceback
 from typing import Any
 
-from memfit.replay.measurement import (
-    DeviceInfo,
-    Measurement,
-    ModelSummary,
-    ReplayError,
-    TimelinePoint,
+from memfit.replay.child_common import (
+    MAX_TIMELINE_POINTS,
+    _device_info,
+    _fault_hook,
+    _model_summary,
+    _versions,
+    classify,
+    launcher_env,
 )
-from memfit.replay.spec import ReplaySpec, parse_fault
+from memfit.replay.measurement import Measurement, ModelSummary, ReplayError, TimelinePoint, rank_output_path
+from memfit.replay.spec import ReplaySpec
 from memfit.replay.supervision import Terminated, end_own_group, guard_process
-
-MAX_TIMELINE_POINTS = 400
-"""Timeline samples kept (every phase's first, last and peak samples survive; see ``downsample``)."""
-
-
-def launcher_env(spec: ReplaySpec) -> dict[str, str]:
-    """Environment variables a launcher would set for rank ``spec.rank`` (torchrun: it set them)."""
-    if spec.launcher == "torchrun":
-        return {"DS_ACCELERATOR": spec.accelerator}
-    return {
-        "DS_ACCELERATOR": spec.accelerator,
-        "LOCAL_RANK": "0",
-        "RANK": str(spec.rank),
-        "WORLD_SIZE": str(spec.world_size),
-        "LOCAL_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": "29517",
-    }
-
-
-def rank_output_path(out_path: str, rank: int) -> str:
-    """Where rank ``rank`` writes its measurement: ``out_path`` for rank 0, ``OUT.rankR.json`` else."""
-    if rank == 0:
-        return out_path
-    root, ext = os.path.splitext(out_path)
-    return f"{root}.rank{rank}{ext}"
 
 
 def prepare_deepspeed_config(spec: ReplaySpec) -> tuple[dict[str, Any], list[str]]:
@@ -108,102 +85,6 @@ def prepare_deepspeed_config(spec: ReplaySpec) -> tuple[dict[str, Any], list[str
         cfg["bf16"] = {"enabled": True}
         notes.append("fp16->bf16: cpu replays run bf16 (same 2 bytes per element)")
     return cfg, notes
-
-
-def classify(exc: BaseException) -> str:
-    """``ReplayError.kind`` of an exception."""
-    from memfit.replay.ops import BuildLockError
-
-    if isinstance(exc, BuildLockError):
-        return exc.kind
-    import torch
-
-    message = str(exc)
-    if isinstance(exc, getattr(torch, "OutOfMemoryError", ())) and "DefaultCPUAllocator" not in message:
-        return "oom"
-    if isinstance(exc, MemoryError) or "DefaultCPUAllocator: can't allocate memory" in message:
-        return "host_oom"
-    if "out of memory" in message.lower():
-        return "oom"
-    return "error"
-
-
-def _fault_hook(spec: ReplaySpec):
-    phase, kind, rank = parse_fault(spec.fault or "")
-
-    def hook(name: str) -> None:
-        if name != phase or rank not in (None, spec.rank):
-            return
-        import torch
-
-        if kind == "raise":
-            raise RuntimeError(f"memfit injected fault at {name}")
-        if kind == "oom":
-            device = "cuda" if spec.accelerator == "cuda" else "cpu"
-            torch.empty(2**62, dtype=torch.uint8, device=device)
-        if kind == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        if kind == "hang":
-            time.sleep(10**6)
-
-    return hook
-
-
-def _device_info(spec: ReplaySpec, index: int = 0) -> DeviceInfo:
-    import torch
-
-    host_ram = 0
-    cpu_name = "cpu"
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemTotal:"):
-                    host_ram = int(line.split()[1]) * 1024
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu_name = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    if spec.accelerator == "cuda":
-        return DeviceInfo(accelerator="cuda", name=torch.cuda.get_device_name(index),
-                          total_bytes=int(torch.cuda.mem_get_info(index)[1]),
-                          capacity_bytes=spec.emulate_capacity_bytes, cpu_count=os.cpu_count() or 0,
-                          host_ram_bytes=host_ram)
-    return DeviceInfo(accelerator="cpu", name=cpu_name, total_bytes=host_ram, cpu_count=os.cpu_count() or 0,
-                      host_ram_bytes=host_ram)
-
-
-def _versions() -> dict[str, str]:
-    import importlib.metadata as md
-
-    out = {"python": sys.version.split()[0]}
-    for name in ("torch", "deepspeed", "transformers", "peft", "memfit"):
-        try:
-            out[name] = md.version(name)
-        except md.PackageNotFoundError:
-            out[name] = "missing"
-    return out
-
-
-def _model_summary(model, cfg) -> ModelSummary:
-    from memfit.replay.attribution import logical_numel
-    from memfit.replay.model_build import num_layers
-
-    named = [(n, p, logical_numel(p)) for n, p in model.named_parameters()]
-    largest_name, _, largest = max(named, key=lambda x: x[2])
-    return ModelSummary(
-        architecture=type(getattr(model, "get_base_model", lambda: model)()).__name__,
-        params=sum(n for _, _, n in named),
-        trainable_params=sum(n for _, p, n in named if p.requires_grad),
-        param_bytes=sum(n * p.element_size() for _, p, n in named),
-        trainable_param_bytes=sum(n * p.element_size() for _, p, n in named if p.requires_grad),
-        buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
-        largest_param=largest,
-        largest_param_name=largest_name,
-        num_layers=num_layers(cfg),
-    )
 
 
 def _preload_ops(ds_config: dict[str, Any]) -> None:

@@ -273,6 +273,14 @@ def load_fixture(path: str) -> Measurement:
         return Measurement.from_json(fh.read())
 
 
+def rank_output_path(out_path: str, rank: int) -> str:
+    """Where rank ``rank`` writes its measurement: ``out_path`` for rank 0, ``OUT.rankR.json`` else."""
+    if rank == 0:
+        return out_path
+    root, ext = os.path.splitext(out_path)
+    return f"{root}.rank{rank}{ext}"
+
+
 def _to_plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
@@ -281,3 +289,4 @@ def _to_plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_to_plain(v) for v in value]
     return value
+

@@ -229,7 +229,7 @@ def warm_ops(ops: tuple[str, ...] = ("cpu_adam", "fused_adam", "deepspeed_shm_co
     import subprocess
     import tempfile
 
-    from memfit.replay.runner import run_supervised
+    from memfit.replay.supervision import run_supervised
 
     argv = [sys.executable, "-m", "memfit.replay.ops", *ops]
     if lock_timeout_s is not None:

@@ -14,7 +14,7 @@ child's progress log: the phases it closed and the phase it was in.
 With ``spec.launcher == "torchrun"`` the child command is ``python -m torch.distributed.run
 --standalone --nproc_per_node W -m memfit.replay.child SPEC.json OUT.json``: W processes on this
 host, each running the whole recipe on a real process group. Rank 0's OUT.json is the result; the
-other ranks' measurements (OUT.rankR.json, see ``memfit.replay.child.rank_output_path``) are read
+other ranks' measurements (OUT.rankR.json, see ``memfit.replay.measurement.rank_output_path``) are read
 for their errors and returned by ``run_replay_ranks``. torchrun starts each worker in a session of
 its own, so the deadline kill signals torchrun's session and every descendant's process group.
 When rank 0 left no result, the error is, in order: the deadline; the error another rank reported;
@@ -29,22 +29,19 @@ import os
 import re
 import shlex
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 
 from memfit.errors import MemfitError
 from memfit.replay import supervision
-from memfit.replay.child import rank_output_path
+from memfit.replay.measurement import Measurement, ReplayError, rank_output_path, save_fixture
 from memfit.replay.ops import LOCK_TIMEOUT_ENV
-from memfit.replay.measurement import Measurement, ReplayError, save_fixture
 from memfit.replay.phases import read_progress
 from memfit.replay.spec import ReplaySpec
+from memfit.replay.supervision import KILL_GRACE_S, run_supervised  # noqa: F401 (KILL_GRACE_S: public name)
 
 STDERR_TAIL_CHARS = 4000
-KILL_GRACE_S = 5.0
-"""Seconds between SIGTERM and SIGKILL when a replay is stopped."""
 LOCK_TIMEOUT_SHARE = 0.5
 """Default share of the replay's timeout that the child may wait for another process's op build."""
 TORCHRUN_SUMMARY_CHARS = 65536
@@ -217,63 +214,6 @@ def _collect(spec, argv, out_path, progress_path, stderr_path, returncode, timed
         phases=phases, error=error, wall_s=round(wall, 3), returncode=returncode,
         notes=("partial: phases from the child's progress log (no host tracker numbers)",),
     )
-
-
-def run_supervised(argv: list[str], *, env: dict[str, str], timeout_s: float | None, stdout=None,
-                   stderr=None) -> tuple[int, bool]:
-    """Run ``argv`` as a supervised child: in its own session, killed with its descendants when this
-    process dies (``supervision``), stopped at ``timeout_s``. Returns (returncode, timed_out)."""
-    env = dict(env)
-    env[supervision.SUPERVISOR_ENV] = supervision.supervisor_token()
-    proc = subprocess.Popen(supervision.supervised_argv(argv), stdout=stdout, stderr=stderr, env=env,
-                            start_new_session=True)
-    try:
-        return proc.wait(timeout=timeout_s), False
-    except subprocess.TimeoutExpired:
-        _kill_tree(proc)
-        return proc.wait(), True
-    except BaseException:  # KeyboardInterrupt in the supervisor: the child goes with it
-        _kill_tree(proc)
-        proc.wait()
-        raise
-
-
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """SIGTERM the child's process group (its session) and those of all its descendants, then
-    SIGKILL the groups still there after ``KILL_GRACE_S``.
-
-    torchrun starts each worker with ``start_new_session=True`` (torch's ``SubprocessHandler``),
-    so signalling the child's own group would miss them; they are found through /proc before the
-    first signal (once torchrun is gone they are no longer its descendants). A group is killed only
-    while its leader is the very process seen then (same pid and start time).
-    """
-    leaders = {proc.pid: _start_time(proc.pid)}
-    for pid in _descendants(proc.pid):
-        try:
-            pgid = os.getpgid(pid)
-        except ProcessLookupError:
-            continue
-        leaders.setdefault(pgid, _start_time(pgid))
-    for pgid in leaders:
-        _signal_group(pgid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=KILL_GRACE_S)
-    except subprocess.TimeoutExpired:
-        pass
-    deadline = time.monotonic() + KILL_GRACE_S
-    while any(_start_time(g) == t for g, t in leaders.items() if g != proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pgid, started in leaders.items():
-        same = proc.poll() is None if pgid == proc.pid else started is not None and _start_time(pgid) == started
-        if same:
-            _signal_group(pgid, signal.SIGKILL)
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 _stat_fields = supervision.stat_fields

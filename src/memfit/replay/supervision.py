@@ -26,7 +26,8 @@ Three layers, so every descendant dies however the supervisor dies (SIGKILL incl
    ``ninja`` or compiler it started with it.
 
 The child keeps its own session (``start_new_session=True``) so a deadline can still stop a whole
-group at once (``runner._kill_tree``).
+group at once (``_kill_tree``). ``run_supervised`` starts a command this way and waits for it, up to
+a deadline (the replay runner, the op builder).
 
 Pure Python, no torch: the parent side imports this.
 """
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -44,6 +46,8 @@ SUPERVISOR_ENV = "MEMFIT_REPLAY_SUPERVISOR"
 WATCHDOG_POLL_S = 0.2
 WATCHDOG_GRACE_S = 3.0
 """Seconds between the watchdog's SIGTERM and its SIGKILL of the process group."""
+KILL_GRACE_S = 5.0
+"""Seconds between SIGTERM and SIGKILL when a replay is stopped."""
 PR_SET_PDEATHSIG = 1
 """linux/prctl.h."""
 
@@ -241,3 +245,61 @@ def guard_process() -> None:
     """What every replay process does first: unwind on SIGTERM, watch the supervisor."""
     install_sigterm_handler()
     start_watchdog()
+
+
+
+def run_supervised(argv: list[str], *, env: dict[str, str], timeout_s: float | None, stdout=None,
+                   stderr=None) -> tuple[int, bool]:
+    """Run ``argv`` as a supervised child: in its own session, killed with its descendants when this
+    process dies (``supervision``), stopped at ``timeout_s``. Returns (returncode, timed_out)."""
+    env = dict(env)
+    env[SUPERVISOR_ENV] = supervisor_token()
+    proc = subprocess.Popen(supervised_argv(argv), stdout=stdout, stderr=stderr, env=env,
+                            start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout_s), False
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc)
+        return proc.wait(), True
+    except BaseException:  # KeyboardInterrupt in the supervisor: the child goes with it
+        _kill_tree(proc)
+        proc.wait()
+        raise
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGTERM the child's process group (its session) and those of all its descendants, then
+    SIGKILL the groups still there after ``KILL_GRACE_S``.
+
+    torchrun starts each worker with ``start_new_session=True`` (torch's ``SubprocessHandler``),
+    so signalling the child's own group would miss them; they are found through /proc before the
+    first signal (once torchrun is gone they are no longer its descendants). A group is killed only
+    while its leader is the very process seen then (same pid and start time).
+    """
+    leaders = {proc.pid: start_time(proc.pid)}
+    for pid in descendants(proc.pid):
+        try:
+            pgid = os.getpgid(pid)
+        except ProcessLookupError:
+            continue
+        leaders.setdefault(pgid, start_time(pgid))
+    for pgid in leaders:
+        _signal_group(pgid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    deadline = time.monotonic() + KILL_GRACE_S
+    while any(start_time(g) == t for g, t in leaders.items() if g != proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pgid, started in leaders.items():
+        same = proc.poll() is None if pgid == proc.pid else started is not None and start_time(pgid) == started
+        if same:
+            _signal_group(pgid, signal.SIGKILL)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -85,7 +85,7 @@ def wrap_fsdp(model, spec, items: list):
     for p in wrapped.parameters():
         local = getattr(p, "_local_tensor", p)
         shards.append(local)
-    from memfit.replay.torch_child import _item
+    from memfit.replay.torch_attribution import _item
 
     items.append(_item("fsdp.sharded_params", "setup", shards))
     return wrapped

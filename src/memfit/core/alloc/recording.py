@@ -27,7 +27,7 @@ from typing import Any, Iterable
 
 from memfit.core.alloc.blocks import Block, TraceEvent
 from memfit.core.alloc.conf import AllocConf
-from memfit.core.alloc.cuda_caching import CudaCachingAllocator, OutOfMemory
+from memfit.core.alloc.device_caching import CudaCachingAllocator, OutOfMemory
 from memfit.errors import MemfitError
 
 SEGMENT_ACTIONS = ("segment_alloc", "segment_free", "segment_map", "segment_unmap")

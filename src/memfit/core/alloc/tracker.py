@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memfit.core.alloc.conf import AllocConf
-from memfit.core.alloc.cuda_caching import CudaCachingAllocator
+from memfit.core.alloc.device_caching import CudaCachingAllocator
 from memfit.core.alloc.pinned_host import PAGE, PinnedHostAllocator
 from memfit.core.alloc.versions import TorchVersion
 

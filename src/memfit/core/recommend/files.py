@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from memfit.core.recommend.search import Recommendation, RecommendResult
+from memfit.core.recommend.results import Recommendation, RecommendResult
 from memfit.core.recommend.space import Candidate
 from memfit.core.scenario_io import ScenarioInputs
 from memfit.errors import MemfitError

@@ -22,10 +22,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from memfit.core.hardware import Hardware
-from memfit.core.ledger_types import Plan
 from memfit.core.plan import make_plan
 from memfit.core.recommend.aggregates import ScenarioAggregates
+from memfit.core.recommend.confirm import _fast_exact_diff, _fits, _limits
 from memfit.core.recommend.estimate import PhaseEstimate, estimate_peaks, phase_names
 from memfit.core.recommend.patch import (
     Change,
@@ -35,6 +34,7 @@ from memfit.core.recommend.patch import (
     describe_changes,
     patch_deepspeed_json,
 )
+from memfit.core.recommend.results import Recommendation, RecommendResult
 from memfit.core.recommend.script_diff import script_diff
 from memfit.core.recommend.space import (
     Candidate,
@@ -99,62 +99,6 @@ class SearchOutcome:
     @property
     def candidates_per_second(self) -> float:
         return self.searched / self.seconds if self.seconds else 0.0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Recommendation:
-    """One configuration that fits, confirmed by the exact ledger."""
-
-    rank: int
-    candidate: Candidate
-    changes: tuple[Change, ...]
-    step_time: StepTime
-    fast_phases: tuple[PhaseEstimate, ...]
-    """The fast estimator's peaks (equal to the plan's; kept to show the agreement)."""
-    plan: Plan
-    """The exact ledger of this configuration."""
-    deepspeed_json: dict[str, Any]
-    """The user's JSON with only the changed keys changed ("auto" kept where still right)."""
-    script_diff: str
-    """Unified diff of the training script (as memfit assumes it) to the recommended one."""
-    scenario_inputs: ScenarioInputs
-    """The scenario of this configuration (the patched JSON inline), for ``memfit plan``."""
-    notes: tuple[str, ...] = ()
-    files: tuple[str, ...] = ()
-    """Paths written by ``write_recommendations``."""
-
-    @property
-    def gpu_peak_bytes(self) -> int:
-        return max(p.gpu_peak_bytes for p in self.plan.phases)
-
-    @property
-    def node_cpu_peak_bytes(self) -> int:
-        return max(p.node_cpu_peak_bytes for p in self.plan.phases)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RecommendResult:
-    """What ``recommend`` found."""
-
-    scenario_name: str
-    hardware: Hardware
-    headroom: float
-    gpu_limit_bytes: int
-    """``(1 - headroom) x`` the GPU's capacity: a candidate's GPU peak must stay at or under it."""
-    host_limit_bytes: int
-    """``(1 - headroom) x`` the host RAM per node."""
-    baseline: Plan
-    """The user's own configuration, exact ledger."""
-    baseline_fits_with_headroom: bool
-    baseline_step_time: StepTime
-    recommendations: tuple[Recommendation, ...]
-    candidates_searched: int
-    candidates_fitting: int
-    search_seconds: float
-    candidates_per_second: float
-    max_fast_exact_diff_bytes: int
-    """Largest |fast - exact| over the confirmed candidates, phases and peaks (GPU, host, node, NVMe)."""
-    notes: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------------------------
@@ -258,27 +202,6 @@ def _dominates(a: Scored, b: Scored) -> bool:
     return (a.step_time.total_s <= b.step_time.total_s * tol
             and {(c.setting, c.after) for c in a.changes} <= {(c.setting, c.after) for c in b.changes}
             and peak(a, 0) <= peak(b, 0) * tol and peak(a, 2) <= peak(b, 2) * tol)
-
-
-def _limits(hw: Hardware, headroom: float) -> tuple[int, int, float]:
-    """What a candidate may use: ``(1 - headroom)`` of the GPU (per rank), of the host RAM and of
-    the NVMe space (per node; unlimited when the scenario gives none)."""
-    nvme = hw.nvme_bytes * (1 - headroom) if hw.nvme_bytes is not None else float("inf")
-    return int(hw.gpu.total_bytes * (1 - headroom)), int(hw.cpu_ram_bytes * (1 - headroom)), nvme
-
-
-def _fits(plan: Plan, hw: Hardware, headroom: float) -> bool:
-    """The exact plan's verdict figures (OOM-relevant GPU bytes, page-locked host bytes) with headroom."""
-    from memfit.core.verdict import gpu_figure, host_figure
-
-    gpu_limit, host_limit, nvme_limit = _limits(hw, headroom)
-    return all(gpu_figure(p) <= gpu_limit and host_figure(p) <= host_limit
-               and p.nvme_bytes * hw.gpus_per_node <= nvme_limit for p in plan.phases)
-
-
-def _fast_exact_diff(peaks, plan: Plan) -> int:
-    return max(max(abs(g - p.gpu_peak_bytes), abs(h - p.cpu_peak_bytes), abs(node - p.node_cpu_peak_bytes),
-                   abs(nv - p.nvme_bytes)) for (g, h, node, nv), p in zip(peaks, plan.phases))
 
 
 def recommend(inputs: ScenarioInputs, *, top: int = 5, headroom: float = 0.1,

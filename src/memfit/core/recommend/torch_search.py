@@ -178,7 +178,8 @@ def describe_changes(base: TorchCandidate, c: TorchCandidate) -> tuple[Change, .
 
 def recommend_torch(inputs: ScenarioInputs, *, top: int = 5, headroom: float = 0.1, progress=None):
     from memfit.core.framework_inputs import apply_input_files
-    from memfit.core.recommend.search import Recommendation, RecommendResult, _fast_exact_diff, _fits, _limits
+    from memfit.core.recommend.confirm import _fast_exact_diff, _fits, _limits
+    from memfit.core.recommend.results import Recommendation, RecommendResult
 
     inputs = apply_input_files(inputs)
     sc = build_scenario(inputs)

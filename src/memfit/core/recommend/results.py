@@ -1,0 +1,73 @@
+"""What ``memfit recommend`` returns: each confirmed configuration (``Recommendation``) and the whole
+answer (``RecommendResult``), for DeepSpeed (``search``) and for the other frameworks (``torch_search``)
+alike; the renderers and ``files`` read them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from memfit.core.hardware import Hardware
+from memfit.core.ledger_types import Plan
+from memfit.core.recommend.estimate import PhaseEstimate
+from memfit.core.recommend.patch import Change
+from memfit.core.recommend.space import Candidate
+from memfit.core.recommend.step_time import StepTime
+from memfit.core.scenario_io import ScenarioInputs
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Recommendation:
+    """One configuration that fits, confirmed by the exact ledger."""
+
+    rank: int
+    candidate: Candidate
+    changes: tuple[Change, ...]
+    step_time: StepTime
+    fast_phases: tuple[PhaseEstimate, ...]
+    """The fast estimator's peaks (equal to the plan's; kept to show the agreement)."""
+    plan: Plan
+    """The exact ledger of this configuration."""
+    deepspeed_json: dict[str, Any]
+    """The user's JSON with only the changed keys changed ("auto" kept where still right)."""
+    script_diff: str
+    """Unified diff of the training script (as memfit assumes it) to the recommended one."""
+    scenario_inputs: ScenarioInputs
+    """The scenario of this configuration (the patched JSON inline), for ``memfit plan``."""
+    notes: tuple[str, ...] = ()
+    files: tuple[str, ...] = ()
+    """Paths written by ``write_recommendations``."""
+
+    @property
+    def gpu_peak_bytes(self) -> int:
+        return max(p.gpu_peak_bytes for p in self.plan.phases)
+
+    @property
+    def node_cpu_peak_bytes(self) -> int:
+        return max(p.node_cpu_peak_bytes for p in self.plan.phases)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecommendResult:
+    """What ``recommend`` found."""
+
+    scenario_name: str
+    hardware: Hardware
+    headroom: float
+    gpu_limit_bytes: int
+    """``(1 - headroom) x`` the GPU's capacity: a candidate's GPU peak must stay at or under it."""
+    host_limit_bytes: int
+    """``(1 - headroom) x`` the host RAM per node."""
+    baseline: Plan
+    """The user's own configuration, exact ledger."""
+    baseline_fits_with_headroom: bool
+    baseline_step_time: StepTime
+    recommendations: tuple[Recommendation, ...]
+    candidates_searched: int
+    candidates_fitting: int
+    search_seconds: float
+    candidates_per_second: float
+    max_fast_exact_diff_bytes: int
+    """Largest |fast - exact| over the confirmed candidates, phases and peaks (GPU, host, node, NVMe)."""
+    notes: tuple[str, ...] = ()
