@@ -44,14 +44,14 @@ def test_framework_is_inferred():
 
 @pytest.mark.parametrize("kw,match", [
     (dict(framework="fsdp", deepspeed_inline={"zero_optimization": {"stage": 2}}), "contradicts the DeepSpeed config"),
-    (dict(precision="amp_bf16", deepspeed_inline={"zero_optimization": {"stage": 2}}), "contradicts precision"),
+    (dict(precision="amp_bf16", deepspeed_inline={"zero_optimization": {"stage": 2}}), "amp_\* are the torch"),
     (dict(framework="deepspeed", optim="adafactor"), "contradicts optim"),
     (dict(precision="amp_bf16", gpus="1xv100-32gb"), "v100"),
     (dict(framework="torch", gpus="2xa100-80gb"), "one GPU"),
     (dict(precision="amp_fp16", load_dtype="fp16"), "GradScaler"),
     (dict(quantization={"method": "4bit"}, peft_method="full"), "fully fine-tuned"),
     (dict(optim="adam_nonexistent", precision="fp32"), "optim must be one of"),
-    (dict(precision="fp8"), "precision must be one of"),
+    (dict(precision="fp8"), "must be fp16, bf16, fp32, amp_fp16, amp_bf16"),
     (dict(framework="jax"), "framework must be one of"),
     (dict(optim_args={"nesterov": True}, optim="sgd"), "unknown optim_args"),
     (dict(quantization={"method": "4bit", "bits": 3}), "unknown quantization"),

@@ -415,7 +415,15 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
     hw = Hardware(gpu=gpu, gpus_per_node=count, nodes=nodes,
                   cpu_ram_bytes=parse_size(inputs.cpu_ram or "256GB", what="cpu_ram"),
                   nvme_bytes=parse_size(inputs.nvme, what="nvme") if inputs.nvme else None)
-    fw = resolve_framework_settings(inputs, hw, has_deepspeed_json=bool(inputs.deepspeed or inputs.deepspeed_inline))
+    has_ds_json = bool(inputs.deepspeed or inputs.deepspeed_inline)
+    if inputs.precision is not None:
+        modes = ("fp16", "bf16", "fp32") if has_ds_json or inputs.framework == "deepspeed" else \
+            ("fp16", "bf16", "fp32", "amp_fp16", "amp_bf16")
+        if inputs.precision not in modes:
+            raise MemfitError(f"{input_label('precision')} must be {', '.join(modes)}"
+                              + (" with DeepSpeed (amp_* are the torch/DDP/FSDP precision modes)"
+                                 if len(modes) == 3 else "") + f", got {inputs.precision!r}")
+    fw = resolve_framework_settings(inputs, hw, has_deepspeed_json=has_ds_json)
     micro = inputs.micro_batch
     if fw.framework == "deepspeed":
         if inputs.precision is not None and inputs.precision not in ("fp16", "bf16", "fp32"):

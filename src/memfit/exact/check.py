@@ -246,7 +246,7 @@ def _check(model: Any, ds_config: Mapping[str, Any] | str | None, *, gpus: str |
                   load=LoadSettings(dtype=load_dtype, zero_init=zero_init),
                   train=TrainSettings(seq_len=seq_len, micro_batch=micro_batch or ds.train_micro_batch_size_per_gpu,
                                       gradient_checkpointing=gradient_checkpointing, model_parameters=model_parameters),
-                  ds_version=deepspeed_version, accelerator="cuda")
+                  ds_version=deepspeed_version, accelerator="cuda", framework=framework or "deepspeed")
     if framework not in (None, "deepspeed"):
         sc = _framework_scenario(sc, model, framework=framework, precision=precision, optim=optim,
                                  grad_accum=grad_accum, ddp=ddp, fsdp=fsdp)
