@@ -116,6 +116,11 @@ class Timeline:
                                      formula=formula, source=source, category=category, exact=exact,
                                      rank0_only=rank0_only, outside_allocator=outside_allocator)
 
+    def describe(self, key: str, formula: str) -> None:
+        """Restate a declared item's formula once its content is known (an item that gathers tensors
+        over several steps, e.g. params loaded, upcast and joined by adapters)."""
+        self._meta[key] = replace(self._meta[key], formula=formula)
+
     def alloc(self, key: str, nbytes: int) -> None:
         if nbytes == 0:
             return

@@ -185,7 +185,24 @@ def record_load(t: Timeline, sc: Scenario, m: TorchModel, *, rank0_only: bool = 
                 t.alloc(key, p.numel * 4)
         for p in ads:
             where[p.name] = (key, "fp32")
+    if loads_onto_gpu(sc):
+        _describe_params(t, m, where, GPU_PARAMS)
     return where
+
+
+def _describe_params(t: Timeline, m: TorchModel, where: Where, key: str) -> None:
+    """``key``'s formula from what it holds now: params per dtype (after a cast or
+    prepare_model_for_kbit_training's upcast, with the adapters)."""
+    by: dict[str, list[int]] = {}
+    for p in m.params:
+        k, dtype = where.get(p.name, (None, None))
+        if k == key:
+            n = by.setdefault(dtype, [0, 0])
+            n[0] += p.numel
+            n[1] += p.adapter
+    if by:
+        t.describe(key, " + ".join(f"{n:,} params x {DTYPE_BYTES[d]} B ({d}"
+                                   + (f", {a} adapter tensors" if a else "") + ")" for d, (n, a) in sorted(by.items())))
 
 
 def _buffers(t: Timeline, sc: Scenario, device: Device, key: str) -> None:
@@ -233,6 +250,8 @@ def record_setup(t: Timeline, sc: Scenario, m: TorchModel, where: Where, opt: Op
             t.alloc(new, p.numel * p.elem_bytes)
             t.free(old, p.numel * DTYPE_BYTES[dtype])
             where[p.name] = (new, p.dtype)
+        if loads_onto_gpu(sc):
+            _describe_params(t, m, where, GPU_PARAMS)
     if move and not loads_onto_gpu(sc) and t.accelerator == "cuda":
         t.declare(GPU_PARAMS, name="model params on the GPU", device=Device.GPU, category="params",
                   formula=f"{sum(p.numel for p in m.params):,} params in their training dtypes",
