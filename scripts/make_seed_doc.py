@@ -247,13 +247,17 @@ def build() -> str:
         f"- **Parameters.** {m.total_params:,} in all: {m.frozen_params:,} frozen (kogpt) and "
         f"{m.trainable_params:,} trained (the prefix encoder; the same count peft's PrefixTuningConfig builds). "
         f"The largest single tensor is the encoder's last Linear, {m.largest_param.numel:,} elements.",
-        f"- **The GPU peak is inside `initialize`, before ZeRO-3 does anything.** The model was not built under "
+        f"- **Inside `initialize` the GPU peaks before ZeRO-3 does anything.** The model was not built under "
         f"`deepspeed.zero.Init`, so DeepSpeed casts it to fp16 and moves **all of it** onto every GPU "
         f"(`engine.py _configure_distributed_model: self.module.to(self.device)`): {fmt_bytes(moved)} "
         f"({moved:,} B) per GPU in phase `initialize.move`, {gib(gpu_figure(move))} GiB with the CUDA context. "
         f"Only then does ZeRO-3 partition it, parameter by parameter, and the freed memory stays reserved by "
         f"PyTorch's caching allocator. \"Each GPU takes 13 GB\" is right, but as the whole model on each GPU, not "
-        f"half of it.",
+        f"half of it. " + (f"That is the run's GPU peak." if g.name == "initialize.move" else
+                          f"Over the whole run the highest GPU figure comes later, in {g.name}: "
+                          f"{gib(gpu_figure(g))} GiB of {gib(sc.hardware.gpu.total_bytes)} (allocated "
+                          f"{gib(g.gpu_allocated_bytes)} GiB; the rest is segments the allocator cannot hand "
+                          f"back and memory outside PyTorch)."),
         f"- **The 16 bytes per trained parameter.** {f.get('sixteen-bytes-per-trainable-param', '')}",
         f"- **Host memory is the tight resource.** {f.get('host-ram-per-node', '')} "
         f"Pinned (page-locked) memory reaches {fmt_bytes(pinned, 'GB')} per rank with DeepSpeed 0.5 on torch "
