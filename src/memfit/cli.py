@@ -12,9 +12,11 @@ from memfit.errors import MemfitError
 
 app = typer.Typer(
     name="memfit",
-    help=("Will this training run fit in GPU and CPU memory? memfit replays DeepSpeed's allocations on paper, "
-          "phase by phase (load, initialize, forward, backward, optimizer step, save), says which phase fails "
-          "first and why, and checks its numbers against real DeepSpeed runs. Sizes: GiB = 2^30 bytes, GB = 10^9."),
+    help=("Will this training run fit in GPU and CPU memory? memfit replays the training library's allocations "
+          "on paper (DeepSpeed, plain PyTorch / the Trainer, DDP, FSDP/FSDP2, bitsandbytes QLoRA), phase by phase "
+          "(load, initialize or setup, forward, backward, optimizer step, steady-state step 2, save), through "
+          "simulations of PyTorch's caching and pinned allocators; says which phase fails first and why, and "
+          "checks its numbers against real runs. Sizes: GiB = 2^30 bytes, GB = 10^9."),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -363,9 +365,10 @@ def recommend(
     report: Optional[Path] = typer.Option(None, "--report", help="Also write a report (.html or .md): the recommendations, then your configuration's plan with its charts. Never overwrites."),
     json_out: bool = typer.Option(False, "--json", help="Print the recommendations as JSON."),
 ) -> None:
-    """Search the settings you can change (ZeRO stage, offload, pinning, zero.Init, load dtype,
-    buckets, micro-batch vs accumulation, checkpointing, bf16/fp16) for configurations that fit every
-    phase with headroom, ranked by an estimated step time; each is confirmed by the exact ledger."""
+    """Search the settings you can change (under DeepSpeed: ZeRO stage, offload, pinning, zero.Init,
+    load dtype, buckets, bf16/fp16; otherwise: framework, FSDP sharding and offload, precision mode,
+    optimizer, 4-bit base; always micro-batch vs accumulation and checkpointing) for configurations that
+    fit every phase with headroom, ranked by an estimated step time; each is confirmed by the exact ledger."""
     import math
     import time
 
