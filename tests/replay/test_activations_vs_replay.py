@@ -17,11 +17,14 @@ tests/trace/test_tracker_vs_real.py, but for what is named below). Two checks pe
      activations are analytic (CUDA kernels) and its peak instant need not be the CPU replay's. Logged
      in a replay (coordinator hooks, module hooks): the loss runs after the LM head's forward
      post-hook has released its weight, and the loss's backward runs before the head's backward
-     fetch, as the plan places them (step_activations.py); but the CPU replay peaks inside the head
-     (forward: ``AllGatherCoalescedHandle.wait``'s ``torch.cat`` copies of the head's params while
-     the coalesced flat buffer is still alive, partition_parameters.py 0.19.8, the seed replay's
-     whole 1,057,222,656 B residual less the trace's loss transients; backward: the head's matmul
-     backward with its weight gathered), while the plan's analytic peak is the loss.
+     fetch, as the plan places them (step_activations.py); but under ZeRO-3 with W >= 2 the CPU replay
+     peaks inside the head, while the plan's analytic peak is the loss. Forward, GPT-J (weight and
+     bias in one coalesced gather): ``AllGatherCoalescedHandle.wait``'s ``torch.cat`` copies of the
+     head's params while the flat buffer is still alive (partition_parameters.py 0.19.8; the seed
+     replay: 528,611,328 + 528,482,304 + 129,024 = 1,057,222,656 B, its residual less the trace's
+     loss transients); Llama (one param, its own buffer): the head's matmul with its weight gathered,
+     26,000 B above the trace's loss peak. Backward: the head's matmul backward with its weight
+     gathered (Llama LoRA: 256,000 B + the workspace below + 8 B).
    - CPU kernel workspaces allocated outside tensors (``CPU_BACKWARD_WORKSPACE_BYTES``): bf16
      backward on an Intel Xeon with AMX.
    - torch.utils.checkpoint's CPU RNG state per checkpointed block (``CHECKPOINT_RNG_BYTES``):
