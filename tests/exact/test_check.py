@@ -115,3 +115,31 @@ def test_check_ddp_and_fsdp2_without_a_deepspeed_config(prefix_model):
     assert fsdp.verdict.fits
     with pytest.raises(MemfitError, match="give the DeepSpeed config"):
         memfit.check(prefix_model, gpus="2x24GiB", cpu_ram="64GiB", warn=False)
+
+
+def test_check_reads_a_live_lora_config_and_says_when_it_cannot():
+    """A live LoraConfig keeps target_modules as a set (peft writes it as a list in
+    adapter_config.json): its rank is read, not memfit's default; a setting memfit does not model
+    (layers_to_transform) is said out loud, not dropped silently."""
+    import peft
+    import transformers
+
+    import memfit
+
+    def live(**lora):
+        model = transformers.GPTJForCausalLM(transformers.GPTJConfig(**TINY))
+        return peft.get_peft_model(model, peft.LoraConfig(task_type="CAUSAL_LM", r=4, target_modules=["q_proj"], **lora))
+
+    def check(model):
+        return memfit.check(model, framework="torch", precision="amp_bf16", gpus="1x24GiB", cpu_ram="64GiB",
+                            seq_len=64, warn=False)
+
+    import warnings
+
+    model = live()
+    assert isinstance(model.peft_config["default"].target_modules, set)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", memfit.MemfitWarning)  # read, no fallback to the defaults (r = 8)
+        check(model)
+    with pytest.warns(memfit.MemfitWarning, match="adapter's settings could not be read.*layers_to_transform"):
+        check(live(layers_to_transform=[0]))

@@ -38,18 +38,24 @@ class ModelStates:
     paper_gb: float
 
 
-def paper_model(params: int = PAPER_PARAMS) -> ModelShape:
-    """A model that is nothing but Psi trainable parameters (the paper's abstraction)."""
+def paper_model(params: int = PAPER_PARAMS, pieces: int = 1) -> ModelShape:
+    """A model that is nothing but Psi trainable parameters (the paper's abstraction), as ``pieces``
+    equal tensors (the last one takes the remainder). The paper partitions the gradients perfectly;
+    DeepSpeed's ZeRO-2 keeps each param of a rank's partition whole (stage_1_and_2.py
+    ``copy_grads_in_partition``), so one Psi-sized tensor would leave every rank the whole gradient:
+    one tensor per rank, whose boundaries are the partitions', is the paper's case."""
     arch = ArchSpec(model_type="abstract", num_layers=1, hidden_size=1, num_heads=1, num_kv_heads=1,
                     head_dim=1, intermediate_size=1, vocab_size=1)
+    size = params // pieces
+    shapes = [size] * (pieces - 1) + [params - size * (pieces - 1)]
     return ModelShape(name=f"Psi = {params:,}", architecture="(abstract)", arch=arch,
-                      params=(ParamSpec(name="weights", shape=(params,)),))
+                      params=tuple(ParamSpec(name=f"weights.{k}", shape=(n,)) for k, n in enumerate(shapes)))
 
 
 def model_states_per_gpu(stage: int, *, params: int = PAPER_PARAMS, gpus: int = PAPER_GPUS) -> int:
     """Model-state bytes per GPU from the ledger: fp16 mixed precision, Adam, no offload."""
     sc = Scenario(
-        name=f"ZeRO paper, stage {stage}", model_ref="zero-paper", model=paper_model(params),
+        name=f"ZeRO paper, stage {stage}", model_ref="zero-paper", model=paper_model(params, gpus),
         peft=PeftSpec(method="full"),
         deepspeed=DeepSpeedSettings(precision="fp16", zero=ZeroSettings(stage=stage),
                                     optimizer=OptimizerSettings(type="adam", states_per_param=2)),

@@ -228,10 +228,16 @@ def _check(model: Any, ds_config: Mapping[str, Any] | str | None, *, gpus: str |
         method = "full"
     peft_spec = PeftSpec(method=method)
     if method != "freeze" and method != "full":
-        try:  # the adapter's own settings (LoRA rank, prefix tokens), which size its activations
-            peft_spec = adapter_config_spec(peft_cfg.to_dict())
-        except MemfitError:
-            pass
+        # the adapter's own settings (LoRA rank, prefix tokens), which size its activations, read as
+        # adapter_config.json holds them: a live LoraConfig keeps target_modules as a set
+        # (peft/tuners/lora/config.py __post_init__), which PeftConfigMixin.save_pretrained writes as a
+        # list (peft/config.py, peft 0.21); sorted here, so the spec does not depend on set order
+        raw_cfg = {k: sorted(v) if isinstance(v, (set, frozenset)) else v for k, v in peft_cfg.to_dict().items()}
+        try:
+            peft_spec = adapter_config_spec(raw_cfg)
+        except MemfitError as e:
+            warnings.warn(f"memfit: the adapter's settings could not be read ({e}); planning with memfit's "
+                          f"{method} defaults", MemfitWarning, stacklevel=3)
     quantized = any(getattr(p, "quant_state", None) is not None or type(p).__name__ == "Int8Params"
                     for p in model.parameters())
     if quantized:  # the load dtype of the non-quantized params (a 4-bit weight reports its storage dtype)

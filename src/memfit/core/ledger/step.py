@@ -43,6 +43,7 @@ from memfit.core.ledger.step_segments import (BUCKETS, FULL_GRAD, GRAD_COPY, GRA
                                               RS_FLAT, GatherPass, GradSpec, Segment, StepLayout, build_layout,
                                               gather_pass, grad_pass)
 from memfit.core.ledger.timeline import Timeline
+from memfit.core.ledger.zero012 import grads_in_partition_numel
 from memfit.core.ledger.zero3 import OPT_STATES, declare_states, host, optimized_params
 from memfit.core.ledger.zero3_fetch import (AG_FLAT, AG_STAGING, GATHERED, P30, PCO, PERSISTENT, GParam,
                                             persistent_flags, upper_bound_numel)
@@ -102,6 +103,8 @@ class _Step:
         self.ga = max(self.ds.gradient_accumulation_steps, 1)
         self.opt = optimized_params(ctx)
         self.opt_numel = opt_numel
+        self.gip_numel = grads_in_partition_numel([p.numel for p in self.opt], opt_numel)
+        """ZeRO-2's ``grads_in_partition``: the params of rank 0's partition, whole."""
         self.groups = tuple(groups) if groups else (opt_numel,)
         self.off = optimizer_offload(self.z.stage, self.z.offload_optimizer.device) != "none"
         self.traced = traced
@@ -146,7 +149,7 @@ class _Step:
         spec = GradSpec(stage=z.stage, world=self.W, element_bytes=self.nb, accum_bytes=ga_bytes,
                         reduce_bucket_size=z.reduce_bucket_size, contiguous_gradients=z.contiguous_gradients,
                         overlap_comm=bool(z.overlap_comm), offload_optimizer=self.off, boundary=boundary,
-                        micro_step=micro, partition_numel=self.opt_numel,
+                        micro_step=micro, grads_in_partition_numel=self.gip_numel,
                         old_ipg=self.sc.ds_version == "0.5")
         numels = [p.numel if p.name in self.trained else 0 for p in self.ctx.params]
         return grad_pass(self.layout, numels, spec)
@@ -181,8 +184,11 @@ class _Step:
                       formula=f"{nbuf} x reduce_bucket_size {z.reduce_bucket_size:,} x {nb} B",
                       source=f"{S12}:setup_buckets (freed by _release_ipg_buffers)")
             t.declare(GRADS_PART, name="gradient partition (grads_in_partition), accumulated until the step",
-                      device=Device.GPU, category="grads", formula=f"{self.opt_numel:,} x {nb} B",
-                      source=f"{S12}:copy_grads_in_partition; kept as all_grad_tensors/averaged_gradients")
+                      device=Device.GPU, category="grads",
+                      formula=f"{self.gip_numel:,} x {nb} B: the params of this rank's {self.opt_numel:,}-element "
+                              "partition, whole (one straddling its end counts in full)",
+                      source=f"{S12}:copy_grads_in_partition (sum of params_in_partition numel); kept as "
+                             "all_grad_tensors/averaged_gradients until step()'s free_grad_in_param_list")
         t.declare(STEP_TMP, name="fp32 copy of this rank's gradient for the step", device=Device.GPU, category="grads",
                   formula=f"{self.opt_numel:,} x 4 B (per sub group)",
                   source="stage3.py:_prepare_fp32_grad_for_sub_group / stage_1_and_2.py:step (.to(fp32))")
@@ -351,7 +357,7 @@ class _Step:
         """ZeRO-2 adds a later micro-step's partition into the accumulated one (the epilogue's
         ``accumulated_grad.add_``) and drops it."""
         if micro and self.z.stage == 2 and self.opt and self.z.contiguous_gradients and not self.off:
-            self.t.free(GRADS_PART, self.opt_numel * self.nb)
+            self.t.free(GRADS_PART, self.gip_numel * self.nb)
 
     def _old_grads_in_partition(self) -> None:
         """0.5.10 ``partition_previous_reduced_grads``: allocated at the first backward (with the
@@ -370,7 +376,7 @@ class _Step:
             for p in self.opt:
                 t.alloc(GRADS, p.numel * self.nb)
         elif z.stage == 2 and z.contiguous_gradients and not self.off:
-            t.alloc(GRADS_PART, self.opt_numel * self.nb)
+            t.alloc(GRADS_PART, self.gip_numel * self.nb)
         elif z.stage == 3 and self.sc.ds_version == "0.5":
             self._old_grads_in_partition()
 

@@ -221,8 +221,9 @@ class GradSpec:
     """This backward ends the accumulation (``is_gradient_accumulation_boundary``)."""
     micro_step: int
     """0 for the first micro-step of a step, 1 for a later one."""
-    partition_numel: int
-    """ZeRO-1/2: this rank's partition of the flat buffer (``grads_in_partition``)."""
+    grads_in_partition_numel: int
+    """ZeRO-2: elements of ``grads_in_partition``, the params of this rank's partition whole
+    (``zero012.grads_in_partition_numel``)."""
     old_ipg: bool = False
     """DeepSpeed 0.5.x ZeRO-3: ``backward()`` allocates the IPG buffers (one, two with overlap_comm)."""
 
@@ -242,7 +243,7 @@ def grad_pass(layout: StepLayout, numels: Sequence[int], spec: GradSpec) -> tupl
             for _ in range(nbuf):
                 events.append((first, (BUCKETS, RB * nb)))
         if spec.stage == 2 and spec.contiguous_gradients and not spec.offload_optimizer:
-            events.append((first, (GRADS_PART, spec.partition_numel * nb)))
+            events.append((first, (GRADS_PART, spec.grads_in_partition_numel * nb)))
         bucket = 0
         held: list[int] = []
         for p, s in zip(layout.grad_order, layout.grad_segment):

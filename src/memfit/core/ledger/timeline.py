@@ -68,6 +68,8 @@ class Timeline:
         self._rank0_live = 0
         self._hooks: dict[str, list[Callable[[], None]]] = {}
         self.granularity_notes: list[str] = []
+        self.phase_starts: list[tuple[str, int]] = []
+        """(phase name, index into ``events`` of its first event), in phase order."""
 
     # -- placement -------------------------------------------------------------------------
     def place(self, device: Device) -> Device:
@@ -90,6 +92,7 @@ class Timeline:
         self._close_phase()
         self._finish_figures()
         self._phases.append(_PhaseState(name, description))
+        self.phase_starts.append((name, len(self.events)))
         if self.tracker is not None:
             self.tracker.start_phase()
         self._observe()

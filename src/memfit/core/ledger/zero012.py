@@ -37,6 +37,23 @@ def flat_numel(ctx: RecipeContext) -> int:
     return ceil_div(sum(p.numel for p in optimized_params(ctx)), align) * align
 
 
+def grads_in_partition_numel(numels, partition: int) -> int:
+    """Elements of ZeRO-2's contiguous gradient buffer on rank 0: every trained param that starts in
+    rank 0's ``partition`` elements of the flat buffer, whole (a param straddling the boundary
+    counts in full). ``stage_1_and_2.py:copy_grads_in_partition`` (0.19.8 and 0.5.10) sizes
+    ``grads_in_partition`` as ``sum(p.numel() for p in params_in_partition)`` and copies each such
+    param's whole gradient into it; ``get_partition_info`` puts a param in rank 0's
+    ``params_in_partition`` when it starts before ``partition_size``. ``numels``: the optimized
+    params in flat-buffer order."""
+    total, start = 0, 0
+    for n in numels:
+        if start >= partition:
+            break
+        total += n
+        start += n
+    return total
+
+
 def record_zero012(t: Timeline, ctx: RecipeContext, where: Where) -> int:
     """Returns the number of elements of this rank's optimizer partition."""
     sc = ctx.scenario

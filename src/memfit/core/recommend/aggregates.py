@@ -26,6 +26,7 @@ from memfit.core.dsconfig import optimizer_states_per_param
 from memfit.core.ledger.context import DTYPE_BYTES, ceil_div, is_adapter_param
 from memfit.core.ledger.step_activations import ActivationPlan
 from memfit.core.ledger.step_segments import GatherPass, GradSpec, Segment, StepLayout, build_layout, gather_pass, grad_pass
+from memfit.core.ledger.zero012 import grads_in_partition_numel
 from memfit.core.ledger.zero3 import split_sub_groups
 from memfit.core.ledger.zero3_fetch import GParam, persistent_flags
 from memfit.core.scenario import Scenario
@@ -379,6 +380,13 @@ class ScenarioAggregates:
                 start += self.numels[i]
             return total
         return self._cached(("z1out", ds_version, partition), build)
+
+    def grads_in_partition_numel(self, ds_version: str, partition: int) -> int:
+        """``zero012.grads_in_partition_numel``: ZeRO-2's contiguous gradient buffer, the optimized
+        params that start in rank 0's partition, whole."""
+        def build():
+            return grads_in_partition_numel([self.numels[i] for i in self.opt_indices(ds_version)], partition)
+        return self._cached(("gip", ds_version, partition), build)
 
     # -- the step (``ledger.step``): per-segment numbers, memoized per the settings they depend on
     def layout(self, checkpointing: bool) -> StepLayout:

@@ -278,11 +278,13 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
                           offload_copy=c.offload_param != "none", complete=complete,
                           persistent_available=persistent_available)
 
+    gip_numel = agg.grads_in_partition_numel(ver, opt_numel) if c.stage == 2 else 0
+
     def grads(micro: int, boundary: bool):
         spec = GradSpec(stage=c.stage, world=agg.world, element_bytes=nb, accum_bytes=ga_bytes,
                         reduce_bucket_size=c.reduce_bucket_size, contiguous_gradients=z.contiguous_gradients,
                         overlap_comm=bool(overlap), offload_optimizer=off_opt, boundary=boundary, micro_step=micro,
-                        partition_numel=opt_numel, old_ipg=ver == "0.5")
+                        grads_in_partition_numel=gip_numel, old_ipg=ver == "0.5")
         return agg.grads(spec, ver, ckpt)
 
     out: list[tuple] = []
@@ -339,7 +341,7 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
         gpk = base + max(acts.before_backward + (gp.end_forward if gp else 0), max(seq))
         live[0] = base + (gp.end if gp else 0) + end_grads
         if micro and c.stage == 2 and opt.count and z.contiguous_gradients and not off_opt:
-            live[0] -= opt_numel * nb  # _after_backward: this micro-step's partition added in and dropped
+            live[0] -= gip_numel * nb  # _after_backward: this micro-step's partition added in and dropped
         elif not micro:
             st["kept"] = st["carry"] = end_grads if c.stage < 3 else 0
         close(start, gpk, live[1], live[2])
