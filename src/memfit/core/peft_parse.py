@@ -220,8 +220,8 @@ def _as_peft_reads_it(raw: Mapping[str, Any], method: str) -> None:
 
 
 def adapter_config_spec(raw: Mapping[str, Any]) -> PeftSpec:
-    """A ``PeftSpec`` from an adapter config's dict (``adapter_config.json``'s content, or a live
-    peft config's ``to_dict()``)."""
+    """A ``PeftSpec`` from an adapter config's dict: ``adapter_config.json``'s content, or a live
+    peft config as ``save_pretrained`` writes it (its sets as lists: ``memfit.check`` converts them)."""
     peft_type = raw.get("peft_type")
     peft_type = getattr(peft_type, "value", peft_type)  # a live config holds the PeftType enum
     if peft_type not in _PEFT_TYPES:
