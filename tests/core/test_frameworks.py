@@ -44,7 +44,7 @@ def test_framework_is_inferred():
 
 @pytest.mark.parametrize("kw,match", [
     (dict(framework="fsdp", deepspeed_inline={"zero_optimization": {"stage": 2}}), "contradicts the DeepSpeed config"),
-    (dict(precision="amp_bf16", deepspeed_inline={"zero_optimization": {"stage": 2}}), "amp_\* are the torch"),
+    (dict(precision="amp_bf16", deepspeed_inline={"zero_optimization": {"stage": 2}}), r"amp_\* are the torch"),
     (dict(framework="deepspeed", optim="adafactor"), "contradicts optim"),
     (dict(precision="amp_bf16", gpus="1xv100-32gb"), "v100"),
     (dict(framework="torch", gpus="2xa100-80gb"), "one GPU"),
