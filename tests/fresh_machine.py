@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import os
+import tempfile
 import site
 import sys
 import sysconfig
@@ -98,6 +99,7 @@ class OpenGuard:
                         *(os.path.realpath(p) for p in site.getsitepackages() + [site.getusersitepackages()])]
         self.session_temp: list[str] = []
         self.violations: list[tuple[str, str]] = []
+        self.tempdir = tempfile.gettempdir().rstrip("/")  # here, never inside the hook (it opens files)
         self._busy = threading.local()
 
     def allow_temp(self, path: str | os.PathLike) -> None:
@@ -117,6 +119,8 @@ class OpenGuard:
             path = os.fsdecode(path)
         if not isinstance(path, str) or not path.startswith("/") or path.startswith(SYSTEM):
             return
+        if path.rstrip("/") == self.tempdir:
+            return  # tempfile.TemporaryFile opens the temp directory itself (O_TMPFILE: an unnamed file)
         self._busy.on = True
         try:
             real = os.path.realpath(path)
