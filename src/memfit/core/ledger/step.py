@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from memfit.core.activations import ActivationEstimate, estimate_activation_bytes
 from memfit.core.ledger import host_process
 from memfit.core.ledger.context import DTYPE_BYTES, RecipeContext, ceil_div, optimizer_offload
+from memfit.core.ledger.module_order import flow_flags
 from memfit.core.ledger.step_activations import ACT, RECOMPUTE, ActivationPlan, declare_activations
 from memfit.core.ledger.step_segments import (BUCKETS, FULL_GRAD, GRAD_COPY, GRAD_FP32, GRADS, GRADS_PART, OLD_IPG,
                                               RS_FLAT, GatherPass, GradSpec, Segment, StepLayout, build_layout,
@@ -85,7 +86,7 @@ def step_layout(ctx: RecipeContext) -> StepLayout:
     arch = sc.model.arch
     return build_layout([p.name for p in ctx.params], [p.numel for p in ctx.params], [p.trainable for p in ctx.params],
                         num_layers=arch.num_layers + arch.num_encoder_layers,
-                        checkpointing=sc.train.gradient_checkpointing)
+                        checkpointing=sc.train.gradient_checkpointing, **flow_flags(arch, sc.peft.method))
 
 
 class _Step:

@@ -51,8 +51,10 @@ class StepLayout:
 
 
 def build_layout(names: Sequence[str], numels: Sequence[int], trainable: Sequence[bool], *, num_layers: int,
-                 checkpointing: bool) -> StepLayout:
-    order = build_module_order(names, numels, trainable, num_layers=num_layers, checkpointing=checkpointing)
+                 checkpointing: bool, parallel_blocks: bool = False, prefix_kv: bool = False) -> StepLayout:
+    """``parallel_blocks``/``prefix_kv``: ``module_order.flow_flags`` of the scenario."""
+    order = build_module_order(names, numels, trainable, num_layers=num_layers, checkpointing=checkpointing,
+                               parallel_blocks=parallel_blocks, prefix_kv=prefix_kv)
     layer_index = {m: k for k, m in enumerate(order.layers)}
     nseg = 2 * len(order.layers) + 1
     fwd, seg = [], 0

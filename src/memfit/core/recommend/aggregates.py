@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from memfit.core.activations import estimate_activation_bytes
 from memfit.core.dsconfig import optimizer_states_per_param
 from memfit.core.ledger.context import DTYPE_BYTES, ceil_div, is_adapter_param
+from memfit.core.ledger.module_order import flow_flags
 from memfit.core.ledger.step_activations import ActivationPlan
 from memfit.core.ledger.step_segments import GatherPass, GradSpec, Segment, StepLayout, build_layout, gather_pass, grad_pass
 from memfit.core.ledger.zero012 import grads_in_partition_numel
@@ -394,7 +395,8 @@ class ScenarioAggregates:
 
         def build():
             return build_layout(self.names, self.numels, self.trainable,
-                                num_layers=arch.num_layers + arch.num_encoder_layers, checkpointing=checkpointing)
+                                num_layers=arch.num_layers + arch.num_encoder_layers, checkpointing=checkpointing,
+                                **flow_flags(arch, self.scenario.peft.method))
         return self._cached(("layout", checkpointing), build)
 
     def activation_segments(self, *, micro_batch: int, dtype_bytes: int, checkpointing: bool,
