@@ -81,12 +81,12 @@ def test_simulation_over_the_real_order_matches_every_hook(case):
             params.append(GParam(numel, eb, persist))
             ps.append(index[pname])
         own.append(ps)
-    with_ext = [own[i] + [index[x] for x in ext.get(n, [])] for i, n in enumerate(names)]
+    externals = [[index[x] for x in ext.get(n, [])] for n in names]
     mid = {n: i for i, n in enumerate(names)}
     recs = log["records"]
     recorded = [mid[r["module"]] for r in recs if r["pass"] == 1 and r["kind"] == "fetch"]
     for pass_no, complete in ((1, False), (2, True)):
-        co = Coordinator(params, with_ext if complete else own, m.spec.world_size, offload_param=False,
+        co = Coordinator(params, own, m.spec.world_size, offload_param=False, externals=externals,
                          order=recorded if complete else None, persistent_available=complete, **_limits(m))
         for r in (r for r in recs if r["pass"] == pass_no):
             (co.fetch if r["kind"] == "fetch" else co.release)(mid[r["module"]])

@@ -63,17 +63,16 @@ class ModuleOrder:
     externals: tuple[tuple[int, ...], ...]
     """Per module, params of *other* modules its forward reads, which DeepSpeed registers as its
     external parameters the first time (``parameter_offload.py:ZeROOrderedDict.__getitem__`` ->
-    ``register_external_parameter``) and from then on gathers and releases with it: peft's LoRA
-    layer reads ``lora_A[adapter].weight`` (for its dtype)."""
+    ``register_external_parameter`` on the module on top of ``FWD_MODULE_STACK``, gathering it
+    with ``param.all_gather()`` outside the coordinator) and from then on gathers and releases with
+    it: peft's LoRA layer reads ``lora_A[adapter].weight`` (for its dtype); peft's ``get_prompt``
+    reads the prompt encoder's ``embedding.weight`` (for its device) in the PeftModel's forward, so
+    it is the root's."""
     layers: tuple[int, ...]
     """Module ids of the transformer blocks, in forward order (empty: not recognised)."""
     chain_max: int
     """Largest elements owned by one module and its ancestors together (active at once)."""
 
-    def fetched(self, m: int, complete: bool) -> tuple[int, ...]:
-        """The params module ``m``'s hooks gather and release: its own, plus its external params
-        once the first step has registered them."""
-        return self.params[m] + self.externals[m] if complete else self.params[m]
 
 
 def build_module_order(names: Sequence[str], numels: Sequence[int], trainable: Sequence[bool], *,
@@ -111,12 +110,20 @@ def build_module_order(names: Sequence[str], numels: Sequence[int], trainable: S
         _run_order(kids, mod_names)
 
     forward: list[tuple[bool, int]] = []
+    # peft's prompt learning keeps the input embeddings as PeftModel.word_embeddings as well
+    # (peft_model.py PeftModel._setup_prompt_encoder): DeepSpeed's _register_deepspeed_module walks
+    # module.children() of each parent (parameter_offload.py), so that module gets its hooks twice
+    # and every call runs both
+    twice = next((i for i, n in enumerate(mod_names) if n.rsplit(".", 1)[-1] in INPUT_EMBEDDINGS
+                  and n.split(".")[0] != PROMPT_ENCODER), None) if any(
+        n.split(".")[0] == PROMPT_ENCODER for n in mod_names) else None
 
     def walk(m: int) -> None:
-        forward.append((True, m))
+        n = 2 if m == twice else 1
+        forward.extend([(True, m)] * n)
         for c in children[m]:
             walk(c)
-        forward.append((False, m))
+        forward.extend([(False, m)] * n)
 
     walk(0)
     layers = _find_layers(mod_names, children, num_layers)
@@ -161,6 +168,8 @@ def build_module_order(names: Sequence[str], numels: Sequence[int], trainable: S
             if part in LORA_CHILDREN and k >= 1:
                 ext.setdefault(index[".".join(parts[:k])], []).append(pi)
                 break
+        if parts[0] == PROMPT_ENCODER and parts[-2:] == ["embedding", "weight"]:
+            ext.setdefault(0, []).append(pi)  # peft's get_prompt, in the PeftModel's forward
     externals = tuple(tuple(ext.get(i, ())) for i in range(len(mod_names)))
     chain = {0: sum(numels[p] for p in own[0])}
     for i in range(1, len(mod_names)):  # parents are created before their children

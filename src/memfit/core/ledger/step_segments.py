@@ -167,8 +167,7 @@ def gather_pass(layout: StepLayout, params: Sequence[GParam], world: int, *, pre
     """Run the coordinator over the layout's order (RECORD mode unless ``complete``)."""
     o = layout.order
     rec = _Recorder()
-    modules = [o.fetched(m, complete) for m in range(len(o.names))]
-    co = Coordinator(params, modules, world, prefetch_bucket_size=prefetch_bucket_size,
+    co = Coordinator(params, o.params, world, externals=o.externals, prefetch_bucket_size=prefetch_bucket_size,
                      max_live_parameters=max_live_parameters, max_reuse_distance=max_reuse_distance,
                      offload_param=offload_param, allgather_sequential=allgather_sequential,
                      order=record_order(layout) if complete else None, persistent_available=persistent_available,
