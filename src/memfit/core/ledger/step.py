@@ -180,10 +180,12 @@ class _Step:
                       device=Device.GPU, category="grads", formula=f"p x {nb} B per trained param",
                       source="torch autograd (param.grad); the optimizer reads them at step()")
             nbuf = 2 if z.overlap_comm else 1
-            t.declare(BUCKETS, name=f"gradient reduce bucket(s) x{nbuf}, allocated at every backward",
+            when = "at every backward" if z.stage != 1 else "at the first backward of each step (kept until the boundary)"
+            t.declare(BUCKETS, name=f"gradient reduce bucket(s) x{nbuf}, allocated {when}",
                       device=Device.GPU, category="buffers",
                       formula=f"{nbuf} x reduce_bucket_size {z.reduce_bucket_size:,} x {nb} B",
-                      source=f"{S12}:setup_buckets (freed by _release_ipg_buffers)")
+                      source=f"{S12}:setup_buckets (freed by _release_ipg_buffers in independent_gradient_partition_"
+                             "epilogue: every backward for ZeRO-2, at the accumulation boundary for ZeRO-1)")
             t.declare(GRADS_PART, name="gradient partition (grads_in_partition), accumulated until the step",
                       device=Device.GPU, category="grads",
                       formula=f"{self.gip_numel:,} x {nb} B: the params of this rank's {self.opt_numel:,}-element "
@@ -376,6 +378,9 @@ class _Step:
         if z.stage <= 1:
             for p in self.opt:
                 t.alloc(GRADS, p.numel * self.nb)
+            if z.stage == 1 and z.contiguous_gradients:  # the buckets, until the boundary (grad_pass)
+                for _ in range(2 if z.overlap_comm else 1):
+                    t.alloc(BUCKETS, z.reduce_bucket_size * self.nb)
         elif z.stage == 2 and z.contiguous_gradients and not self.off:
             t.alloc(GRADS_PART, self.gip_numel * self.nb)
         elif z.stage == 3 and self.sc.ds_version == "0.5":

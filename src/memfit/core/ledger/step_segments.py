@@ -230,7 +230,14 @@ class GradSpec:
 
 
 def grad_pass(layout: StepLayout, numels: Sequence[int], spec: GradSpec) -> tuple[Segment, ...]:
-    """The gradient allocations of one backward, per backward segment (plus the end)."""
+    """The gradient allocations of one backward, per backward segment (plus the end).
+
+    ZeRO-1/2's reduce buckets (``stage_1_and_2.py:setup_buckets``, at the first gradient of a
+    backward that finds none ready) are freed by ``_release_ipg_buffers`` in
+    ``independent_gradient_partition_epilogue``: ZeRO-2 reaches it after every backward
+    (``engine.allreduce_gradients`` -> ``overlapping_partition_gradients_reduce_epilogue``), ZeRO-1
+    only at the accumulation boundary (``reduce_gradients``), so a ZeRO-1 later micro-step finds
+    the first one's buckets still allocated (``micro_step`` 1: none allocated; ``boundary``: freed)."""
     events: list[tuple[int, Event]] = []
     nb = spec.element_bytes
     W = spec.world
@@ -240,7 +247,8 @@ def grad_pass(layout: StepLayout, numels: Sequence[int], spec: GradSpec) -> tupl
     elif layout.grad_order:
         first = layout.grad_segment[0]
         nbuf = 2 if spec.overlap_comm else 1
-        if spec.stage >= 1 and spec.contiguous_gradients:  # stage_1_and_2.py:setup_buckets
+        buckets = spec.stage >= 1 and spec.contiguous_gradients
+        if buckets and (spec.stage == 2 or spec.micro_step == 0):  # stage_1_and_2.py:setup_buckets
             for _ in range(nbuf):
                 events.append((first, (BUCKETS, RB * nb)))
         if spec.stage == 2 and spec.contiguous_gradients and not spec.offload_optimizer:
@@ -269,7 +277,7 @@ def grad_pass(layout: StepLayout, numels: Sequence[int], spec: GradSpec) -> tupl
         end = layout.n_segments
         for b in held:
             events.append((end, (FULL_GRAD, -b)))
-        if spec.stage >= 1 and spec.contiguous_gradients:  # _release_ipg_buffers
+        if buckets and (spec.stage == 2 or spec.boundary):  # _release_ipg_buffers
             for _ in range(nbuf):
                 events.append((end, (BUCKETS, -RB * nb)))
     segs, _ = _segments(events, layout.n_segments + 1)

@@ -291,7 +291,10 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
     live = [0, 0, 0]  # GPU, host, NVMe relative to the start of the step
     old_gip = opt_numel * nb if (stage3 and ver == "0.5" and opt.count) else 0
     old_gip_dev = 1 if off_opt else 0  # 0.5.10 grads_in_partition: host with the optimizer offloaded
-    st = {"old_gip": False, "kept": 0, "carry": 0, "persist_rest": 0}
+    st = {"old_gip": False, "kept": 0, "carry": 0, "carry_kept": 0, "persist_rest": 0}
+    # ZeRO-1 keeps its reduce buckets from the first micro-step to the boundary (grad_pass)
+    z1_buckets = (2 if overlap else 1) * c.reduce_bucket_size * nb if (
+        c.stage == 1 and z.contiguous_gradients and opt.count) else 0
 
     def close(start: list[int], gp: int, hp: int, np_: int, r0: int = 0, end: list[int] | None = None) -> None:
         end = end or live
@@ -315,7 +318,7 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
             live[1] += workers.bytes
         if carry:
             live[0] += st["carry"]
-            st["kept"] = st["carry"]
+            st["kept"] = st["carry_kept"]
             if stage3 and ver == "0.5":
                 alloc_old_gip()
         hpk = live[1]
@@ -343,7 +346,8 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
         if micro and c.stage == 2 and opt.count and z.contiguous_gradients and not off_opt:
             live[0] -= gip_numel * nb  # _after_backward: this micro-step's partition added in and dropped
         elif not micro:
-            st["kept"] = st["carry"] = end_grads if c.stage < 3 else 0
+            st["carry"] = end_grads if c.stage < 3 else 0
+            st["kept"] = st["carry_kept"] = st["carry"] - (z1_buckets if not boundary else 0)
         close(start, gpk, live[1], live[2])
 
     def optimizer_step(first: bool) -> None:  # step._Step.optimizer_step
