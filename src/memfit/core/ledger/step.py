@@ -212,8 +212,8 @@ class _Step:
                   source="deepspeed/runtime/zero/parameter_offload.py:mark_persistent_parameters; stage3.py:_post_step")
         rec = self.gather(False, False)
         comp = self.gather(True, True)
-        exp_rec = max(s.peak for s in rec.forward + rec.backward)
-        exp_comp = max(s.peak for s in comp.forward + comp.backward)
+        exp_rec = max(s.top for s in rec.forward + rec.backward)
+        exp_comp = max(s.top for s in comp.forward + comp.backward)
         mods = _modules(ctx)
         aligned = sum(ceil_div(n, W) * W for n, g in zip(self.numels, self.gparams) if not g.persist)
         bound = upper_bound_numel(chain_numel=self.layout.order.chain_max, largest_module=max(mods.values()),

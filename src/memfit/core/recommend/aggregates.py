@@ -427,15 +427,18 @@ class ScenarioAggregates:
             live += b
             after = max(after, live)
         total = live
-        backward, before = [], live
+        backward, before, pre, post = [], live, [], []
         for s in range(lay.n_segments + 1):
             for _, b in plan.bwd_pre[s]:  # the loss's backward, before anything is fetched or reduced
                 live += b
                 before = max(before, live)
+            pre.append(live)
             backward.append(live + plan.recompute[s])
             live += sum(b for _, b in plan.bwd_free[s])
+            post.append(live)
         v = self.memo[key] = StepActivations(total=total, forward=tuple(forward), backward=tuple(backward),
-                                             after_forward=after, before_backward=before)
+                                             after_forward=after, before_backward=before,
+                                             backward_pre=tuple(pre), backward_post=tuple(post))
         return v
 
     def element_bytes(self, precision: str, load_dtype: str, zero_init: bool) -> tuple[int, ...]:
@@ -478,15 +481,20 @@ class ScenarioAggregates:
         return v
 
     def grads(self, spec: GradSpec, ds_version: str, checkpointing: bool) -> tuple[tuple[Segment, ...], int,
-                                                                                  tuple[int, ...]]:
-        """``step_segments.grad_pass``, the gradient bytes it leaves live, and its segments' peaks."""
+                                                                                  tuple[int, ...], tuple[int, ...]]:
+        """``step_segments.grad_pass``, the gradient bytes it leaves live, its segments' peaks and the
+        gradient bytes live at each segment's end (all from the start of the pass)."""
         key = ("grads", spec, ds_version, checkpointing)
         v = self.memo.get(key)
         if v is None:
             opt = set(self.opt_indices(ds_version))
             numels = [n if i in opt else 0 for i, n in enumerate(self.numels)]
             segs = grad_pass(self.layout(checkpointing), numels, spec)
-            v = self.memo[key] = (segs, sum(b for seg in segs for _, b in seg.events), tuple(g.peak for g in segs))
+            ends, live = [], 0
+            for seg in segs:
+                live += sum(b for _, b in seg.events)
+                ends.append(live)
+            v = self.memo[key] = (segs, live, tuple(g.peak for g in segs), tuple(ends))
         return v
 
 
@@ -505,6 +513,11 @@ class StepActivations:
     gathered at the forward's end)."""
     before_backward: int
     """Highest activation bytes of the loss's backward (before the backward's first fetch or gradient)."""
+    backward_pre: tuple[int, ...] = ()
+    """Per backward segment, the activation bytes live while its hooks run before its gradients
+    (no recompute yet)."""
+    backward_post: tuple[int, ...] = ()
+    """Per backward segment, the activation bytes live once it has freed its own (its later hooks)."""
 
 
 @dataclass(frozen=True, slots=True)

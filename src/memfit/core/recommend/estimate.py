@@ -324,14 +324,17 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
         hpk = live[1]
         gp = gather(complete, persistent_available)[0] if stage3 else None
         if gp is not None:
-            gpk = live[0] + max(max(map(add, acts.forward, gp.forward_peaks)), acts.after_forward + gp.end_forward)
+            # a segment's hooks before its activations (step_segments.Segment.before), then the rest
+            acts_before = (0,) + acts.forward[:-1]
+            gpk = live[0] + max(max(map(add, acts.forward, gp.forward_peaks)),
+                                max(map(add, acts_before, gp.forward_before)), acts.after_forward + gp.end_forward)
         else:
             gpk = live[0] + max(max(acts.forward), acts.after_forward)
         fwd_end = live[0] + acts.total + (gp.end_forward if gp else 0)
         close(start, gpk, hpk, live[2], end=[fwd_end, live[1], live[2]])
         # ---- backward
         start = [fwd_end, live[1], live[2]]
-        gr, end_grads, gr_peaks = grads(micro, boundary) if opt.count else (None, 0, ())
+        gr, end_grads, gr_peaks, gr_ends = grads(micro, boundary) if opt.count else (None, 0, (), ())
         if stage3 and old_gip and not (off_opt and GA == 1):
             alloc_old_gip()
         base = live[0]
@@ -339,7 +342,12 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
         if gr is not None:
             seq = map(add, seq, gr_peaks)
         if gp is not None:
-            seq = map(add, seq, gp.backward_peaks)
+            seq = list(map(add, seq, gp.backward_peaks))
+            # a segment's hooks before its gradients, and after them with its activations freed
+            g_end = gr_ends if gr is not None else (0,) * len(acts.backward_pre)
+            g_start = (0,) + tuple(g_end[:-1])
+            seq += list(map(add, map(add, acts.backward_pre, g_start), gp.backward_before))
+            seq += list(map(add, map(add, acts.backward_post, g_end), gp.backward_after))
         # the loss's backward runs first, with the forward's gathered params (ActivationPlan.bwd_pre)
         gpk = base + max(acts.before_backward + (gp.end_forward if gp else 0), max(seq))
         live[0] = base + (gp.end if gp else 0) + end_grads
