@@ -288,10 +288,29 @@ def grad_pass(layout: StepLayout, numels: Sequence[int], spec: GradSpec) -> tupl
         if buckets and (spec.stage == 2 or spec.micro_step == 0):  # stage_1_and_2.py:setup_buckets
             for _ in range(nbuf):
                 events.append((first, (BUCKETS, RB * nb)))
-        if spec.stage == 2 and spec.contiguous_gradients and not spec.offload_optimizer:
-            events.append((first, (GRADS_PART, spec.grads_in_partition_numel * nb)))
+        # ZeRO-2's grads_in_partition: allocated by the first copy_grads_in_partition, when
+        # reduce_ipg_grads flushes a bucket holding a param of this rank's partition (one starting
+        # in the first grads_in_partition_numel elements of the flat buffer, in param order)
+        gip = spec.stage == 2 and spec.contiguous_gradients and not spec.offload_optimizer
+        in_part: set[int] = set()
+        if gip:
+            start = 0
+            for p, n in enumerate(numels):
+                if n and start < spec.grads_in_partition_numel:
+                    in_part.add(p)
+                start += n
         bucket = 0
+        members: list[int] = []
         held: list[int] = []
+
+        def flush(s: int) -> None:
+            nonlocal gip
+            if gip and in_part.intersection(members):
+                events.append((s, (GRADS_PART, spec.grads_in_partition_numel * nb)))
+                gip = False
+            for b in held:  # extra-large grads die with their reduction
+                events.append((s, (FULL_GRAD, -b)))
+
         for p, s in zip(layout.grad_order, layout.grad_segment):
             n = numels[p]
             if spec.stage <= 1:
@@ -301,19 +320,19 @@ def grad_pass(layout: StepLayout, numels: Sequence[int], spec: GradSpec) -> tupl
                     events.append((s, (FULL_GRAD, n * nb)))
                     events.append((s, (FULL_GRAD, -n * nb)))
                 continue
-            if bucket and bucket + n > RB:  # reduce_ipg_grads; extra-large grads die with it
-                for b in held:
-                    events.append((s, (FULL_GRAD, -b)))
-                held, bucket = [], 0
+            if bucket and bucket + n > RB:  # reduce_ipg_grads
+                flush(s)
+                held, bucket, members = [], 0, []
             events.append((s, (FULL_GRAD, n * nb)))
             if spec.contiguous_gradients and n <= RB:  # copied into the bucket, then a view of it
                 events.append((s, (FULL_GRAD, -n * nb)))
             else:
                 held.append(n * nb)
             bucket += n
+            members.append(p)
         end = layout.n_segments
-        for b in held:
-            events.append((end, (FULL_GRAD, -b)))
+        if spec.stage >= 2:
+            flush(end)  # independent_gradient_partition_epilogue -> reduce_ipg_grads
         if buckets and (spec.stage == 2 or spec.boundary):  # _release_ipg_buffers
             for _ in range(nbuf):
                 events.append((end, (BUCKETS, -RB * nb)))
