@@ -54,6 +54,7 @@ PERSIST_FULL = PERSISTENT
 GRAD_FULL = FULL_GRAD
 STEP_TMP = "step.fp32_grad_tmp"
 STEP_FLAT = "step.flat_grad_tmp"
+STEP_NORM = "step.grad_norm_fp64"
 OLD_GRADS_PART = "zero3.grads_in_partition"
 SAVE_HOST = "save.state_dict"
 SAVE_GPU = "save.gathered_module"
@@ -123,7 +124,7 @@ class _Step:
             flags = persistent_flags(numels, self.z.param_persistence_threshold, self.z.model_persistence_threshold,
                                      inclusive=sc.ds_version == "0.19")
             self.gparams = [GParam(n, e, f) for n, e, f in zip(numels, self.eb, flags)]
-            self.persist_live = [False] * len(numels)
+            self.persist_bytes = [0] * len(numels)  # each persistent param's gathered bytes
         self.trained = {p.name for p in self.opt}
         self._passes: dict[tuple[bool, bool], GatherPass] = {}
 
@@ -323,27 +324,31 @@ class _Step:
             if seg:
                 self.apply(seg.events[seg.split:])
         if gp:
-            self.persist_live = [a or b for a, b in zip(self.persist_live, gp.persist_live)] if complete \
-                else list(gp.persist_live)
+            self.persist_bytes = [b or a for a, b in zip(self.persist_bytes, gp.persist_bytes)] if complete \
+                else list(gp.persist_bytes)
         self._after_backward(micro)
 
     def _persist_bytes(self, g) -> int:
         """A persistent param's gathered copy: its all-gather buffer, ceil(p/W) x W elements. With
-        W = 1 on the CPU accelerator there is none: ``param.data = ds_tensor.data.to(device)``
-        (partition_parameters.py NoGatherHandle) is the partition itself."""
-        if self.W == 1 and self.t.accelerator == "cpu":
-            return 0
+        W = 1 there is none unless the partition is offloaded to the host and copied to the GPU:
+        ``param.data = ds_tensor.data.to(device)`` (partition_parameters.py ``_no_gather_coalesced``,
+        NoGatherCoalescedHandle) is the partition itself (``zero3_fetch.Coordinator.gathered_bytes_of``).
+        Not modelled: a lone persistent param, which ``Init._all_gather`` gathers sequentially
+        into a new buffer even then."""
+        if self.W == 1:
+            offloaded = self.z.offload_param.device != "none" and self.t.accelerator == "cuda"
+            return g.numel * g.element_bytes if offloaded else 0
         return ceil_div(g.numel, self.W) * self.W * g.element_bytes
 
     def _traced_pass(self, *, micro: int, boundary: bool, prefix: str) -> None:
         """``memfit plan --exact``: the traced step memory in place of the analytic activations (and,
         under ZeRO-3, of the gathered params and gradients the trace's coordinator replay gives)."""
         t, traced = self.t, self.traced
-        if self.stage3 and not any(self.persist_live):
+        if self.stage3 and not any(self.persist_bytes):
             for i, g in enumerate(self.gparams):  # the trace's replay counts persistent params as gathered
                 if g.persist:
                     t.alloc(PERSIST_FULL, self._persist_bytes(g))
-                    self.persist_live[i] = True
+                    self.persist_bytes[i] = self._persist_bytes(g)
         _alloc_items(t, traced.forward_items)
         t.phase(prefix + "backward", "backward pass (traced)")
         for it in traced.forward_items:
@@ -395,7 +400,25 @@ class _Step:
         first step (per sub group: Adam's ``zeros_like`` of each flat fp32 partition)."""
         t = self.t
         t.phase(name, description)
+        if self.stage3 and self.sc.ds_version == "0.19":
+            # step() -> _partition_all_parameters -> release_and_reset_all: every gathered param
+            # is released, the persistent ones too (_post_step gathers them again)
+            for i, b in enumerate(self.persist_bytes):
+                if b:
+                    t.free(PERSIST_FULL, b)
+                    self.persist_bytes[i] = 0
         opt, nb, off, z = self.opt, self.nb, self.off, self.z
+        if self.stage3 and opt and not off and self.sc.ds_version == "0.19":
+            # _get_norm_groups -> get_grad_norm_direct: g.to(get_norm_dtype()).norm() per gradient
+            # partition, fp64 where the device has it (CUDA, the CPU), one at a time
+            t.declare(STEP_NORM, name="fp64 copy of one gradient partition for the gradient norm", device=Device.GPU,
+                      category="grads", formula=f"ceil(p/{self.W}) x 8 B, one param at a time",
+                      source=f"{S3}:get_grad_norm_direct (g.to(get_norm_dtype()).norm(norm_type)); "
+                             "zero/utils.py:get_norm_dtype")
+            for p in opt:
+                b = ceil_div(p.numel, self.W) * 8
+                t.alloc(STEP_NORM, b)
+                t.free(STEP_NORM, b)
         k = self.ds.optimizer.states_per_param
         first = bool(opt and k and t.live_bytes(OPT_STATES) == 0)
         if first:
@@ -424,9 +447,9 @@ class _Step:
                 t.free(STEP_TMP, n * 4)
         if self.stage3:  # _post_step: all_gather(persistent_parameters)
             for i, g in enumerate(self.gparams):
-                if g.persist and not self.persist_live[i]:
+                if g.persist and not self.persist_bytes[i]:
                     t.alloc(PERSIST_FULL, self._persist_bytes(g))
-                    self.persist_live[i] = True
+                    self.persist_bytes[i] = self._persist_bytes(g)
         t.end_phase()  # the model states after a step, gradients included
         t.free(GRADS)  # the step frees the gradients (zero_grad(set_to_none=True), free_grad_in_param_list)
         t.free(GRADS_PART)

@@ -171,6 +171,8 @@ class GatherPass:
     stats: tuple[FetchStat, ...]
     persist_live: tuple[bool, ...]
     """Per param: a persistent param left gathered at the end."""
+    persist_bytes: tuple[int, ...]
+    """Per param: the bytes of a persistent param's gathered data left at the end (0 if none)."""
     forward_peaks: tuple[int, ...]
     """Per forward segment, the highest bytes once its activations are allocated (``peak``, or
     ``after``: a later hook's all-gather)."""
@@ -224,7 +226,9 @@ def gather_pass(layout: StepLayout, params: Sequence[GParam], world: int, *, pre
     backward, end = _segments(rec.events, layout.n_segments + 1, end_fwd, marks=rec.marks)
     persist = tuple(q.persist and co.data[i] > 0 for i, q in enumerate(params))
     return GatherPass(forward=forward, backward=backward, end_forward=end_fwd, end=end, stats=tuple(co.stats),
-                      persist_live=persist, forward_peaks=tuple(max(x.peak, x.after) for x in forward),
+                      persist_live=persist,
+                      persist_bytes=tuple(co.data[i] if q.persist else 0 for i, q in enumerate(params)),
+                      forward_peaks=tuple(max(x.peak, x.after) for x in forward),
                       forward_before=tuple(x.before for x in forward),
                       backward_peaks=tuple(x.peak for x in backward), backward_before=tuple(x.before for x in backward),
                       backward_after=tuple(x.after for x in backward), max_bytes=top)

@@ -161,7 +161,7 @@ class Coordinator:
                 self.key[i] = PERSISTENT
                 if persistent_available:
                     self.status[i] = AVAILABLE
-                    self.data[i] = self.full_bytes(i)
+                    self.data[i] = self.gathered_bytes_of(i)
                     self.persistent_bytes += self.data[i]
         self.registry: dict[int, int] = {}  # param -> handle id
         self.handles: dict[int, list] = {}  # handle id -> [params left in the registry, flats, staging, waited]
@@ -186,6 +186,14 @@ class Coordinator:
     # ------------------------------------------------------------------ sizes
     def part(self, i: int) -> int:
         return -(-self.p[i].numel // self.W)
+
+    def gathered_bytes_of(self, i: int) -> int:
+        """Bytes a gather gives param ``i`` of its own: ``full_bytes``, but with W = 1 nothing
+        unless its partition is copied to the device (``_no_gather_coalesced``: ``param.data =
+        ds_tensor.data.to(device)``, the partition itself when it is already there)."""
+        if self.W == 1:
+            return self.p[i].numel * self.p[i].element_bytes if self.offload else 0
+        return self.full_bytes(i)
 
     def full_bytes(self, i: int) -> int:
         """Bytes of a gathered param: ``ceil(p/W) x W`` elements from a sequential gather (its own

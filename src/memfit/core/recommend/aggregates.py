@@ -456,9 +456,10 @@ class ScenarioAggregates:
 
     def gather(self, *, eb: tuple[int, ...], threshold: int, ds_version: str, checkpointing: bool,
                prefetch: int, max_live: int, offload_copy: bool, complete: bool,
-               persistent_available: bool) -> tuple[GatherPass, int]:
-        """``step_segments.gather_pass`` for these settings, and the bytes ``stage3.py:_post_step``
-        gathers after the step (the persistent params the pass left released)."""
+               persistent_available: bool) -> tuple[GatherPass, int, int, int]:
+        """``step_segments.gather_pass`` for these settings; the bytes ``stage3.py:_post_step``
+        gathers after the step if nothing else were released (0.5: the persistent params the pass left
+        released); the persistent params' bytes the pass leaves gathered; all of theirs, gathered."""
         if not complete:  # a RECORD pass neither prefetches nor keeps anything: the limits play no role
             prefetch = max_live = 0
         key = ("gather", eb, threshold, ds_version, checkpointing, prefetch, max_live, offload_copy, complete,
@@ -475,9 +476,12 @@ class ScenarioAggregates:
                          offload_param=offload_copy, allgather_sequential=z.allgather_sequential, complete=complete,
                          persistent_available=persistent_available)
         W = self.world
-        rest = sum(ceil_div(g.numel, W) * W * g.element_bytes for g, live in zip(gparams, gp.persist_live)
-                   if g.persist and not live)
-        v = self.memo[key] = (gp, rest)
+        rest = sum((ceil_div(g.numel, W) * W if W > 1 or offload_copy else 0) * g.element_bytes
+                   for g, live in zip(gparams, gp.persist_live) if g.persist and not live)
+        # step._Step._persist_bytes: W = 1 gathers nothing unless the partition is offloaded
+        total = sum((ceil_div(g.numel, W) * W if W > 1 or offload_copy else 0) * g.element_bytes
+                    for g in gparams if g.persist)
+        v = self.memo[key] = (gp, rest, sum(gp.persist_bytes), total)
         return v
 
     def grads(self, spec: GradSpec, ds_version: str, checkpointing: bool) -> tuple[tuple[Segment, ...], int,

@@ -291,7 +291,7 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
     live = [0, 0, 0]  # GPU, host, NVMe relative to the start of the step
     old_gip = opt_numel * nb if (stage3 and ver == "0.5" and opt.count) else 0
     old_gip_dev = 1 if off_opt else 0  # 0.5.10 grads_in_partition: host with the optimizer offloaded
-    st = {"old_gip": False, "kept": 0, "carry": 0, "carry_kept": 0, "persist_rest": 0}
+    st = {"old_gip": False, "kept": 0, "carry": 0, "carry_kept": 0, "persist_rest": 0, "persist_live": 0}
     # ZeRO-1 keeps its reduce buckets from the first micro-step to the boundary (grad_pass)
     z1_buckets = (2 if overlap else 1) * c.reduce_bucket_size * nb if (
         c.stage == 1 and z.contiguous_gradients and opt.count) else 0
@@ -361,6 +361,11 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
     def optimizer_step(first: bool) -> None:  # step._Step.optimizer_step
         start = list(live)
         gpk, hpk, npk = live
+        if stage3 and ver == "0.19":  # _partition_all_parameters; _post_step gathers them all again
+            live[0] -= st["persist_live"]
+            st["persist_rest"], st["persist_live"] = persist_total, persist_total
+            if opt.count and not off_opt:  # get_grad_norm_direct: fp64 copy of one gradient partition
+                gpk = max(gpk, live[0] + opt.part_max * 8)
         k = agg.states_per_param(off_opt)
         create = first and opt.count and k and not opt_states_at_init
         dev = 2 if (stage3 and c.offload_optimizer == "nvme") else 1 if off_opt else 0
@@ -396,15 +401,18 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
             st["old_gip"] = False
         close(start, gpk, hpk, npk)
 
+    persist_total = gather(True, True)[3] if stage3 else 0
     micro_step(False, False, 0, GA == 1, False)
-    if stage3:
-        st["persist_rest"] = gather(False, False)[1]  # RECORD releases every persistent param
+    if stage3:  # RECORD releases every persistent param
+        _, st["persist_rest"], st["persist_live"], _ = gather(False, False)
     if GA > 1:
         micro_step(True, False, 1, True, False)
         if stage3:
-            st["persist_rest"] = gather(True, False)[1]
+            _, st["persist_rest"], st["persist_live"], _ = gather(True, False)
     optimizer_step(True)
     micro_step(True, True, 1 if GA > 1 else 0, True, GA > 1)
+    if stage3:
+        st["persist_live"] = gather(True, True)[2]
     optimizer_step(False)
     # ---- save
     start = list(live)
