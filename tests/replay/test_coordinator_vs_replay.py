@@ -7,16 +7,18 @@ rank 0 of a fake world; ``MEMFIT_COORDINATOR_LOG`` wraps ``PartitionedParameterC
 LoRA case (W = 2) and one full fine-tuning case with the optimizer and parameters offloaded and
 gradient checkpointing (W = 4), both with ``stage3_prefetch_bucket_size``,
 ``stage3_max_live_parameters``, ``stage3_max_reuse_distance`` and the persistence threshold small
-enough to decide something. Pass 1 is step 1 (the trace is recorded), pass 2 step 2 (complete
-trace: prefetch and reuse).
+enough to decide something, and the seed's method, prefix tuning on GPT-J (W = 2) with the limits
+at 1e9 (step 2 keeps what its backward uses). Pass 1 is step 1 (the trace is recorded), pass 2
+step 2 (complete trace: prefetch and reuse).
 
 What is compared:
 - driven by the order the real run took, the simulation gives the coordinator's own counters
   (``__n_available_params``, the in-flight registry) and the bytes of gathered params and of the
   coalesced all-gather buffers at every hook, exactly, in pass 2; in pass 1 the bytes exactly, the
-  counter not: peft's LoRA layer reads ``lora_A``'s weight in its own forward, which DeepSpeed's
-  ``ZeROOrderedDict`` gathers outside the coordinator's count the first time (and registers as an
-  external parameter of the LoRA layer, which the simulation then fetches with it);
+  counter not: peft's LoRA layer reads ``lora_A``'s weight in its own forward (and peft's
+  ``get_prompt`` the prompt encoder's embedding in the PeftModel's), which DeepSpeed's
+  ``ZeROOrderedDict`` gathers outside the coordinator's count the first time and registers as an
+  external parameter of the reader, fetched with it from then on (``Coordinator.register``);
 - over the order the ledger rebuilds from the parameter names alone (``module_order``), the
   highest bytes of each pass (the ledger's "expected" figure) equal the measured highest;
 - the rules' upper bound (``upper_bound_numel``) is above every measured point.

@@ -15,7 +15,8 @@ accumulating), ``save``. What each adds on top of the model states initialize le
 - ZeRO-3: parameters gathered per module by the coordinator (``zero3_fetch``) over the module order
   (``module_order``): the first micro-step records the trace (no prefetch, every param released
   after its module); from the next micro-step on the trace is complete (prefetch, reuse distance,
-  persistent params kept); ``stage3.py:_post_step`` gathers the persistent params after every step;
+  persistent params kept); ``stage3.py:step`` releases every gathered param first, the persistent
+  ones too (``_partition_all_parameters``), and ``_post_step`` gathers the persistent ones again;
 - gradients per parameter (``step_segments.grad_pass``): ZeRO-3's IPG bucket and reduce-scatter
   flat copy and, with the optimizer offloaded, the partition's GPU copies; ZeRO-1/2's reduce
   buckets (allocated at the first gradient of every backward), ZeRO-2's ``grads_in_partition``;
