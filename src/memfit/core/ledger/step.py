@@ -19,7 +19,8 @@ accumulating), ``save``. What each adds on top of the model states initialize le
   ones too (``_partition_all_parameters``), and ``_post_step`` gathers the persistent ones again;
 - gradients per parameter (``step_segments.grad_pass``): ZeRO-3's IPG bucket and reduce-scatter
   flat copy and, with the optimizer offloaded, the partition's GPU copies; ZeRO-1/2's reduce
-  buckets (allocated at the first gradient of every backward), ZeRO-2's ``grads_in_partition``;
+  buckets (allocated at the first gradient of a backward; ZeRO-1 keeps them to the accumulation
+  boundary), ZeRO-2's ``grads_in_partition`` (at the first bucket flush holding its params);
   stages 0/1 keep full gradients until the step;
 - between micro-steps (gradient accumulation): stages 0/1 keep the full gradients, ZeRO-2 its
   accumulated partition (``all_grad_tensors``), DeepSpeed 0.5.x ZeRO-3 its ``grads_in_partition``;
