@@ -73,11 +73,31 @@ def _grads_in_partition_numel(sc, part: int) -> int:
     return total
 
 
+def _highest(sc, phase: str, key: str) -> int:
+    """The bytes of ledger item ``key`` live after each event of ``phase``: their highest."""
+    from memfit.core.ledger.build import build_timeline
+
+    t = build_timeline(sc)
+    names = [n for n, _ in t.phase_starts]
+    i = names.index(phase)
+    begin, end = t.phase_starts[i][1], t.phase_starts[i + 1][1]
+    live = top = 0
+    for k, (kind, name, _, n) in enumerate(t.events[:end]):
+        if name == key:
+            live += n if kind == "alloc" else -n
+        if k + 1 >= begin:
+            top = max(top, live)
+    return top
+
+
 def test_zero2_accumulation_keeps_a_partition_between_micro_steps():
     """stage_1_and_2.py 0.19.8: each backward copies this rank's gradients into grads_in_partition
-    (copy_grads_in_partition, sum of the partition's params, fp16); the epilogue keeps it as
-    all_grad_tensors (_release_ipg_buffers only drops the name), a later micro-step's own partition
-    is added into it (accumulated_grad.add_) and dropped; the step frees it."""
+    (copy_grads_in_partition, sum of the partition's params, fp16, allocated by the first call: when
+    reduce_ipg_grads flushes a bucket holding one of the partition's params); the epilogue keeps it
+    as all_grad_tensors (_release_ipg_buffers only drops the name), a later micro-step's own partition
+    is added into it (accumulated_grad.add_) and dropped; the step frees it. With the default
+    5e8-element bucket all of GPT-2 medium's gradients fit one bucket, flushed by the epilogue: the
+    later micro-step's partition comes after the backward's peak (the activations still alive)."""
     sc, plan = _plan(2, 4)
     W = 2
     n = sum(p.numel for p in sc.model.params)
@@ -87,7 +107,8 @@ def test_zero2_accumulation_keeps_a_partition_between_micro_steps():
     assert "zero12.grads_in_partition" not in _items(plan, "forward")
     assert _items(plan, "accum.forward")["zero12.grads_in_partition"] == gip * 2
     bwd = _items(plan, "accum.backward")
-    assert bwd["zero12.grads_in_partition"] == 2 * gip * 2  # the kept one and this micro-step's
+    assert bwd["zero12.grads_in_partition"] == gip * 2  # the kept one; this micro-step's comes at the flush
+    assert _highest(sc, "accum.backward", "zero12.grads_in_partition") == 2 * gip * 2  # both, at the epilogue
     assert bwd["zero12.reduce_buckets"] == 500_000_000 * 2  # setup_buckets: one bucket (overlap_comm off)
     assert "zero12.grads_in_partition" not in {i.key for i in plan.phase("optimizer_step").resident}
 

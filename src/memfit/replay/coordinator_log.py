@@ -137,9 +137,10 @@ FIXTURE_DIR = os.path.join("tests", "fixtures", "coordinator")
 
 def fixture_cases() -> dict:
     """The recorded cases: tight ZeRO-3 limits so that prefetch, ``max_live_parameters``, the reuse
-    distance, persistence and coalesced all-gathers all decide something (tiny Llama shapes)."""
+    distance, persistence and coalesced all-gathers all decide something (tiny Llama shapes), and
+    the seed's prefix tuning on GPT-J with its loose limits."""
     from memfit.core.peft_spec import PeftSpec
-    from memfit.replay.record_fixtures import LORA, TINY_LLAMA, deepspeed_json
+    from memfit.replay.record_fixtures import LORA, SEED_PREFIX, TINY_GPTJ, TINY_LLAMA, deepspeed_json
     from memfit.replay.spec import ReplaySpec
 
     def ds(offload: bool, **limits: int) -> dict:
@@ -151,7 +152,12 @@ def fixture_cases() -> dict:
               stage3_max_reuse_distance=30000, stage3_param_persistence_threshold=600)
     full = ds(True, stage3_prefetch_bucket_size=50000, stage3_max_live_parameters=150000,
               stage3_max_reuse_distance=80000, stage3_param_persistence_threshold=200)
+    prefix = ds(False, stage3_prefetch_bucket_size=50000, stage3_param_persistence_threshold=1000)
     return {c.name: c for c in (
+        # prefix tuning, the seed's method, with max_live_parameters and max_reuse_distance at 1e9:
+        # step 2 keeps every param its backward uses, and only those
+        ReplaySpec(name="gptj_prefix_z3_fetch_w2", model_config=TINY_GPTJ, layers=2, peft=SEED_PREFIX,
+                   deepspeed_config=prefix, world_size=2, seq_len=16, steps=2, threads=1, save="never"),
         ReplaySpec(name="llama_lora_z3_fetch_w2", model_config=TINY_LLAMA, layers=3, peft=LORA, deepspeed_config=lora,
                    world_size=2, seq_len=16, steps=2, threads=1, save="never"),
         ReplaySpec(name="llama_full_z3_offload_gc_fetch_w4", model_config=TINY_LLAMA, layers=3, peft=PeftSpec(),

@@ -12,10 +12,14 @@ plan --exact`` does), the order is rebuilt from ``named_parameters()`` names:
   (``PeftModelForCausalLM.forward`` calls ``get_prompt`` before the base model);
 - backward mirrors the forward (DeepSpeed's pre-backward hook fires when the gradient reaches a
   module's output, the post-backward hook when it reaches its input), for modules whose output
-  depends on a trained parameter; a post-backward hook fires only if the module's input needs a
-  gradient too (a trained parameter ran before it, or checkpointing made the embeddings' output
-  require grad), else DeepSpeed releases it at the end of the backward
-  (``release_backward_leftovers``);
+  needs a gradient; a post-backward hook fires only if the module's input needs one too, else
+  DeepSpeed releases it at the end of the backward (``release_backward_leftovers``). Which do
+  follows the data (``_grad_flow``): the q/k/v projections read their attention's input, not each
+  other's output, so a frozen one fed by the frozen embeddings has no backward (LoRA's first
+  block); prefix tuning's trained prefix enters each attention's core as keys and values, not the
+  hidden states, so the embeddings, the first block's projections and, in a parallel block
+  (GPT-J), its MLP have none either (checked against every ZeRO-3 replay's fetch order: the
+  DeepSpeed coordinator's hooks, logged);
 - with gradient checkpointing, a block's backward re-runs its forward when its first backward node
   (its last leaf's) unpacks a saved tensor (non-reentrant ``torch.utils.checkpoint``): the forward
   hooks of the block's children fire again inside the backward, not the block's own (transformers'
@@ -59,24 +63,26 @@ class ModuleOrder:
     externals: tuple[tuple[int, ...], ...]
     """Per module, params of *other* modules its forward reads, which DeepSpeed registers as its
     external parameters the first time (``parameter_offload.py:ZeROOrderedDict.__getitem__`` ->
-    ``register_external_parameter``) and from then on gathers and releases with it: peft's LoRA
-    layer reads ``lora_A[adapter].weight`` (for its dtype)."""
+    ``register_external_parameter`` on the module on top of ``FWD_MODULE_STACK``, gathering it
+    with ``param.all_gather()`` outside the coordinator) and from then on gathers and releases with
+    it: peft's LoRA layer reads ``lora_A[adapter].weight`` (for its dtype); peft's ``get_prompt``
+    reads the prompt encoder's ``embedding.weight`` (for its device) in the PeftModel's forward, so
+    it is the root's."""
     layers: tuple[int, ...]
     """Module ids of the transformer blocks, in forward order (empty: not recognised)."""
     chain_max: int
     """Largest elements owned by one module and its ancestors together (active at once)."""
 
-    def fetched(self, m: int, complete: bool) -> tuple[int, ...]:
-        """The params module ``m``'s hooks gather and release: its own, plus its external params
-        once the first step has registered them."""
-        return self.params[m] + self.externals[m] if complete else self.params[m]
 
 
 def build_module_order(names: Sequence[str], numels: Sequence[int], trainable: Sequence[bool], *,
-                       num_layers: int, checkpointing: bool = False) -> ModuleOrder:
+                       num_layers: int, checkpointing: bool = False, parallel_blocks: bool = False,
+                       prefix_kv: bool = False) -> ModuleOrder:
     """The order of ``names`` (``named_parameters()`` names, in order) as described in the module
     docstring. ``num_layers`` is the number of transformer blocks (both stacks of an
-    encoder-decoder)."""
+    encoder-decoder); ``parallel_blocks``: attention and MLP read the same normed input
+    (``flow_flags``); ``prefix_kv``: the trained prompt encoder's output enters every attention as
+    keys and values (prefix tuning), not the hidden states."""
     index: dict[str, int] = {"": 0}
     mod_names: list[str] = [""]
     children: dict[int, list[int]] = {0: []}
@@ -104,30 +110,25 @@ def build_module_order(names: Sequence[str], numels: Sequence[int], trainable: S
         _run_order(kids, mod_names)
 
     forward: list[tuple[bool, int]] = []
+    # peft's prompt learning keeps the input embeddings as PeftModel.word_embeddings as well
+    # (peft_model.py PeftModel._setup_prompt_encoder): DeepSpeed's _register_deepspeed_module walks
+    # module.children() of each parent (parameter_offload.py), so that module gets its hooks twice
+    # and every call runs both
+    twice = next((i for i, n in enumerate(mod_names) if n.rsplit(".", 1)[-1] in INPUT_EMBEDDINGS
+                  and n.split(".")[0] != PROMPT_ENCODER), None) if any(
+        n.split(".")[0] == PROMPT_ENCODER for n in mod_names) else None
 
     def walk(m: int) -> None:
-        forward.append((True, m))
+        n = 2 if m == twice else 1
+        forward.extend([(True, m)] * n)
         for c in children[m]:
             walk(c)
-        forward.append((False, m))
+        forward.extend([(False, m)] * n)
 
     walk(0)
     layers = _find_layers(mod_names, children, num_layers)
-    # which modules see a gradient: output depends on a trained param run before the post-hook;
-    # input needs a gradient if a trained param ran before the pre-hook (or checkpointing made the
-    # embeddings' output require grad: enable_input_require_grads)
-    trained_mod = {m for m, ps in own.items() if any(trainable[p] for p in ps)}
-    first_layer_pre = forward.index((True, layers[0])) if layers else None
-    seen_trained = False
-    out_grad: dict[int, bool] = {}
-    in_grad: dict[int, bool] = {}
-    for pos, (is_pre, m) in enumerate(forward):
-        if is_pre:
-            in_grad[m] = seen_trained or (checkpointing and first_layer_pre is not None and pos >= first_layer_pre)
-        if m in trained_mod and is_pre:
-            seen_trained = True
-        if not is_pre:
-            out_grad[m] = seen_trained or in_grad[m]
+    in_grad, out_grad = _grad_flow(mod_names, children, own, trainable, layers, checkpointing=checkpointing,
+                                   parallel_blocks=parallel_blocks, prefix_kv=prefix_kv)
     subtree_of = {L: set(_subtree(L, children)) for L in layers} if checkpointing else {}
     layer_of_pos: dict[int, int] = {}
     if checkpointing:
@@ -167,6 +168,8 @@ def build_module_order(names: Sequence[str], numels: Sequence[int], trainable: S
             if part in LORA_CHILDREN and k >= 1:
                 ext.setdefault(index[".".join(parts[:k])], []).append(pi)
                 break
+        if parts[0] == PROMPT_ENCODER and parts[-2:] == ["embedding", "weight"]:
+            ext.setdefault(0, []).append(pi)  # peft's get_prompt, in the PeftModel's forward
     externals = tuple(tuple(ext.get(i, ())) for i in range(len(mod_names)))
     chain = {0: sum(numels[p] for p in own[0])}
     for i in range(1, len(mod_names)):  # parents are created before their children
@@ -176,10 +179,96 @@ def build_module_order(names: Sequence[str], numels: Sequence[int], trainable: S
                        backward_forward=tuple(recompute), layers=layers, chain_max=max(chain.values()))
 
 
+INPUT_BRANCHES = frozenset({
+    "q_proj", "k_proj", "v_proj", "query", "key", "value", "q", "k", "v", "qkv_proj", "query_key_value", "c_attn",
+    "Wqkv", "W_pack", "gate_proj", "up_proj", "gate_up_proj", "w1", "w3", "wi_0", "wi_1", "base_layer",
+})
+"""Children that read their container's input rather than what its earlier children made: the
+attention's q/k/v projections (``LlamaAttention.forward``: ``q_proj(hidden_states)``,
+``k_proj(hidden_states)``, ``v_proj(hidden_states)``; GPT-J's, GPT-2's ``c_attn``, NeoX's
+``query_key_value``), a gated MLP's gate and up projections (``LlamaMLP.forward``:
+``down_proj(act_fn(gate_proj(x)) * up_proj(x))``), and a peft LoRA layer's ``base_layer``."""
+INPUT_EMBEDDINGS = frozenset({"embed_tokens", "wte", "word_embeddings", "embed_in", "shared"})
+"""What ``get_input_embeddings()`` returns in the families memfit builds (Llama, GPT-J/GPT-2, BERT/Bloom,
+GPT-NeoX, T5)."""
+ATTENTION = frozenset({"attn", "self_attn", "attention", "self_attention", "SelfAttention", "self"})
+"""Containers whose attention core concatenates the cached keys and values (peft's prefix tuning
+passes its prefix as the cache: ``GPTJAttention.forward``/``LlamaAttention.forward``:
+``cache.update(key, value, ...)``; BERT's is its ``attention.self``)."""
+
+
+def flow_flags(arch, peft_method: str) -> dict[str, bool]:
+    """``build_module_order``'s data-flow settings for a model and PEFT method: ``parallel_blocks``
+    (GPT-J, CodeGen, Phi and the layouts marked ``parallel``: ``GPTJBlock.forward`` feeds ``ln_1``'s
+    output to both ``attn`` and ``mlp``), ``prefix_kv`` (peft prefix tuning)."""
+    layout = getattr(arch, "layout", None)
+    parallel = bool(layout is not None and layout.parallel) or arch.model_type in ("gptj", "codegen", "phi")
+    return {"parallel_blocks": parallel, "prefix_kv": peft_method == "prefix"}
+
+
+def _grad_flow(names: list[str], children: dict[int, list[int]], own: dict[int, list[int]],
+               trainable: Sequence[bool], layers: tuple[int, ...], *, checkpointing: bool, parallel_blocks: bool,
+               prefix_kv: bool) -> tuple[dict[int, bool], dict[int, bool]]:
+    """Per module: does its input need a gradient (DeepSpeed's post-backward hook fires only then:
+    ``parameter_offload.py`` ``PostBackwardFunctionModule.setup_context``, ``if
+    output_in.requires_grad``), does its output (the pre-backward hook is an autograd Function on
+    the outputs: ``PreBackwardFunctionForModule``, whose backward runs only for an output that
+    requires grad)? A module's output needs a gradient when its input does or it trains a param.
+    Inputs follow the data: a container's children read what its earlier children made (and its
+    input, the residual stream), but for ``INPUT_BRANCHES`` (they read the container's input); in a
+    parallel block a norm reads the block's input and the attention and MLP the last norm's output;
+    with prefix tuning an attention's core joins the trained prefix to its keys and values, so what
+    reads the core needs a gradient, and the prompt encoder's output feeds no hidden state;
+    with checkpointing the input embeddings' output needs a gradient (transformers'
+    ``gradient_checkpointing_enable`` calls ``enable_input_require_grads`` for a model whose
+    ``main_input_name`` is ``input_ids``: a forward hook doing ``output.requires_grad_(True)``), and so
+    every block's input (if the embedding is not recognised, the blocks' inputs alone). The prompt encoder of prompt tuning and
+    P-tuning joins the input embeddings, so what runs after it needs a gradient."""
+    in_grad: dict[int, bool] = {}
+    out_grad: dict[int, bool] = {}
+    layer_set = set(layers)
+
+    def tail(m: int) -> str:
+        return names[m].rsplit(".", 1)[-1]
+
+    def norm(m: int) -> bool:
+        t = tail(m).lower()
+        return "norm" in t or t.startswith("ln")
+
+    def flow(m: int, gin: bool) -> bool:
+        in_grad[m] = gin
+        seen = gin or any(trainable[p] for p in own[m])
+        last_norm = gin
+        core = prefix_kv and tail(m) in ATTENTION and names[m].split(".")[0] != PROMPT_ENCODER
+        for c in children[m]:
+            t = tail(c)
+            if checkpointing and c in layer_set:
+                cin = True
+            elif t in INPUT_BRANCHES:
+                cin = gin
+            elif parallel_blocks and m in layer_set:
+                cin = gin if norm(c) else last_norm
+            else:
+                cin = seen or core
+            out = flow(c, cin)
+            if checkpointing and t in INPUT_EMBEDDINGS and not layer_set & set(_subtree(c, children)):
+                out = out_grad[c] = True  # enable_input_require_grads: output.requires_grad_(True)
+            if parallel_blocks and m in layer_set and norm(c):
+                last_norm = out
+            if not (prefix_kv and m == 0 and t == PROMPT_ENCODER):
+                seen = seen or out
+        out_grad[m] = seen or core
+        return out_grad[m]
+
+    flow(0, False)
+    return in_grad, out_grad
+
+
 def _run_order(kids: list[int], names: list[str]) -> None:
     """Llama-style blocks register ``self_attn, mlp, input_layernorm, post_attention_layernorm``
     but run ``input_layernorm, self_attn, post_attention_layernorm, mlp``
-    (``LlamaDecoderLayer.forward``; Mistral, Qwen2 and others copy it): put the norms where they run."""
+    (``LlamaDecoderLayer.forward``; Mistral, Qwen2 and others copy it): put the norms where they
+    run; an attention that registers ``k_proj`` before ``q_proj`` runs q first."""
     last = {names[k].rsplit(".", 1)[-1]: k for k in kids}
     if "input_layernorm" in last:
         kids.remove(last["input_layernorm"])
@@ -188,6 +277,10 @@ def _run_order(kids: list[int], names: list[str]) -> None:
     if "post_attention_layernorm" in last and attn is not None:
         kids.remove(last["post_attention_layernorm"])
         kids.insert(kids.index(attn) + 1, last["post_attention_layernorm"])
+    # GPT-J registers k_proj, v_proj, q_proj but runs q first (GPTJAttention.forward)
+    if "q_proj" in last and "k_proj" in last and kids.index(last["q_proj"]) > kids.index(last["k_proj"]):
+        kids.remove(last["q_proj"])
+        kids.insert(kids.index(last["k_proj"]), last["q_proj"])
 
 
 def _subtree(m: int, children: dict[int, list[int]]) -> list[int]:

@@ -15,10 +15,12 @@ accumulating), ``save``. What each adds on top of the model states initialize le
 - ZeRO-3: parameters gathered per module by the coordinator (``zero3_fetch``) over the module order
   (``module_order``): the first micro-step records the trace (no prefetch, every param released
   after its module); from the next micro-step on the trace is complete (prefetch, reuse distance,
-  persistent params kept); ``stage3.py:_post_step`` gathers the persistent params after every step;
+  persistent params kept); ``stage3.py:step`` releases every gathered param first, the persistent
+  ones too (``_partition_all_parameters``), and ``_post_step`` gathers the persistent ones again;
 - gradients per parameter (``step_segments.grad_pass``): ZeRO-3's IPG bucket and reduce-scatter
   flat copy and, with the optimizer offloaded, the partition's GPU copies; ZeRO-1/2's reduce
-  buckets (allocated at the first gradient of every backward), ZeRO-2's ``grads_in_partition``;
+  buckets (allocated at the first gradient of a backward; ZeRO-1 keeps them to the accumulation
+  boundary), ZeRO-2's ``grads_in_partition`` (at the first bucket flush holding its params);
   stages 0/1 keep full gradients until the step;
 - between micro-steps (gradient accumulation): stages 0/1 keep the full gradients, ZeRO-2 its
   accumulated partition (``all_grad_tensors``), DeepSpeed 0.5.x ZeRO-3 its ``grads_in_partition``;
@@ -38,6 +40,7 @@ from collections.abc import Sequence
 from memfit.core.activations import ActivationEstimate, estimate_activation_bytes
 from memfit.core.ledger import host_process
 from memfit.core.ledger.context import DTYPE_BYTES, RecipeContext, ceil_div, optimizer_offload
+from memfit.core.ledger.module_order import flow_flags
 from memfit.core.ledger.step_activations import ACT, RECOMPUTE, ActivationPlan, declare_activations
 from memfit.core.ledger.step_segments import (BUCKETS, FULL_GRAD, GRAD_COPY, GRAD_FP32, GRADS, GRADS_PART, OLD_IPG,
                                               RS_FLAT, GatherPass, GradSpec, Segment, StepLayout, build_layout,
@@ -53,6 +56,7 @@ PERSIST_FULL = PERSISTENT
 GRAD_FULL = FULL_GRAD
 STEP_TMP = "step.fp32_grad_tmp"
 STEP_FLAT = "step.flat_grad_tmp"
+STEP_NORM = "step.grad_norm_fp64"
 OLD_GRADS_PART = "zero3.grads_in_partition"
 SAVE_HOST = "save.state_dict"
 SAVE_GPU = "save.gathered_module"
@@ -85,7 +89,7 @@ def step_layout(ctx: RecipeContext) -> StepLayout:
     arch = sc.model.arch
     return build_layout([p.name for p in ctx.params], [p.numel for p in ctx.params], [p.trainable for p in ctx.params],
                         num_layers=arch.num_layers + arch.num_encoder_layers,
-                        checkpointing=sc.train.gradient_checkpointing)
+                        checkpointing=sc.train.gradient_checkpointing, **flow_flags(arch, sc.peft.method))
 
 
 class _Step:
@@ -122,7 +126,7 @@ class _Step:
             flags = persistent_flags(numels, self.z.param_persistence_threshold, self.z.model_persistence_threshold,
                                      inclusive=sc.ds_version == "0.19")
             self.gparams = [GParam(n, e, f) for n, e, f in zip(numels, self.eb, flags)]
-            self.persist_live = [False] * len(numels)
+            self.persist_bytes = [0] * len(numels)  # each persistent param's gathered bytes
         self.trained = {p.name for p in self.opt}
         self._passes: dict[tuple[bool, bool], GatherPass] = {}
 
@@ -179,10 +183,12 @@ class _Step:
                       device=Device.GPU, category="grads", formula=f"p x {nb} B per trained param",
                       source="torch autograd (param.grad); the optimizer reads them at step()")
             nbuf = 2 if z.overlap_comm else 1
-            t.declare(BUCKETS, name=f"gradient reduce bucket(s) x{nbuf}, allocated at every backward",
+            when = "at every backward" if z.stage != 1 else "at the first backward of each step (kept until the boundary)"
+            t.declare(BUCKETS, name=f"gradient reduce bucket(s) x{nbuf}, allocated {when}",
                       device=Device.GPU, category="buffers",
                       formula=f"{nbuf} x reduce_bucket_size {z.reduce_bucket_size:,} x {nb} B",
-                      source=f"{S12}:setup_buckets (freed by _release_ipg_buffers)")
+                      source=f"{S12}:setup_buckets (freed by _release_ipg_buffers in independent_gradient_partition_"
+                             "epilogue: every backward for ZeRO-2, at the accumulation boundary for ZeRO-1)")
             t.declare(GRADS_PART, name="gradient partition (grads_in_partition), accumulated until the step",
                       device=Device.GPU, category="grads",
                       formula=f"{self.gip_numel:,} x {nb} B: the params of this rank's {self.opt_numel:,}-element "
@@ -209,8 +215,8 @@ class _Step:
                   source="deepspeed/runtime/zero/parameter_offload.py:mark_persistent_parameters; stage3.py:_post_step")
         rec = self.gather(False, False)
         comp = self.gather(True, True)
-        exp_rec = max(s.peak for s in rec.forward + rec.backward)
-        exp_comp = max(s.peak for s in comp.forward + comp.backward)
+        exp_rec = max(s.top for s in rec.forward + rec.backward)
+        exp_comp = max(s.top for s in comp.forward + comp.backward)
         mods = _modules(ctx)
         aligned = sum(ceil_div(n, W) * W for n, g in zip(self.numels, self.gparams) if not g.persist)
         bound = upper_bound_numel(chain_numel=self.layout.order.chain_max, largest_module=max(mods.values()),
@@ -320,27 +326,31 @@ class _Step:
             if seg:
                 self.apply(seg.events[seg.split:])
         if gp:
-            self.persist_live = [a or b for a, b in zip(self.persist_live, gp.persist_live)] if complete \
-                else list(gp.persist_live)
+            self.persist_bytes = [b or a for a, b in zip(self.persist_bytes, gp.persist_bytes)] if complete \
+                else list(gp.persist_bytes)
         self._after_backward(micro)
 
     def _persist_bytes(self, g) -> int:
         """A persistent param's gathered copy: its all-gather buffer, ceil(p/W) x W elements. With
-        W = 1 on the CPU accelerator there is none: ``param.data = ds_tensor.data.to(device)``
-        (partition_parameters.py NoGatherHandle) is the partition itself."""
-        if self.W == 1 and self.t.accelerator == "cpu":
-            return 0
+        W = 1 there is none unless the partition is offloaded to the host and copied to the GPU:
+        ``param.data = ds_tensor.data.to(device)`` (partition_parameters.py ``_no_gather_coalesced``,
+        NoGatherCoalescedHandle) is the partition itself (``zero3_fetch.Coordinator.gathered_bytes_of``).
+        Not modelled: a lone persistent param, which ``Init._all_gather`` gathers sequentially
+        into a new buffer even then."""
+        if self.W == 1:
+            offloaded = self.z.offload_param.device != "none" and self.t.accelerator == "cuda"
+            return g.numel * g.element_bytes if offloaded else 0
         return ceil_div(g.numel, self.W) * self.W * g.element_bytes
 
     def _traced_pass(self, *, micro: int, boundary: bool, prefix: str) -> None:
         """``memfit plan --exact``: the traced step memory in place of the analytic activations (and,
         under ZeRO-3, of the gathered params and gradients the trace's coordinator replay gives)."""
         t, traced = self.t, self.traced
-        if self.stage3 and not any(self.persist_live):
+        if self.stage3 and not any(self.persist_bytes):
             for i, g in enumerate(self.gparams):  # the trace's replay counts persistent params as gathered
                 if g.persist:
                     t.alloc(PERSIST_FULL, self._persist_bytes(g))
-                    self.persist_live[i] = True
+                    self.persist_bytes[i] = self._persist_bytes(g)
         _alloc_items(t, traced.forward_items)
         t.phase(prefix + "backward", "backward pass (traced)")
         for it in traced.forward_items:
@@ -375,6 +385,9 @@ class _Step:
         if z.stage <= 1:
             for p in self.opt:
                 t.alloc(GRADS, p.numel * self.nb)
+            if z.stage == 1 and z.contiguous_gradients:  # the buckets, until the boundary (grad_pass)
+                for _ in range(2 if z.overlap_comm else 1):
+                    t.alloc(BUCKETS, z.reduce_bucket_size * self.nb)
         elif z.stage == 2 and z.contiguous_gradients and not self.off:
             t.alloc(GRADS_PART, self.gip_numel * self.nb)
         elif z.stage == 3 and self.sc.ds_version == "0.5":
@@ -389,7 +402,25 @@ class _Step:
         first step (per sub group: Adam's ``zeros_like`` of each flat fp32 partition)."""
         t = self.t
         t.phase(name, description)
+        if self.stage3 and self.sc.ds_version == "0.19":
+            # step() -> _partition_all_parameters -> release_and_reset_all: every gathered param
+            # is released, the persistent ones too (_post_step gathers them again)
+            for i, b in enumerate(self.persist_bytes):
+                if b:
+                    t.free(PERSIST_FULL, b)
+                    self.persist_bytes[i] = 0
         opt, nb, off, z = self.opt, self.nb, self.off, self.z
+        if self.stage3 and opt and not off and self.sc.ds_version == "0.19":
+            # _get_norm_groups -> get_grad_norm_direct: g.to(get_norm_dtype()).norm() per gradient
+            # partition, fp64 where the device has it (CUDA, the CPU), one at a time
+            t.declare(STEP_NORM, name="fp64 copy of one gradient partition for the gradient norm", device=Device.GPU,
+                      category="grads", formula=f"ceil(p/{self.W}) x 8 B, one param at a time",
+                      source=f"{S3}:get_grad_norm_direct (g.to(get_norm_dtype()).norm(norm_type)); "
+                             "zero/utils.py:get_norm_dtype")
+            for p in opt:
+                b = ceil_div(p.numel, self.W) * 8
+                t.alloc(STEP_NORM, b)
+                t.free(STEP_NORM, b)
         k = self.ds.optimizer.states_per_param
         first = bool(opt and k and t.live_bytes(OPT_STATES) == 0)
         if first:
@@ -418,9 +449,9 @@ class _Step:
                 t.free(STEP_TMP, n * 4)
         if self.stage3:  # _post_step: all_gather(persistent_parameters)
             for i, g in enumerate(self.gparams):
-                if g.persist and not self.persist_live[i]:
+                if g.persist and not self.persist_bytes[i]:
                     t.alloc(PERSIST_FULL, self._persist_bytes(g))
-                    self.persist_live[i] = True
+                    self.persist_bytes[i] = self._persist_bytes(g)
         t.end_phase()  # the model states after a step, gradients included
         t.free(GRADS)  # the step frees the gradients (zero_grad(set_to_none=True), free_grad_in_param_list)
         t.free(GRADS_PART)

@@ -11,9 +11,14 @@ segments are in backward order (head first), plus a last one for the end of the 
 (``release_backward_leftovers`` and the next ``reset_step``).
 
 Within a segment the ledger places a block's activations (or, in backward, its checkpoint
-recompute and its gradients) at the segment's highest point of gathered parameters: an upper
-bound within the block, exact between blocks. Everything here is memoized per the settings it
-depends on, so the recommender's estimator (``memfit.core.recommend.estimate``) combines the same
+recompute and its gradients) at the segment's highest point of gathered parameters between two
+hooks: a module computes after its ``fetch_sub_module`` has returned, and by then a coalesced
+all-gather's flat buffer whose params are all fetched is gone (``AllGatherCoalescedHandle.wait``
+copies the params out; the handle dies when the last is popped from the in-flight registry), so
+the highest point inside a fetch (flat buffer and copies together) comes before that module's
+tensors, as the replays log it at the LM head. Within a block this puts all its tensors at one
+point (they are made module by module); between blocks (the head) it is what runs. Everything
+here is memoized per the settings it depends on, so the recommender's estimator (``memfit.core.recommend.estimate``) combines the same
 per-segment numbers the ledger allocates, without walking the parameters per candidate.
 """
 
@@ -51,8 +56,10 @@ class StepLayout:
 
 
 def build_layout(names: Sequence[str], numels: Sequence[int], trainable: Sequence[bool], *, num_layers: int,
-                 checkpointing: bool) -> StepLayout:
-    order = build_module_order(names, numels, trainable, num_layers=num_layers, checkpointing=checkpointing)
+                 checkpointing: bool, parallel_blocks: bool = False, prefix_kv: bool = False) -> StepLayout:
+    """``parallel_blocks``/``prefix_kv``: ``module_order.flow_flags`` of the scenario."""
+    order = build_module_order(names, numels, trainable, num_layers=num_layers, checkpointing=checkpointing,
+                               parallel_blocks=parallel_blocks, prefix_kv=prefix_kv)
     layer_index = {m: k for k, m in enumerate(order.layers)}
     nseg = 2 * len(order.layers) + 1
     fwd, seg = [], 0
@@ -88,40 +95,60 @@ def build_layout(names: Sequence[str], numels: Sequence[int], trainable: Sequenc
 
 @dataclass(frozen=True, slots=True)
 class Segment:
-    """What one segment allocates and frees, in order, and its highest point."""
+    """What one segment allocates and frees, in order, and where the step's own items go in."""
 
     events: tuple[Event, ...]
     split: int
-    """``events[:split]`` reach the segment's highest point (the step's own items go in there)."""
+    """``events[:split]`` run before the step's own items of the segment (its block's activations,
+    gradients), at the segment's highest point among the places allowed (ZeRO-3: after a hook)."""
     peak: int
     """Bytes of these items live at that point, counted from the start of the pass."""
+    before: int = 0
+    """Highest bytes of these items while ``events[:split]`` run (inside a hook: an all-gather's flat
+    buffer and the params copied out of it), at least ``peak``."""
+    after: int = 0
+    """Highest bytes of these items while ``events[split:]`` run, at least ``peak``."""
+
+    @property
+    def top(self) -> int:
+        return max(self.before, self.after)
 
 
-def _segments(events: list[tuple[int, Event]], n: int, start: int = 0) -> tuple[tuple[Segment, ...], int]:
-    """Cut ``(segment, event)`` pairs into ``n`` segments; returns them and the live bytes at the end."""
-    per: list[list[Event]] = [[] for _ in range(n)]
-    for s, ev in events:
-        per[s].append(ev)
+def _segments(events: list[tuple[int, Event]], n: int, start: int = 0,
+              marks: set[int] | None = None) -> tuple[tuple[Segment, ...], int]:
+    """Cut ``(segment, event)`` pairs into ``n`` segments; returns them and the live bytes at the end.
+    ``marks``: positions in ``events`` (after that many events) where a split may go (default: any)."""
+    per: list[list[tuple[int, Event]]] = [[] for _ in range(n)]
+    for g, (s, ev) in enumerate(events):
+        per[s].append((g, ev))
     out = []
     live = start
     for evs in per:
         best, split = live, 0
-        for i, (_, b) in enumerate(evs):
+        states = [live]
+        for i, (g, (_, b)) in enumerate(evs):
             live += b
-            if live > best:
+            states.append(live)
+            if live > best and (marks is None or g + 1 in marks):
                 best, split = live, i + 1
-        out.append(Segment(events=tuple(evs), split=split, peak=best))
+        out.append(Segment(events=tuple(ev for _, ev in evs), split=split, peak=best,
+                           before=max(states[:split + 1]), after=max(states[split:])))
     return tuple(out), live
 
 
 class _Recorder:
-    """A ``zero3_fetch.Sink`` that keeps the events with the current segment."""
+    """A ``zero3_fetch.Sink`` that keeps the events with the current segment, and where each hook
+    ended (``marks``)."""
 
-    __slots__ = ("events", "seg")
+    __slots__ = ("events", "seg", "marks")
 
     def __init__(self) -> None:
         self.events: list[tuple[int, Event]] = []
         self.seg = 0
+        self.marks: set[int] = set()
+
+    def mark(self) -> None:
+        self.marks.add(len(self.events))
 
     def alloc(self, key: str, nbytes: int) -> None:
         self.events.append((self.seg, (key, nbytes)))
@@ -144,10 +171,19 @@ class GatherPass:
     stats: tuple[FetchStat, ...]
     persist_live: tuple[bool, ...]
     """Per param: a persistent param left gathered at the end."""
+    persist_bytes: tuple[int, ...]
+    """Per param: the bytes of a persistent param's gathered data left at the end (0 if none)."""
     forward_peaks: tuple[int, ...]
-    """``peak`` of each forward segment."""
+    """Per forward segment, the highest bytes once its activations are allocated (``peak``, or
+    ``after``: a later hook's all-gather)."""
+    forward_before: tuple[int, ...]
+    """Per forward segment, ``before``: the highest bytes before its activations are allocated."""
     backward_peaks: tuple[int, ...]
-    """``peak`` of each backward segment."""
+    """``peak`` of each backward segment (where its gradients are made)."""
+    backward_before: tuple[int, ...]
+    """``before`` of each backward segment (before its gradients)."""
+    backward_after: tuple[int, ...]
+    """``after`` of each backward segment (after its gradients and the activations it frees)."""
     max_bytes: int
     """Highest bytes of non-persistent gathered data plus coalesced flat buffers at any hook
     (what the replay's coordinator log measures: ``memfit.replay.coordinator_log``)."""
@@ -165,8 +201,7 @@ def gather_pass(layout: StepLayout, params: Sequence[GParam], world: int, *, pre
     """Run the coordinator over the layout's order (RECORD mode unless ``complete``)."""
     o = layout.order
     rec = _Recorder()
-    modules = [o.fetched(m, complete) for m in range(len(o.names))]
-    co = Coordinator(params, modules, world, prefetch_bucket_size=prefetch_bucket_size,
+    co = Coordinator(params, o.params, world, externals=o.externals, prefetch_bucket_size=prefetch_bucket_size,
                      max_live_parameters=max_live_parameters, max_reuse_distance=max_reuse_distance,
                      offload_param=offload_param, allgather_sequential=allgather_sequential,
                      order=record_order(layout) if complete else None, persistent_available=persistent_available,
@@ -175,21 +210,28 @@ def gather_pass(layout: StepLayout, params: Sequence[GParam], world: int, *, pre
     for (is_pre, m), s in zip(o.forward, layout.forward_segment):
         rec.seg = s
         co.fetch(m, True) if is_pre else co.release(m)
+        rec.mark()
         top = max(top, co.gathered_bytes + co.flat_bytes)
-    fwd_events = rec.events
-    rec.events = []
+    fwd_events, fwd_marks = rec.events, rec.marks
+    rec.events, rec.marks = [], set()
     for (is_pre, m), recompute, s in zip(o.backward, o.backward_forward, layout.backward_segment):
         rec.seg = s
         co.fetch(m, recompute) if is_pre else co.release(m)
+        rec.mark()
         top = max(top, co.gathered_bytes + co.flat_bytes)
     rec.seg = layout.n_segments
     co.finish()
-    forward, end_fwd = _segments(fwd_events, layout.n_segments)
-    backward, end = _segments(rec.events, layout.n_segments + 1, end_fwd)
+    rec.mark()
+    forward, end_fwd = _segments(fwd_events, layout.n_segments, marks=fwd_marks)
+    backward, end = _segments(rec.events, layout.n_segments + 1, end_fwd, marks=rec.marks)
     persist = tuple(q.persist and co.data[i] > 0 for i, q in enumerate(params))
     return GatherPass(forward=forward, backward=backward, end_forward=end_fwd, end=end, stats=tuple(co.stats),
-                      persist_live=persist, forward_peaks=tuple(x.peak for x in forward),
-                      backward_peaks=tuple(x.peak for x in backward), max_bytes=top)
+                      persist_live=persist,
+                      persist_bytes=tuple(co.data[i] if q.persist else 0 for i, q in enumerate(params)),
+                      forward_peaks=tuple(max(x.peak, x.after) for x in forward),
+                      forward_before=tuple(x.before for x in forward),
+                      backward_peaks=tuple(x.peak for x in backward), backward_before=tuple(x.before for x in backward),
+                      backward_after=tuple(x.after for x in backward), max_bytes=top)
 
 
 # ---------------------------------------------------------------------------------------- gradients
@@ -229,7 +271,14 @@ class GradSpec:
 
 
 def grad_pass(layout: StepLayout, numels: Sequence[int], spec: GradSpec) -> tuple[Segment, ...]:
-    """The gradient allocations of one backward, per backward segment (plus the end)."""
+    """The gradient allocations of one backward, per backward segment (plus the end).
+
+    ZeRO-1/2's reduce buckets (``stage_1_and_2.py:setup_buckets``, at the first gradient of a
+    backward that finds none ready) are freed by ``_release_ipg_buffers`` in
+    ``independent_gradient_partition_epilogue``: ZeRO-2 reaches it after every backward
+    (``engine.allreduce_gradients`` -> ``overlapping_partition_gradients_reduce_epilogue``), ZeRO-1
+    only at the accumulation boundary (``reduce_gradients``), so a ZeRO-1 later micro-step finds
+    the first one's buckets still allocated (``micro_step`` 1: none allocated; ``boundary``: freed)."""
     events: list[tuple[int, Event]] = []
     nb = spec.element_bytes
     W = spec.world
@@ -239,13 +288,33 @@ def grad_pass(layout: StepLayout, numels: Sequence[int], spec: GradSpec) -> tupl
     elif layout.grad_order:
         first = layout.grad_segment[0]
         nbuf = 2 if spec.overlap_comm else 1
-        if spec.stage >= 1 and spec.contiguous_gradients:  # stage_1_and_2.py:setup_buckets
+        buckets = spec.stage >= 1 and spec.contiguous_gradients
+        if buckets and (spec.stage == 2 or spec.micro_step == 0):  # stage_1_and_2.py:setup_buckets
             for _ in range(nbuf):
                 events.append((first, (BUCKETS, RB * nb)))
-        if spec.stage == 2 and spec.contiguous_gradients and not spec.offload_optimizer:
-            events.append((first, (GRADS_PART, spec.grads_in_partition_numel * nb)))
+        # ZeRO-2's grads_in_partition: allocated by the first copy_grads_in_partition, when
+        # reduce_ipg_grads flushes a bucket holding a param of this rank's partition (one starting
+        # in the first grads_in_partition_numel elements of the flat buffer, in param order)
+        gip = spec.stage == 2 and spec.contiguous_gradients and not spec.offload_optimizer
+        in_part: set[int] = set()
+        if gip:
+            start = 0
+            for p, n in enumerate(numels):
+                if n and start < spec.grads_in_partition_numel:
+                    in_part.add(p)
+                start += n
         bucket = 0
+        members: list[int] = []
         held: list[int] = []
+
+        def flush(s: int) -> None:
+            nonlocal gip
+            if gip and in_part.intersection(members):
+                events.append((s, (GRADS_PART, spec.grads_in_partition_numel * nb)))
+                gip = False
+            for b in held:  # extra-large grads die with their reduction
+                events.append((s, (FULL_GRAD, -b)))
+
         for p, s in zip(layout.grad_order, layout.grad_segment):
             n = numels[p]
             if spec.stage <= 1:
@@ -255,20 +324,20 @@ def grad_pass(layout: StepLayout, numels: Sequence[int], spec: GradSpec) -> tupl
                     events.append((s, (FULL_GRAD, n * nb)))
                     events.append((s, (FULL_GRAD, -n * nb)))
                 continue
-            if bucket and bucket + n > RB:  # reduce_ipg_grads; extra-large grads die with it
-                for b in held:
-                    events.append((s, (FULL_GRAD, -b)))
-                held, bucket = [], 0
+            if bucket and bucket + n > RB:  # reduce_ipg_grads
+                flush(s)
+                held, bucket, members = [], 0, []
             events.append((s, (FULL_GRAD, n * nb)))
             if spec.contiguous_gradients and n <= RB:  # copied into the bucket, then a view of it
                 events.append((s, (FULL_GRAD, -n * nb)))
             else:
                 held.append(n * nb)
             bucket += n
+            members.append(p)
         end = layout.n_segments
-        for b in held:
-            events.append((end, (FULL_GRAD, -b)))
-        if spec.stage >= 1 and spec.contiguous_gradients:  # _release_ipg_buffers
+        if spec.stage >= 2:
+            flush(end)  # independent_gradient_partition_epilogue -> reduce_ipg_grads
+        if buckets and (spec.stage == 2 or spec.boundary):  # _release_ipg_buffers
             for _ in range(nbuf):
                 events.append((end, (BUCKETS, -RB * nb)))
     segs, _ = _segments(events, layout.n_segments + 1)

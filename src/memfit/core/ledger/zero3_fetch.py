@@ -130,9 +130,17 @@ class Coordinator:
     def __init__(self, params: Sequence[GParam], modules: Sequence[Sequence[int]], world: int, *,
                  prefetch_bucket_size: int, max_live_parameters: int, max_reuse_distance: int,
                  offload_param: bool, allgather_sequential: bool = False, order: Sequence[int] | None = None,
-                 persistent_available: bool = False, sink: Sink | None = None, record_stats: bool = True) -> None:
+                 persistent_available: bool = False, sink: Sink | None = None, record_stats: bool = True,
+                 externals: Sequence[Sequence[int]] | None = None) -> None:
         self.p = params
-        self.modules = [tuple(sorted(set(m))) for m in modules]
+        self.own = [tuple(sorted(set(m))) for m in modules]
+        self.externals = [tuple(e) for e in externals] if externals is not None else [()] * len(modules)
+        # a module's external params are registered the first time its forward reads them (RECORD);
+        # a complete trace was recorded with them
+        self.registered = [order is not None or not e for e in self.externals]
+        self.pending: int | None = None
+        self.modules = [tuple(sorted(set(o) | set(e))) if r else o
+                        for o, e, r in zip(self.own, self.externals, self.registered)]
         self.W = world
         self.prefetch = prefetch_bucket_size
         self.max_live = max_live_parameters
@@ -153,7 +161,7 @@ class Coordinator:
                 self.key[i] = PERSISTENT
                 if persistent_available:
                     self.status[i] = AVAILABLE
-                    self.data[i] = self.full_bytes(i)
+                    self.data[i] = self.gathered_bytes_of(i)
                     self.persistent_bytes += self.data[i]
         self.registry: dict[int, int] = {}  # param -> handle id
         self.handles: dict[int, list] = {}  # handle id -> [params left in the registry, flats, staging, waited]
@@ -178,6 +186,14 @@ class Coordinator:
     # ------------------------------------------------------------------ sizes
     def part(self, i: int) -> int:
         return -(-self.p[i].numel // self.W)
+
+    def gathered_bytes_of(self, i: int) -> int:
+        """Bytes a gather gives param ``i`` of its own: ``full_bytes``, but with W = 1 nothing
+        unless its partition is copied to the device (``_no_gather_coalesced``: ``param.data =
+        ds_tensor.data.to(device)``, the partition itself when it is already there)."""
+        if self.W == 1:
+            return self.p[i].numel * self.p[i].element_bytes if self.offload else 0
+        return self.full_bytes(i)
 
     def full_bytes(self, i: int) -> int:
         """Bytes of a gathered param: ``ceil(p/W) x W`` elements from a sequential gather (its own
@@ -276,12 +292,16 @@ class Coordinator:
 
     # ------------------------------------------------------------------ hooks
     def fetch(self, m: int, forward: bool = True) -> None:
-        """``fetch_sub_module`` (``_fetch_sub_module_impl``)."""
+        """``fetch_sub_module`` (``_fetch_sub_module_impl``); the first time, the module's forward
+        then reads its external params (``register``, done at the next hook)."""
+        self._registering()
         params = self.modules[m]
         self._gather(params)
         for q in params:
             self.active[q].add(m)
             self._wait(q)
+        if not self.registered[m] and forward:
+            self.pending = m  # the module's forward runs after this hook
         if self.complete:
             not_fetched = {q for q in params if self.recent[q] < self.step_id}
             discarded: set[int] = set()
@@ -315,8 +335,34 @@ class Coordinator:
                                     gathered_bytes=self.gathered_bytes, persistent_bytes=self.persistent_bytes,
                                     flat_bytes=self.flat_bytes))
 
+    def _registering(self) -> None:
+        if self.pending is not None:
+            m, self.pending = self.pending, None
+            self.register(m)
+
+    def register(self, m: int) -> None:
+        """``ZeROOrderedDict.__getitem__`` (parameter_offload.py) in module ``m``'s forward: a
+        NOT_AVAILABLE param it reads is registered as its external param and gathered at once by
+        ``param.all_gather()`` (``Init._all_gather`` -> ``_allgather_params_sequential``: its own
+        ``ceil(p/W) x W`` buffer, the offloaded partition copied to the device as the collective's
+        input), outside the coordinator's count (``__n_available_params`` is not raised, though the
+        release lowers it). From then on the module's hooks fetch and release it."""
+        self.registered[m] = True
+        self.modules[m] = tuple(sorted(set(self.own[m]) | set(self.externals[m])))
+        for q in self.externals[m]:
+            if self.status[q] != NOT_AVAILABLE:
+                continue
+            staging = self.part(q) * self.p[q].element_bytes if self.offload else 0
+            if staging:
+                self.sink.alloc(AG_STAGING, staging)
+            self._set_data(q, self.full_bytes(q))
+            if staging:
+                self.sink.free(AG_STAGING, staging)
+            self.status[q] = AVAILABLE
+
     def release(self, m: int) -> None:
         """``release_sub_module``."""
+        self._registering()
         own = self.modules[m]
         if self.complete:
             # __params_to_release: walk order[step_id:] a module at a time until max_reuse_distance

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from memfit.core.activations import estimate_activation_bytes
 from memfit.core.dsconfig import optimizer_states_per_param
 from memfit.core.ledger.context import DTYPE_BYTES, ceil_div, is_adapter_param
+from memfit.core.ledger.module_order import flow_flags
 from memfit.core.ledger.step_activations import ActivationPlan
 from memfit.core.ledger.step_segments import GatherPass, GradSpec, Segment, StepLayout, build_layout, gather_pass, grad_pass
 from memfit.core.ledger.zero012 import grads_in_partition_numel
@@ -394,7 +395,8 @@ class ScenarioAggregates:
 
         def build():
             return build_layout(self.names, self.numels, self.trainable,
-                                num_layers=arch.num_layers + arch.num_encoder_layers, checkpointing=checkpointing)
+                                num_layers=arch.num_layers + arch.num_encoder_layers, checkpointing=checkpointing,
+                                **flow_flags(arch, self.scenario.peft.method))
         return self._cached(("layout", checkpointing), build)
 
     def activation_segments(self, *, micro_batch: int, dtype_bytes: int, checkpointing: bool,
@@ -425,15 +427,18 @@ class ScenarioAggregates:
             live += b
             after = max(after, live)
         total = live
-        backward, before = [], live
+        backward, before, pre, post = [], live, [], []
         for s in range(lay.n_segments + 1):
             for _, b in plan.bwd_pre[s]:  # the loss's backward, before anything is fetched or reduced
                 live += b
                 before = max(before, live)
+            pre.append(live)
             backward.append(live + plan.recompute[s])
             live += sum(b for _, b in plan.bwd_free[s])
+            post.append(live)
         v = self.memo[key] = StepActivations(total=total, forward=tuple(forward), backward=tuple(backward),
-                                             after_forward=after, before_backward=before)
+                                             after_forward=after, before_backward=before,
+                                             backward_pre=tuple(pre), backward_post=tuple(post))
         return v
 
     def element_bytes(self, precision: str, load_dtype: str, zero_init: bool) -> tuple[int, ...]:
@@ -451,9 +456,10 @@ class ScenarioAggregates:
 
     def gather(self, *, eb: tuple[int, ...], threshold: int, ds_version: str, checkpointing: bool,
                prefetch: int, max_live: int, offload_copy: bool, complete: bool,
-               persistent_available: bool) -> tuple[GatherPass, int]:
-        """``step_segments.gather_pass`` for these settings, and the bytes ``stage3.py:_post_step``
-        gathers after the step (the persistent params the pass left released)."""
+               persistent_available: bool) -> tuple[GatherPass, int, int, int]:
+        """``step_segments.gather_pass`` for these settings; the bytes ``stage3.py:_post_step``
+        gathers after the step if nothing else were released (0.5: the persistent params the pass left
+        released); the persistent params' bytes the pass leaves gathered; all of theirs, gathered."""
         if not complete:  # a RECORD pass neither prefetches nor keeps anything: the limits play no role
             prefetch = max_live = 0
         key = ("gather", eb, threshold, ds_version, checkpointing, prefetch, max_live, offload_copy, complete,
@@ -470,21 +476,29 @@ class ScenarioAggregates:
                          offload_param=offload_copy, allgather_sequential=z.allgather_sequential, complete=complete,
                          persistent_available=persistent_available)
         W = self.world
-        rest = sum(ceil_div(g.numel, W) * W * g.element_bytes for g, live in zip(gparams, gp.persist_live)
-                   if g.persist and not live)
-        v = self.memo[key] = (gp, rest)
+        rest = sum((ceil_div(g.numel, W) * W if W > 1 or offload_copy else 0) * g.element_bytes
+                   for g, live in zip(gparams, gp.persist_live) if g.persist and not live)
+        # step._Step._persist_bytes: W = 1 gathers nothing unless the partition is offloaded
+        total = sum((ceil_div(g.numel, W) * W if W > 1 or offload_copy else 0) * g.element_bytes
+                    for g in gparams if g.persist)
+        v = self.memo[key] = (gp, rest, sum(gp.persist_bytes), total)
         return v
 
     def grads(self, spec: GradSpec, ds_version: str, checkpointing: bool) -> tuple[tuple[Segment, ...], int,
-                                                                                  tuple[int, ...]]:
-        """``step_segments.grad_pass``, the gradient bytes it leaves live, and its segments' peaks."""
+                                                                                  tuple[int, ...], tuple[int, ...]]:
+        """``step_segments.grad_pass``, the gradient bytes it leaves live, its segments' peaks and the
+        gradient bytes live at each segment's end (all from the start of the pass)."""
         key = ("grads", spec, ds_version, checkpointing)
         v = self.memo.get(key)
         if v is None:
             opt = set(self.opt_indices(ds_version))
             numels = [n if i in opt else 0 for i, n in enumerate(self.numels)]
             segs = grad_pass(self.layout(checkpointing), numels, spec)
-            v = self.memo[key] = (segs, sum(b for seg in segs for _, b in seg.events), tuple(g.peak for g in segs))
+            ends, live = [], 0
+            for seg in segs:
+                live += sum(b for _, b in seg.events)
+                ends.append(live)
+            v = self.memo[key] = (segs, live, tuple(g.peak for g in segs), tuple(ends))
         return v
 
 
@@ -503,6 +517,11 @@ class StepActivations:
     gathered at the forward's end)."""
     before_backward: int
     """Highest activation bytes of the loss's backward (before the backward's first fetch or gradient)."""
+    backward_pre: tuple[int, ...] = ()
+    """Per backward segment, the activation bytes live while its hooks run before its gradients
+    (no recompute yet)."""
+    backward_post: tuple[int, ...] = ()
+    """Per backward segment, the activation bytes live once it has freed its own (its later hooks)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -291,7 +291,10 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
     live = [0, 0, 0]  # GPU, host, NVMe relative to the start of the step
     old_gip = opt_numel * nb if (stage3 and ver == "0.5" and opt.count) else 0
     old_gip_dev = 1 if off_opt else 0  # 0.5.10 grads_in_partition: host with the optimizer offloaded
-    st = {"old_gip": False, "kept": 0, "carry": 0, "persist_rest": 0}
+    st = {"old_gip": False, "kept": 0, "carry": 0, "carry_kept": 0, "persist_rest": 0, "persist_live": 0}
+    # ZeRO-1 keeps its reduce buckets from the first micro-step to the boundary (grad_pass)
+    z1_buckets = (2 if overlap else 1) * c.reduce_bucket_size * nb if (
+        c.stage == 1 and z.contiguous_gradients and opt.count) else 0
 
     def close(start: list[int], gp: int, hp: int, np_: int, r0: int = 0, end: list[int] | None = None) -> None:
         end = end or live
@@ -315,20 +318,23 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
             live[1] += workers.bytes
         if carry:
             live[0] += st["carry"]
-            st["kept"] = st["carry"]
+            st["kept"] = st["carry_kept"]
             if stage3 and ver == "0.5":
                 alloc_old_gip()
         hpk = live[1]
         gp = gather(complete, persistent_available)[0] if stage3 else None
         if gp is not None:
-            gpk = live[0] + max(max(map(add, acts.forward, gp.forward_peaks)), acts.after_forward + gp.end_forward)
+            # a segment's hooks before its activations (step_segments.Segment.before), then the rest
+            acts_before = (0,) + acts.forward[:-1]
+            gpk = live[0] + max(max(map(add, acts.forward, gp.forward_peaks)),
+                                max(map(add, acts_before, gp.forward_before)), acts.after_forward + gp.end_forward)
         else:
             gpk = live[0] + max(max(acts.forward), acts.after_forward)
         fwd_end = live[0] + acts.total + (gp.end_forward if gp else 0)
         close(start, gpk, hpk, live[2], end=[fwd_end, live[1], live[2]])
         # ---- backward
         start = [fwd_end, live[1], live[2]]
-        gr, end_grads, gr_peaks = grads(micro, boundary) if opt.count else (None, 0, ())
+        gr, end_grads, gr_peaks, gr_ends = grads(micro, boundary) if opt.count else (None, 0, (), ())
         if stage3 and old_gip and not (off_opt and GA == 1):
             alloc_old_gip()
         base = live[0]
@@ -336,19 +342,30 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
         if gr is not None:
             seq = map(add, seq, gr_peaks)
         if gp is not None:
-            seq = map(add, seq, gp.backward_peaks)
+            seq = list(map(add, seq, gp.backward_peaks))
+            # a segment's hooks before its gradients, and after them with its activations freed
+            g_end = gr_ends if gr is not None else (0,) * len(acts.backward_pre)
+            g_start = (0,) + tuple(g_end[:-1])
+            seq += list(map(add, map(add, acts.backward_pre, g_start), gp.backward_before))
+            seq += list(map(add, map(add, acts.backward_post, g_end), gp.backward_after))
         # the loss's backward runs first, with the forward's gathered params (ActivationPlan.bwd_pre)
         gpk = base + max(acts.before_backward + (gp.end_forward if gp else 0), max(seq))
         live[0] = base + (gp.end if gp else 0) + end_grads
         if micro and c.stage == 2 and opt.count and z.contiguous_gradients and not off_opt:
             live[0] -= gip_numel * nb  # _after_backward: this micro-step's partition added in and dropped
         elif not micro:
-            st["kept"] = st["carry"] = end_grads if c.stage < 3 else 0
+            st["carry"] = end_grads if c.stage < 3 else 0
+            st["kept"] = st["carry_kept"] = st["carry"] - (z1_buckets if not boundary else 0)
         close(start, gpk, live[1], live[2])
 
     def optimizer_step(first: bool) -> None:  # step._Step.optimizer_step
         start = list(live)
         gpk, hpk, npk = live
+        if stage3 and ver == "0.19":  # _partition_all_parameters; _post_step gathers them all again
+            live[0] -= st["persist_live"]
+            st["persist_rest"], st["persist_live"] = persist_total, persist_total
+            if opt.count and not off_opt:  # get_grad_norm_direct: fp64 copy of one gradient partition
+                gpk = max(gpk, live[0] + opt.part_max * 8)
         k = agg.states_per_param(off_opt)
         create = first and opt.count and k and not opt_states_at_init
         dev = 2 if (stage3 and c.offload_optimizer == "nvme") else 1 if off_opt else 0
@@ -384,15 +401,18 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
             st["old_gip"] = False
         close(start, gpk, hpk, npk)
 
+    persist_total = gather(True, True)[3] if stage3 else 0
     micro_step(False, False, 0, GA == 1, False)
-    if stage3:
-        st["persist_rest"] = gather(False, False)[1]  # RECORD releases every persistent param
+    if stage3:  # RECORD releases every persistent param
+        _, st["persist_rest"], st["persist_live"], _ = gather(False, False)
     if GA > 1:
         micro_step(True, False, 1, True, False)
         if stage3:
-            st["persist_rest"] = gather(True, False)[1]
+            _, st["persist_rest"], st["persist_live"], _ = gather(True, False)
     optimizer_step(True)
     micro_step(True, True, 1 if GA > 1 else 0, True, GA > 1)
+    if stage3:
+        st["persist_live"] = gather(True, True)[2]
     optimizer_step(False)
     # ---- save
     start = list(live)
