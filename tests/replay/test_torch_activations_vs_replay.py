@@ -98,3 +98,13 @@ def test_backward_is_the_traced_cpu_kernels(path):
     if (Path(path).stem, "backward") not in CPU_KERNEL_TRANSIENTS:
         assert "_log_softmax_backward" in tr.backward.op, f"backward peak at {tr.backward.op} in {tr.backward.module}"
     _check(path, "backward", b.host_peak_bytes - start - traced)
+
+
+def test_quantized_and_fsdp_replays_are_refused_in_one_line():
+    from memfit.errors import MemfitError
+    from memfit.replay.activations import trace_torch_replay_step
+
+    for stem in ("llama_qlora_fp4_fp32compute", "llama_fsdp2_w2_fp32_adamw"):
+        spec = load_fixture(str(ROOT / "replay_torch" / f"{stem}.json")).spec
+        with pytest.raises(MemfitError, match="cannot trace a (fsdp2 replay|torch replay of a quantized base)"):
+            trace_torch_replay_step(spec)
