@@ -127,7 +127,7 @@ def test_published_measurement_pytorch_95823():
     for version, measured_mib in (("1.10", 8_302), ("1.13", 16_394)):
         h = PinnedHostAllocator.for_version(resolve_torch_version(version))
         h.allocate(n)
-        assert abs(h.stats.locked_bytes.current / MiB - measured_mib) < 12
+        assert abs(h.stats.locked_bytes.current / MiB - measured_mib) < 12  # observed 9.7-10 MiB (docstring)
 
 
 def test_published_measurement_vllm_backport_67():
@@ -137,4 +137,4 @@ def test_published_measurement_vllm_backport_67():
     for req_gib, measured_gib in ((2.250, 4.008), (1.125, 2.000), (0.5625, 1.000)):
         h = pow2()
         h.allocate(int(req_gib * 2**30))
-        assert abs(h.stats.locked_bytes.current / 2**30 - measured_gib) < 0.01
+        assert abs(h.stats.locked_bytes.current / 2**30 - measured_gib) < 0.01  # observed 0.008 GiB (docstring)

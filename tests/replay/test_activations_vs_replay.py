@@ -85,8 +85,12 @@ GRADIENT_LINES = (BUCKETS, GRADS_PART, FULL_GRAD, GRADS, RS_FLAT, GRAD_COPY, GRA
 """The plan's (analytic) lines for DeepSpeed's gradient buffers."""
 BACKWARD_BUFFERS = (BUCKETS, GRADS_PART, FULL_GRAD, GRADS)
 """ZeRO-0/1/2's gradient buffers (check 2)."""
-TOL_INIT_BYTES = 162
-"""What the plan leaves out before the step (see test_plan_vs_replay.TOL_INIT_BYTES)."""
+TOL_PLAN_TRACED_BYTES = 184
+"""Check 2, the plan with the traced activations against the ZeRO-2 replays: what the plan leaves out
+before the step (peft's prompt_tokens index, DeepSpeed's overflow flag: test_plan_vs_replay.TOL_INIT_BYTES)
+and the step's scalars. Worst observed -92 B (GPT-J prefix, ZeRO-2, W = 2, forward; the others -4 to
+-88 B); 2x that. In the backward the plan is above the replay by its gradient buffers less 58,664-58,724 B
+(``CPU_BACKWARD_WORKSPACE_BYTES`` and scalars; 955,084 B with ZeRO-2's three accumulation steps)."""
 KNOWN_GAPS: dict[tuple[str, str], str] = {}
 """Where DeepSpeed holds more than the ledger's bound: (fixture file stem, phase) -> why. Empty: the
 seed replay's entry (residual 1,046,900,592 B against a bound of the gathered-params line alone,
@@ -188,7 +192,7 @@ def test_plan_with_traced_activations_matches_zero2_forward_and_backward(path):
     m, sc, tr = _traced(path)
     plan = make_plan(sc, cpu_traced_step(sc, tr))
     c = compare(plan, m, sc=sc)
-    tol = TOL_INIT_BYTES + TOL_SCALARS_BYTES
+    tol = TOL_PLAN_TRACED_BYTES
     fwd = c.phase("forward")
     assert abs(fwd.diff_bytes) <= tol, f"forward: plan {fwd.predicted_host_bytes:,} vs {fwd.measured_host_bytes:,}"
     bwd = c.phase("backward")

@@ -22,8 +22,14 @@ from memfit.core.ledger.torch_params import TParam
 
 torch = pytest.importorskip("torch")
 TOL_GLOO = 600
-"""Phases of the live gloo world: the loop's scalars (observed 144-164 B, as in the fake world) plus
-a 128-byte gloo temporary now and then (observed at most 292 B)."""
+"""Phases of the live gloo world but forward/backward: the loop's scalars (144-164 B, as in the fake
+world) plus 128-byte gloo temporaries now and then, which the ledger does not list. Worst observed
+-412 B (rank 1, step2.optimizer_step; 3 runs); 2x that is 824 B."""
+TOL_GLOO_ACT_REL = 0.000174
+"""Forward/backward of the live gloo world (fp32 Llama: the analytic activations are the CPU
+kernels', test_torch_plan_vs_replay.TOL_ACT_FP32_REL): the loop's scalars and the loss's copy
+(-1,112 B in the fake world) plus gloo's temporaries. Worst observed -1,240 B of 14,287,656 B
+(-0.0087%, rank 1, forward; 3 runs); 2x that."""
 
 
 def test_bucket_assignment_matches_torch():
@@ -65,5 +71,5 @@ def test_two_rank_gloo_world_matches_the_plan():
             print(f"rank {m.spec.rank} {p.phase}: {p.diff_bytes:+,} B")
             tol = TOL_GLOO
             if p.phase in ("forward", "backward", "step2.forward", "step2.backward"):
-                tol = 0.002 * p.measured_host_bytes  # fp32 Llama activations (test_torch_plan_vs_replay)
+                tol = TOL_GLOO_ACT_REL * p.measured_host_bytes
             assert abs(p.diff_bytes) <= tol, (m.spec.rank, p.phase, p.diff_bytes)

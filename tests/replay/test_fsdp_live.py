@@ -1,11 +1,10 @@
 """FSDP2 in a real 2-rank gloo world under torchrun (slow): every rank's sharded params, sharded
 gradients and optimizer states, read off the objects, equal the plan's byte for byte. Phase peaks
-are compared within ``TOL_GLOO_REL`` = 5% (observed at most 2.5%, setup's ``fully_shard``
-bookkeeping; the deterministic comparison is the fake world's, tests/replay/test_torch_plan_vs_replay.py).
-The save phase is rank 0's: ``get_model_state_dict(full_state_dict=True, cpu_offload=True)`` keeps
-the full state dict on rank 0 only, as the ledger's rank-0-only item says, so it is compared on
-rank 0 (observed -5.0%: the gathered state dict of a real world drops each all-gathered tensor
-sooner than the fake world's) within ``TOL_SAVE_REL`` = 10%."""
+are compared within ``TOL_GLOO_REL`` (the deterministic comparison is the fake world's,
+tests/replay/test_torch_plan_vs_replay.py). The save phase is rank 0's:
+``get_model_state_dict(full_state_dict=True, cpu_offload=True)`` keeps the full state dict on rank 0
+only, as the ledger's rank-0-only item says, so it is compared on rank 0 (rank 1's save is not:
+observed +24%, +42% and +42% in three runs), within ``TOL_SAVE_REL``."""
 
 import pytest
 
@@ -16,7 +15,13 @@ from memfit.replay.runner import run_replay_ranks
 
 pytestmark = pytest.mark.slow
 TOL_GLOO_REL = 0.05
+"""Every phase but save, both ranks: ``fully_shard``'s DTensor and device-mesh bookkeeping at setup,
+not modelled (as in the fake world), and gloo's temporaries. Worst observed -2.497% (setup,
+-107,160 B, both ranks, 3 runs; the backward -0.40%); 2x that is 4.99%."""
 TOL_SAVE_REL = 0.10
+"""Rank 0's save: the gathered state dict of a real world drops each all-gathered tensor sooner than
+the fake world's, which the ledger follows. Worst observed -4.959% (-512,464 B; 3 runs); 2x that is
+9.92%."""
 
 
 def test_fsdp2_two_rank_gloo_world_matches_the_plan():

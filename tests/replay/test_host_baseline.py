@@ -2,15 +2,22 @@
 what this machine measures now: a fresh process importing torch, and a DataLoader worker iterating
 the smaller in-memory dataset (``memfit.replay.host_baseline``).
 
-Tolerances: RSS of the same imports differs between runs by the libraries' lazily touched pages
-(a few MB of 229 MB here): 10%; a worker's private pages depend on which of the parent's pages
-its iteration touched first: 20%."""
+Tolerances: next to each constant. They are this machine's run-to-run spread: the figures shipped
+are one machine's (re-measured with ``python -m memfit.replay.host_baseline``), and another install
+of the libraries maps other pages, which these checks do not model."""
 
 from __future__ import annotations
 
 import pytest
 
 from memfit.core.ledger import host_process as hp
+
+TOL_IMPORT_RSS_REL = 0.0033
+"""RSS of a fresh process after ``import torch``: the libraries' lazily touched pages differ
+between runs. Worst observed +0.163% of 228,978,688 B over 15 runs; 2x that."""
+TOL_WORKER_PRIVATE_REL = 0.018
+"""A DataLoader worker's private pages depend on which of the parent's pages its iteration touched
+first. Worst observed -0.885% (of 32,862,208 B) over 18 workers in 9 runs; 2x that."""
 
 
 @pytest.mark.slow
@@ -19,7 +26,7 @@ def test_import_torch_rss_matches_the_fixture():
 
     now = _run(IMPORTS["torch"] + "\nprint(json.dumps({'rss': rss()}))")["rss"]
     shipped = hp.measured()["imports_rss"]["torch"]
-    assert abs(now - shipped) / shipped <= 0.10, (now, shipped)
+    assert abs(now - shipped) / shipped <= TOL_IMPORT_RSS_REL, (now, shipped)
 
 
 @pytest.mark.slow
@@ -29,4 +36,4 @@ def test_dataloader_worker_private_bytes_match_the_fixture():
     row = min(hp.measured()["dataloader_workers"].values(), key=lambda r: r["samples"])
     now = _run(WORKERS.format(samples=row["samples"], seq=row["seq_len"]))
     for got, shipped in zip(now["private"], row["worker_private"]):
-        assert abs(got - shipped) / shipped <= 0.20, (got, shipped)
+        assert abs(got - shipped) / shipped <= TOL_WORKER_PRIVATE_REL, (got, shipped)

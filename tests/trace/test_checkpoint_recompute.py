@@ -10,10 +10,9 @@ the first to the last forward hook of the block's children inside the backward; 
 segment's figure is the activation side after it. Shapes: 3 layers, hidden 384, sequence 96 and
 200, bf16 (as tests/trace/test_activations_vs_trace.py).
 
-Tolerances (worst observed, full fine-tuning): the recompute alone 4.5% (Llama: the block's output,
-a D x t x h tensor the block's saved set does not hold); the backward segment 6.8% (plus activation
-gradients in flight). LoRA blocks keep 3-5 x D x t x h more in the recompute than the analytic
-per-block figure (15-23%), an activation-model matter (memfit.core.activations) left out here.
+Tolerances: next to each constant below (``pytest -s`` prints every row). LoRA blocks keep 3-5 x D x
+t x h more in the recompute than the analytic per-block figure (15-23%), an activation-model matter
+(memfit.core.activations) left out here.
 """
 
 from __future__ import annotations
@@ -44,8 +43,15 @@ CASES = {
                       head_dim=H // HEADS, intermediate_size=4 * H, vocab_size=VOCAB),
              "transformer.h."),
 }
-TOL_RECOMPUTE = 0.10
-TOL_SEGMENT = 0.14
+TOL_RECOMPUTE = 0.09
+"""The recompute alone, full fine-tuning. Not modelled: the block's output while its forward is
+re-run, a D x t x h tensor the block's saved set does not hold (Llama: 73,752 B = 2 x 96 x 384 +
+24 B above the ledger at s=96; GPT-J -0.3%, GPT-2 +3.4%). Worst observed -4.471% (Llama, s=96,
+every block; s=200 -4.470%); 2x that."""
+TOL_SEGMENT = 0.136
+"""The activations of a block's backward segment, its recompute included: the recompute's gap above
+plus the activation gradients in flight (another D x t x h). Worst observed -6.784% (Llama, s=96,
+block 0; s=200 -6.783%); 2x that. GPT-2 is left out (see the test)."""
 
 
 def _measure(family: str, seq: int):

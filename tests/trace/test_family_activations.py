@@ -8,12 +8,7 @@ full fine-tuning with the family's default attention; then eager attention at ba
 checkpointing, the task heads, an encoder-decoder with a target length of its own, LoRA; and the
 loss peaks (section 5) on a 32k vocabulary where the logits dominate.
 
-Tolerances (``pytest -s`` prints every row):
-- 0.7% (the issue asks for 2%): the worst value observed is +0.31% (BERT masked LM), which is
-  LayerNorm's mean and rstd: fp32 on CUDA, which the model counts, the input dtype in the CPU fake
-  kernel the trace runs (4 bytes per token per LayerNorm); everything else agrees to <0.1%.
-- LoRA 2.8%: observed worst +1.39% (Qwen3: the model keeps q/k-norm terms the frozen path drops).
-- loss peaks 0.1%: observed worst 0.03%.
+Tolerances: next to each constant below (``pytest -s`` prints every row).
 """
 
 from __future__ import annotations
@@ -31,8 +26,19 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 TOLERANCE = 0.007
-LORA_TOLERANCE = 0.028
-LOSS_TOLERANCE = 0.001
+"""Analytic (CUDA kernels) vs traced activations, every case but LoRA. Not modelled by the trace:
+LayerNorm's mean and rstd, which the CUDA kernel saves in fp32 (what the model counts) and the CPU
+fake kernel the trace runs saves in the input dtype: 4 B per token per LayerNorm; everything else
+agrees to <0.1%. Worst observed +0.615% (BERT token-classification, b=2 s=96: +6,908 B = 7
+LayerNorms x 192 tokens x 4 B + 8 B per token in the classification head; the causal/masked LM
+cases at most +0.31%); 2x that is 1.23%, the tolerance is below it (the issue asks for 2%)."""
+LORA_TOLERANCE = 0.0278
+"""LoRA: the analytic per-block figure keeps q/k-norm terms the frozen path drops. Worst observed
++1.388% (Qwen3 LoRA, s=96: +19,192 B; s=48 +1.388%, Gemma 3 +1.15%); 2x that."""
+LOSS_TOLERANCE = 0.00055
+"""The forward/backward peaks of a 32k-vocabulary step (the logits and the loss dominate). Worst
+observed +0.0272% (BERT without the fp32 upcast, forward, s=64 and 128: +36 B per token, the
+LayerNorm statistics of ``TOLERANCE`` among them; the causal LMs within 0.011%); 2x that."""
 
 _B = {"vocab_size": 1000, "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 3,
       "num_attention_heads": 4}

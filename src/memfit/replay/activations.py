@@ -16,7 +16,9 @@ tensors equal real CPU tensors byte for byte: tests/trace/test_tracker_vs_real.p
 - byte granularity (the host tracker counts requested sizes, not allocator blocks).
 
 ``cpu_traced_step`` turns it into the ``TracedStep`` a plan takes, so the plan's forward/backward
-hold these activations (``memfit.trace.ledger_step``). Imports torch, transformers and peft.
+hold these activations (``memfit.trace.ledger_step``). ``trace_torch_replay_step`` does the same for
+a torch/DDP replay (``memfit.replay.torch_child``): its params in their dtypes, under ``torch.autocast``
+for the AMP modes. Imports torch, transformers and peft.
 """
 
 from __future__ import annotations
@@ -70,3 +72,60 @@ def cpu_traced_step(sc: Scenario, trace: TraceResult) -> TracedStep:
             f"seq {trace.options.seq_len}, {trace.options.dtype})")
     return TracedStep(forward_items=(_activations_item(trace.forward, "forward"),),
                       backward_items=(_activations_item(trace.backward, "backward"),), note=note)
+
+
+def trace_torch_replay_step(spec: ReplaySpec) -> TraceResult:
+    """Forward + loss + backward of a torch replay's model and batch (``torch_child.ChildRun._run``),
+    CPU kernels, on fake tensors.
+
+    The params have the replay's dtypes: the model is built in ``load_dtype`` but for peft's adapters,
+    which peft keeps fp32 (``autocast_adapter_dtype``); the pure 16-bit modes then cast every other
+    floating param (``ChildRun._cast_and_move``). The AMP modes run the model and its loss under
+    ``torch.autocast("cpu", dtype)``, as the child does. Quantized bases and FSDP's sharding are not
+    traced (bitsandbytes' layers and FSDP's all-gathers are not modules the trace builds)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from memfit.core.framework_settings import TorchSettings
+    from memfit.core.ledger.context import is_adapter_param
+    from memfit.errors import MemfitError
+    from memfit.trace.model_build import TORCH_DTYPES, apply_peft, build_meta_model, materialize_fake
+    from memfit.trace.step import quiet_libraries, trace_model
+
+    if spec.quantization or spec.framework not in ("torch", "ddp"):
+        raise MemfitError(f"cannot trace a {spec.framework} replay{' of a quantized base' if spec.quantization else ''}")
+    ts = TorchSettings(**spec.training)
+    autocast = {"amp_fp16": torch.float16, "amp_bf16": torch.bfloat16}.get(ts.precision)
+    options = TraceOptions(seq_len=spec.seq_len, micro_batch=spec.micro_batch, dtype=spec.load_dtype, kernels="cpu",
+                           keep_outputs=False, granularity_bytes=1, gradient_checkpointing=spec.gradient_checkpointing,
+                           attention=spec.attention)
+    with quiet_libraries():
+        model = apply_peft(build_meta_model(spec.effective_model_config(), attention=options.attention), spec.peft)
+        for target in (TORCH_DTYPES[spec.load_dtype], TORCH_DTYPES.get(ts.precision)):  # load, then pure 16-bit
+            for name, p in model.named_parameters():
+                if target is not None and p.is_floating_point() and p.dtype != target and not is_adapter_param(name):
+                    p.data = p.data.to(target)
+        if options.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+        fake_mode = FakeTensorMode()
+        materialize_fake(model, fake_mode, None)
+        with fake_mode:
+            ids = torch.zeros(options.micro_batch, options.seq_len, dtype=torch.long)
+        run = model
+        if autocast is not None:
+            class Autocast(torch.nn.Module):
+                """The child's ``with torch.autocast(...): loss = model(...).loss`` as one module."""
+
+                def __init__(self) -> None:
+                    super().__init__()
+                    self.inner = model
+
+                def forward(self, **inputs):
+                    with torch.autocast("cpu", dtype=autocast):
+                        return self.inner(**inputs)
+
+            run = Autocast()
+        return trace_model(run, {"input_ids": ids, "labels": ids}, options, fake_mode=fake_mode,
+                           method=spec.peft.method)
+

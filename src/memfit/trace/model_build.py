@@ -59,15 +59,16 @@ def apply_peft(model: torch.nn.Module, spec: PeftSpec) -> torch.nn.Module:
                           "(give target_modules)") from exc
 
 
-def materialize_fake(model: torch.nn.Module, fake_mode: Any, dtype: torch.dtype) -> None:
-    """Replace meta tensors by fake CPU tensors (params in ``dtype``), in place, keeping ties."""
+def materialize_fake(model: torch.nn.Module, fake_mode: Any, dtype: torch.dtype | None) -> None:
+    """Replace meta tensors by fake CPU tensors (floating params in ``dtype``; None: each in its own
+    dtype), in place, keeping ties."""
     memo: dict[int, torch.Tensor] = {}
     originals: list[torch.Tensor] = []  # keeps every meta tensor alive so no id() is reused
 
     def fake_like(t: torch.Tensor, *, param: bool) -> torch.Tensor:
         if id(t) not in memo:
             originals.append(t)
-            target = dtype if param and t.is_floating_point() else t.dtype
+            target = dtype if dtype is not None and param and t.is_floating_point() else t.dtype
             empty = torch.empty(t.shape, dtype=target, device="cpu")
             memo[id(t)] = torch.nn.Parameter(empty, requires_grad=t.requires_grad) if param else empty
         return memo[id(t)]
