@@ -205,3 +205,24 @@ def test_every_step_phase_ends_where_the_next_starts(stage):
                  "zero12.reduce_buckets", "zero12.grads_in_partition", "step.gradients", "step.fp32_grad_tmp",
                  "step.flat_grad_tmp", "zero3.reduce_scatter_flat"}
     assert not end & transient, end & transient
+
+
+def test_zero2_buffer_only_when_rank0_partition_gets_a_gradient():
+    """DeepSpeed 0.6 with every param passed to the optimizer puts the frozen ones in ZeRO-2's flat
+    buffer (``zero3.optimized_params``); rank 0's partition then holds only frozen params, so
+    ``copy_grads_in_partition`` never runs there and ``grads_in_partition`` is never allocated
+    (stage_1_and_2.py: it is created by the first copy). The fuzz test's seed 1362 crashed here."""
+    from memfit.core.ledger.zero012 import grads_in_partition_numel
+    from memfit.core.plan import make_plan
+    from memfit.core.scenario_io import ScenarioInputs, build_scenario
+
+    assert grads_in_partition_numel([4, 4, 4], 6) == 8
+    assert grads_in_partition_numel([4, 4, 4], 6, [False, False, True]) == 0
+    assert grads_in_partition_numel([4, 4, 4], 6, [False, True, True]) == 8
+    sc = build_scenario(ScenarioInputs(
+        model="gpt2", peft_method="prompt", peft_options={"num_virtual_tokens": 4}, model_parameters="all",
+        deepspeed_inline={"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
+                          "zero_optimization": {"stage": 2}, "fp16": {"enabled": True}},
+        gpus="2xa100-80gb", seq_len=64, ds_version="0.6"))
+    plan = make_plan(sc)
+    assert not any(i.key == "zero12.grads_in_partition" for ph in plan.phases for i in ph.items)

@@ -107,7 +107,9 @@ class _Step:
         self.ga = max(self.ds.gradient_accumulation_steps, 1)
         self.opt = optimized_params(ctx)
         self.opt_numel = opt_numel
-        self.gip_numel = grads_in_partition_numel([p.numel for p in self.opt], opt_numel)
+        grad_names = {p.name for p in ctx.trainable}
+        self.gip_numel = grads_in_partition_numel([p.numel for p in self.opt], opt_numel,
+                                                  [p.name in grad_names for p in self.opt])
         """ZeRO-2's ``grads_in_partition``: the params of rank 0's partition, whole."""
         self.groups = tuple(groups) if groups else (opt_numel,)
         self.off = optimizer_offload(self.z.stage, self.z.offload_optimizer.device) != "none"

@@ -37,21 +37,25 @@ def flat_numel(ctx: RecipeContext) -> int:
     return ceil_div(sum(p.numel for p in optimized_params(ctx)), align) * align
 
 
-def grads_in_partition_numel(numels, partition: int) -> int:
+def grads_in_partition_numel(numels, partition: int, trained=None) -> int:
     """Elements of ZeRO-2's contiguous gradient buffer on rank 0: every trained param that starts in
     rank 0's ``partition`` elements of the flat buffer, whole (a param straddling the boundary
     counts in full). ``stage_1_and_2.py:copy_grads_in_partition`` (0.19.8 and 0.5.10) sizes
     ``grads_in_partition`` as ``sum(p.numel() for p in params_in_partition)`` and copies each such
     param's whole gradient into it; ``get_partition_info`` puts a param in rank 0's
     ``params_in_partition`` when it starts before ``partition_size``. ``numels``: the optimized
-    params in flat-buffer order."""
-    total, start = 0, 0
-    for n in numels:
+    params in flat-buffer order; ``trained``: whether each gets a gradient (0.5/0.6 put frozen params
+    passed to the optimizer in the flat buffer too). The buffer is allocated by the first
+    ``copy_grads_in_partition``, which only a param with a gradient triggers: none in rank 0's
+    partition, no buffer (0)."""
+    total, start, used = 0, 0, trained is None
+    for i, n in enumerate(numels):
         if start >= partition:
             break
         total += n
         start += n
-    return total
+        used = used or bool(trained[i])
+    return total if used else 0
 
 
 def record_zero012(t: Timeline, ctx: RecipeContext, where: Where) -> int:

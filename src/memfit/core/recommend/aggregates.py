@@ -386,7 +386,8 @@ class ScenarioAggregates:
         """``zero012.grads_in_partition_numel``: ZeRO-2's contiguous gradient buffer, the optimized
         params that start in rank 0's partition, whole."""
         def build():
-            return grads_in_partition_numel([self.numels[i] for i in self.opt_indices(ds_version)], partition)
+            idx = self.opt_indices(ds_version)
+            return grads_in_partition_numel([self.numels[i] for i in idx], partition, [self.trainable[i] for i in idx])
         return self._cached(("gip", ds_version, partition), build)
 
     # -- the step (``ledger.step``): per-segment numbers, memoized per the settings they depend on
