@@ -94,6 +94,7 @@ DDP_CASES = [
     {"find_unused_parameters": True},                            # limits [1 MiB, 25 MiB] from the start
     {},                                                          # one bucket, rebuilt to [1 MiB, 25 MiB]
     {"bucket_cap_mb": 0.5},                                      # one bucket, rebuilt to [0.5 MiB]
+    {"bucket_cap_mb": 2.0},                                      # a user's cap is also the first bucket's: [2 MiB]
     {"bucket_cap_mb": 0.25, "find_unused_parameters": True},     # [0.25 MiB] from the start
 ]
 
