@@ -118,6 +118,7 @@ class Mutation:
 L, Z3, Z12, ST = ("src/memfit/core/ledger/load.py", "src/memfit/core/ledger/zero3.py",
                   "src/memfit/core/ledger/zero012.py", "src/memfit/core/ledger/step.py")
 ACT, PEFT, DSS = ("src/memfit/core/activations.py", "src/memfit/core/peft.py", "src/memfit/core/ds_settings.py")
+ACTC = "src/memfit/core/activation_common.py"
 DSV, DSA, Z3F = ("src/memfit/core/dsconfig/validate.py", "src/memfit/core/dsconfig/auto.py",
                  "src/memfit/core/ledger/zero3_fetch.py")
 STEP_COPY_FIND = """                t.alloc(STEP_TMP, n * 4)
@@ -200,11 +201,11 @@ MUTATIONS: tuple[Mutation, ...] = (
              "        total_bytes=total * 101 // 100,", ANALYTIC_VS_TRACE, "activations +1% (vs the traced model code)"),
     Mutation("logits-fp16-loss", "activations", ACT, "+ 4 * t * arch.vocab_size\n", "+ 2 * t * arch.vocab_size\n",
              ANALYTIC_VS_TRACE, "the loss's fp32 log-softmax booked in 16 bits"),
-    Mutation("eager-scores-dropped", "activations", ACT,
+    Mutation("eager-scores-dropped", "activations", ACTC,
              "probs = softmax_bytes * b * a * s * skv + (D * b * a * s * skv if softmax_bytes != D else 0)",
              "probs = softmax_bytes * b * a * s * skv", ANALYTIC_VS_TRACE,
              "eager attention's 16-bit copy of the probabilities left out"),
-    Mutation("sdpa-logsumexp-dropped", "activations", ACT, "+ D * t * hq + 4 * b * a * s\n", "+ D * t * hq\n",
+    Mutation("sdpa-logsumexp-dropped", "activations", ACTC, "+ D * t * hq + 4 * b * a * s\n", "+ D * t * hq\n",
              ANALYTIC_VS_TRACE, "sdpa's saved logsumexp (fp32, per query and head) left out"),
     Mutation("lora-dimension-plus-one", "peft", PEFT, 'ParamSpec(at % "lora_A" + ".weight", (r, in_features)),',
              'ParamSpec(at % "lora_A" + ".weight", (r + 1, in_features)),', PEFT_LIBRARY + PLAN_VS_REPLAY,
@@ -238,7 +239,7 @@ MUTATIONS: tuple[Mutation, ...] = (
              "'auto' persistence threshold filled as h instead of 10 h"),
 )
 
-BK, CC, EX, CF = ("src/memfit/core/alloc/blocks.py", "src/memfit/core/alloc/cuda_caching.py",
+BK, CC, EX, CF = ("src/memfit/core/alloc/blocks.py", "src/memfit/core/alloc/device_caching.py",
                   "src/memfit/core/alloc/expandable.py", "src/memfit/core/alloc/conf.py")
 PH, NP = "src/memfit/core/alloc/pinned_host.py", "src/memfit/core/alloc/non_pytorch.py"
 
