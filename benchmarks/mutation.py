@@ -542,7 +542,7 @@ def verdict(returncode: int, stdout: str) -> tuple[str, str]:
     detail = failed[0] if failed else (lines[-1] if lines else "")
     raised = next((m for m in (re.match(r"^(\S+\.py):\d+: (\w+)", ln) for ln in lines) if m), None)
     ok = (detail.startswith("FAILED") and raised is not None and "/tests/" in raised.group(1)
-          and raised.group(2) in ("AssertionError", "Failed"))
+          and raised.group(2) in ("assert", "AssertionError", "Failed"))  # "assert": a bare assert's line
     return ("killed" if ok else "crashed"), detail
 
 

@@ -104,7 +104,10 @@ def test_max_split_expandable():
         sim.malloc(40 * MiB)
     for x in (a, b, c):
         sim.free(x)
-    big = sim.malloc(120 * MiB)
+    try:
+        big = sim.malloc(120 * MiB)
+    except OutOfMemory as e:
+        pytest.fail(f"on a GPU the 120 MiB tensor fits once the three are deleted; the simulator: {e}")
     assert big.size == 120 * MiB and sim.stats.allocated_bytes.current == 120 * MiB
 
 
