@@ -4,6 +4,7 @@
     python benchmarks/mutation.py --only ID ...   # some of them (their tests' baseline first)
     python benchmarks/mutation.py --list          # the mutations and the tests each runs
     python benchmarks/mutation.py --no-baseline   # skip the unmutated run (only when it was just done)
+    python benchmarks/mutation.py --include-unobservable  # also the unscored UNOBSERVABLE_MUTATIONS
 
 Each mutation is one textual change (``find`` -> ``replace``, which must occur exactly once) to the
 DeepSpeed ledger, the activation model, the PEFT accounting, the DeepSpeed config reading, the
@@ -18,22 +19,25 @@ Then, for each mutation, it edits the copy, runs the tests named for it there
 the file back. The checkout is never modified.
 
 A mutation is *killed* when one of its tests fails a comparison (an AssertionError or
-``pytest.fail`` raised in the test code under tests/), *crashed* when the run fails otherwise (the ledger's own consistency
-checks, an exception in the code: the mutation broke the code, not its numbers; not counted as a
-kill), *timeout* when no verdict came in time, and *survives* when the tests pass. The tests chosen for each are comparisons with something measured or built by the real
+``pytest.fail`` raised in the test code under tests/), *crashed* when the run fails otherwise (the
+ledger's own consistency checks, an exception in the code: the mutation broke the code, not its
+numbers; not counted as a kill), *timeout* when no verdict came in time, and *survives* when the
+tests pass. The tests chosen for each are comparisons with something measured or built by the real
 library: replay fixtures (real DeepSpeed and torch/DDP/FSDP runs on this CPU), fake-tensor traces
 (equal to real CPU tensors), torch's own trackers and functions (``FSDPMemTracker``,
-``_compute_bucket_assignment_by_size``, DDP's reducer, ``torch.autocast``, the optimizers' state
-dicts), bitsandbytes' real quantized storage on this CPU, peft's and transformers' own models,
-DeepSpeed's own config classes; for the allocator simulators, which no CPU can run, the allocation
-sequences torch's own test suite checks on GPUs (tests/core/test_alloc_vs_torch_tests.py), published
-programs with their GPU readings, and cases derived from the allocator source
-(tests/core/test_alloc_cuda.py, test_alloc_pinned.py). Never the recommender's fast estimator
-against the ledger (a self-comparison) nor hard-coded golden numbers.
+``_compute_bucket_assignment_by_size``, DDP's reducer, FSDP1's flat parameters, ``torch.autocast``,
+the optimizers' state dicts), bitsandbytes' real quantized storage on this CPU, peft's and
+transformers' own models, DeepSpeed's own config classes; for the allocator simulators, which no
+CPU can run, the allocation sequences torch's own test suite checks on GPUs
+(tests/core/test_alloc_vs_torch_tests.py), published programs with their GPU readings, and cases
+derived by hand from the allocator source (tests/core/test_alloc_cuda.py, test_alloc_pinned.py,
+test_alloc_seed.py). Never the recommender's fast estimator against the ledger (a
+self-comparison), nor a test that restates memfit's own constants.
 
-What it prints: one line per mutation (killed / survived / timeout, seconds, the first failing
-test), then ``kill rate: K/N``, every survivor and every crash, and whether issue 13's five
-required mutations (``MUST_BE_CAUGHT``) were caught. Exit status 0 only when nothing survived.
+What it prints: one line per mutation (killed / crashed / survived / timeout, seconds, the first
+failing test), then ``kill rate: K/N``, every survivor and every crash, and whether issue 13's five
+required mutations (``MUST_BE_CAUGHT``) were caught. Exit status 0 only when every scored mutation
+was killed.
 ``UNOBSERVABLE_MUTATIONS`` are real bugs no measurement here can see (each with the reason); they
 are listed by ``--list``, run only on request, and never scored. ``NOT_MUTATED`` lists what has no
 mutation here and why.
