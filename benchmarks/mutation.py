@@ -102,9 +102,8 @@ AMP = ("tests/trace/test_amp_casts_vs_autocast.py",) + TORCH_FIXTURES
 """Autocast's weight copies against torch.autocast on this CPU (made, alive, kept for backward)."""
 
 KNOWN_FAILING: tuple[str, ...] = ()
-"""Test node ids deselected in every run (each with its reason here). Empty: the two ZeRO-2
-step2.optimizer_step peaks that fail on main are now strict known gaps inside
-tests/replay/test_plan_vs_replay.py (KNOWN_PEAK_GAPS), so the other phases of those fixtures count."""
+"""Test node ids deselected in every run, each with its reason here (a selection that fails
+unmutated stops the script instead). Empty."""
 
 
 @dataclass(frozen=True, slots=True)

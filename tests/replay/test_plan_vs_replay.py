@@ -71,14 +71,6 @@ TOL_ZERO_INIT_LOAD_REL = 0.626
 zero.Init model through GatheredParameters; the ledger models loading a checkpoint (the real use),
 not that random initialisation. Worst seen: 31.3%; 2x that."""
 INIT_PHASES = ("load", "initialize.cast", "initialize.move", "initialize.partition", "initialize.optimizer")
-KNOWN_PEAK_GAPS: dict[tuple[str, str], str] = {
-    ("gptj_prefix_z2_w2", "step2.optimizer_step"): "ZeRO-2 without offload: the replay peaks 41,616 B above the plan",
-    ("llama_full_z2_ga3_w2", "step2.optimizer_step"): "ZeRO-2 without offload: the replay peaks 32,656 B above the plan",
-}
-"""Phase peaks known to differ beyond their tolerance, left open by the replay work (the steady-state
-step of ZeRO-2 without offload holds about one gradient partition more than the ledger: 42,560 B in
-the GPT-J case). Strict: each must still fail its tolerance, so a fix shows and the entry goes; every
-other phase of those fixtures is checked as usual."""
 
 
 def _comparison(path):
@@ -163,9 +155,6 @@ def test_phase_peaks(path):
     m, c = _comparison(path)
     for p in c.phases:
         label = f"{p.phase}: plan {p.predicted_host_bytes:,} vs replay {p.measured_host_bytes:,} ({p.rel_diff:+.2%})"
-        if (Path(path).stem, p.phase) in KNOWN_PEAK_GAPS:
-            assert abs(p.diff_bytes) > TOL_STEP_OPT_BYTES, f"known gap closed ({label}): remove it from KNOWN_PEAK_GAPS"
-            continue
         if p.phase == "load" and m.spec.zero_init:
             assert abs(p.rel_diff) <= TOL_ZERO_INIT_LOAD_REL, label
         elif p.phase in INIT_PHASES:
