@@ -89,7 +89,10 @@ class DdpSink(GradSink):
         first = FIRST_BUCKET_BYTES if self.sc.ddp.bucket_cap_mb == 25.0 else cap
         return [first, cap] if first < cap else [cap]
 
-    def alloc_buckets(self, t: Timeline, order: list[TParam], limits: list[int] | None) -> None:
+    def alloc_buckets(self, t: Timeline, order: list[TParam], limits: list[int] | None, *, initial: bool) -> None:
+        """``initial``: the wrap's buckets, which ``_ddp_init_helper`` hands the reducer in reverse
+        (``list(reversed(bucket_indices))``), so the reducer allocates the last params' bucket first;
+        a rebuild (``Reducer::rebuild_buckets``) keeps the arrival order it was computed in."""
         if limits is None:
             by_dtype: dict[str, int] = {}
             for p in order:
@@ -97,6 +100,8 @@ class DdpSink(GradSink):
             self.buckets = list(by_dtype.values())
         else:
             self.buckets = [sum(p.numel * p.elem_bytes for p in b) for b in bucket_assignment(order, limits)]
+        if initial:
+            self.buckets.reverse()
         for n in self.buckets:
             t.alloc(BUCKETS, n)
 
@@ -126,7 +131,7 @@ class DdpSink(GradSink):
         if phase == "step2.forward" and not self.rebuilt and self.initial_limits() is None:
             self.rebuilt = True
             t.free(BUCKETS)
-            self.alloc_buckets(t, [p for p in reversed(self.m.params) if p.trainable], self.rebuild_limits())
+            self.alloc_buckets(t, [p for p in reversed(self.m.params) if p.trainable], self.rebuild_limits(), initial=False)
         if self.sc.ddp.broadcast_buffers and self.sc.model.buffer_bytes:
             t.alloc(BROADCAST, self.sc.model.buffer_bytes)
             t.free(BROADCAST, self.sc.model.buffer_bytes)
@@ -178,7 +183,7 @@ def record_ddp_wrap(t: Timeline, sink: DdpSink) -> None:
                   source="torch 2.13 reducer.cpp:initialize_local_used_map")
     if not tr:
         return
-    sink.alloc_buckets(t, tr, lim)
+    sink.alloc_buckets(t, tr, lim, initial=True)
     if d.find_unused_parameters and not d.static_graph:
         t.alloc(USED_MAPS, 4 * len(tr))
         t.alloc(USED_MAPS, 4 * len(tr))

@@ -132,7 +132,11 @@ class StepContext:
 
 
 def _leaf(p: TParam) -> str:
+    """The name of the layer whose input a param's matmul reads: a LoRA ``lora_A`` reads its base
+    layer's input (``lora_B`` reads ``lora_A``'s output, which needs a gradient)."""
     mod = p.module.replace(".base_layer", "")
+    if ".lora_A." in mod:
+        mod = mod.split(".lora_A.", 1)[0]
     return mod.rsplit(".", 1)[-1]
 
 
@@ -205,7 +209,10 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
             continue
         if not (auto and p.linear and p.dtype != auto and p.dtype != "fp64"):
             continue
-        st.casts.append((p.numel * 2, needs_in, p.trainable and p.dtype == "fp32"))
+        # the cast weight is saved for the input's gradient (grad_in = grad_out @ W); a bias's cast is
+        # never saved (its gradient is a sum of grad_out), though autocast caches a trained one
+        is_bias = p.name.endswith(".bias")
+        st.casts.append((p.numel * 2, needs_in and not is_bias, p.trainable and p.dtype == "fp32"))
     return StepContext(sc=sc, m=m, opt=opt, sink=sink, stages=stages, act_formula=est.formula, tokens=t_tok,
                        groups=trainer_groups(m.params, split=sc.torch.trainer_param_groups),
                        loss_forward=loss_fwd, loss_backward=loss_bwd)
