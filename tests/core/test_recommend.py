@@ -73,6 +73,13 @@ GRID = {
                                                         gpus="2xa100-80gb", seq_len=1024),
     "gemma3-1b-lora-mixed-layers": lambda: ScenarioInputs(model="gemma-3-1b", peft_method="lora",
                                                           gpus="1xrtx4090", seq_len=2048),
+    # DeepSpeed 0.6 optimizes frozen params passed to it (model_parameters=all) but autograd gives them
+    # no gradient; ZeRO-2's rank-0 partition then holds no param with one (the fuzz test's seed 1362)
+    "gpt2-prompt-all-params-ds06-ga2": lambda: ScenarioInputs(
+        model="gpt2", peft_method="prompt", peft_options={"num_virtual_tokens": 4}, model_parameters="all",
+        deepspeed_inline={"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
+                          "zero_optimization": {"stage": 2}, "fp16": {"enabled": True}},
+        gpus="2xa100-80gb", seq_len=256, ds_version="0.6"),
 }
 
 

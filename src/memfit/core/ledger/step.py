@@ -129,7 +129,9 @@ class _Step:
                                      inclusive=sc.ds_version == "0.19")
             self.gparams = [GParam(n, e, f) for n, e, f in zip(numels, self.eb, flags)]
             self.persist_bytes = [0] * len(numels)  # each persistent param's gathered bytes
-        self.trained = {p.name for p in self.opt}
+        self.trained = {p.name for p in self.opt if p.trainable}
+        """Params that get a gradient: the optimized ones with requires_grad (DeepSpeed 0.5/0.6 also
+        optimize frozen params passed to it, which autograd never gives a .grad)."""
         self._passes: dict[tuple[bool, bool], GatherPass] = {}
 
     # ------------------------------------------------------------------ helpers
@@ -386,7 +388,8 @@ class _Step:
         z = self.z
         if z.stage <= 1:
             for p in self.opt:
-                t.alloc(GRADS, p.numel * self.nb)
+                if p.name in self.trained:  # a frozen param DeepSpeed 0.5/0.6 optimizes has no .grad
+                    t.alloc(GRADS, p.numel * self.nb)
             if z.stage == 1 and z.contiguous_gradients:  # the buckets, until the boundary (grad_pass)
                 for _ in range(2 if z.overlap_comm else 1):
                     t.alloc(BUCKETS, z.reduce_bucket_size * self.nb)
