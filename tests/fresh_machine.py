@@ -5,7 +5,7 @@ session creates itself.
 Two layers, because either alone misses cases:
 
 - ``static_findings``: an absolute path written into a test or source file and handed to something
-  that touches the filesystem (``Path("/tmp/ds0510")``, ``open("/data/x")``, ``os.path.exists(...)``):
+  that touches the filesystem (``Path("/tmp/ds0510")``, ``open("/data/x")``, ``os.path.exists(...)``):  # fresh-ok: examples in a docstring
   caught even when the test would have skipped on a machine without it.
 - ``OpenGuard``: an audit hook (``sys.addaudithook``) installed by tests/conftest.py for the whole
   session, recording every ``open`` made by code of the checkout (the innermost caller that is not

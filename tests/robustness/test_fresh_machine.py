@@ -18,8 +18,8 @@ def test_no_file_hands_an_absolute_path_to_the_filesystem():
 
 def test_the_static_check_finds_the_old_ds0510_read(tmp_path):
     bad = tmp_path / "test_bad.py"
-    bad.write_text('from pathlib import Path\nDS0510 = Path("/tmp/ds0510/deepspeed-0.5.10")\n'
-                   'text = open("/data/x.txt").read()\nroot = Path("/opt") / "y"\nlog = "see /proc/self/status"\n')
+    bad.write_text('from pathlib import Path\nDS0510 = Path("/tmp/ds0510/deepspeed-0.5.10")\n'  # fresh-ok: planted for the static check to find
+                   'text = open("/data/x.txt").read()\nroot = Path("/opt") / "y"\nlog = "see /proc/self/status"\n')  # fresh-ok: planted for the static check to find
     found = static_findings([bad])
     assert [f.split(": ", 1)[1] for f in found] == ["'/tmp/ds0510/deepspeed-0.5.10'", "'/data/x.txt'", "'/opt'"]
 
