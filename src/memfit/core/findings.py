@@ -6,7 +6,7 @@ numbers it quotes are the numbers the tables show.
 
 from __future__ import annotations
 
-from memfit.core.findings_common import _host_findings, _item, _on, _phase, _tightest
+from memfit.core.findings_common import _first_failure, _host_findings, _item, _phase, _tightest
 from memfit.core.framework_findings import framework_findings
 from memfit.core.input_findings import input_findings
 from memfit.core.ledger_types import Device, Finding, PhaseLedger, Verdict
@@ -21,20 +21,13 @@ def derive_findings(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: Verd
     out: list[Finding] = []
     ds = sc.deepspeed
     z = ds.zero
-    hw = sc.hardware
     W = sc.world_size
     model = sc.model
     first = verdict.failures[0] if verdict.failures else None
 
-    if first is not None:
-        ph = _phase(phases, first.phase)
-        where = {"gpu": f"GPU ({hw.gpu.name}, per rank)", "cpu": "host RAM (per node)", "nvme": "NVMe"}[first.device]
-        top = sorted((i for i in ph.items if _on(i.device, first.device)), key=lambda i: -i.bytes)[:3]
-        parts = "; ".join(f"{i.name} {fmt_bytes(i.bytes)}" for i in top)
-        out.append(Finding(id="first-failure", severity="error", message=(
-            f"The run first runs out of {where} in phase {first.phase}: it needs {fmt_both(first.needed_bytes)} "
-            f"of {fmt_both(first.available_bytes)}, {fmt_bytes(first.needed_bytes - first.available_bytes)} too much"
-            + (f" (compared: {first.figure})" if first.figure else "") + f". Largest items: {parts}.")))
+    failure = _first_failure(sc, phases, verdict)
+    if failure is not None:
+        out.append(failure)
 
     if first is None:
         out.append(_tightest(sc, phases))

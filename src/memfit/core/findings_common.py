@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from memfit.core.ledger_types import Device, Finding, PhaseLedger, Verdict
 from memfit.core.scenario import Scenario
-from memfit.core.units import fmt_bytes
+from memfit.core.units import fmt_both, fmt_bytes
 from memfit.core.verdict import gpu_figure, host_figure
 
 
@@ -72,3 +72,20 @@ def _tightest(sc: Scenario, phases: tuple[PhaseLedger, ...]) -> Finding:
     return Finding(id="tightest-margin", severity=sev, message=(
         f"It fits; the smallest margin is {where}. Allocator fragmentation, other processes and the OS need "
         f"room too, so under about 10% of headroom a real run can still fail there."))
+
+
+def _first_failure(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: Verdict) -> Finding | None:
+    """The verdict's first failure in words: the phase, the device, the figure compared and the
+    three largest items there (every framework's findings open with it)."""
+    first = verdict.failures[0] if verdict.failures else None
+    if first is None:
+        return None
+    ph = _phase(phases, first.phase)
+    where = {"gpu": f"GPU ({sc.hardware.gpu.name}, per rank)", "cpu": "host RAM (per node)", "nvme": "NVMe"}[first.device]
+    top = sorted((i for i in ph.items if _on(i.device, first.device)), key=lambda i: -i.bytes)[:3]
+    parts = "; ".join(f"{i.name} {fmt_bytes(i.bytes)}" for i in top)
+    return Finding(id="first-failure", severity="error", message=(
+        f"The run first runs out of {where} in phase {first.phase}: it needs {fmt_both(first.needed_bytes)} "
+        f"of {fmt_both(first.available_bytes)}, {fmt_bytes(first.needed_bytes - first.available_bytes)} too much"
+        + (f" (compared: {first.figure})" if first.figure else "") + f". Largest items: {parts}."))
+

@@ -5,7 +5,7 @@ Every number quoted is read off the phase ledgers (never recomputed), like ``mem
 
 from __future__ import annotations
 
-from memfit.core.findings_common import _host_findings, _on, _phase, _tightest
+from memfit.core.findings_common import _first_failure, _host_findings, _phase, _tightest
 from memfit.core.ledger_types import Finding, PhaseLedger, Verdict
 from memfit.core.scenario import Scenario
 from memfit.core.units import fmt_both, fmt_bytes
@@ -21,17 +21,9 @@ def _peak_item(phases: tuple[PhaseLedger, ...], key: str) -> int:
 
 def framework_findings(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: Verdict) -> tuple[Finding, ...]:
     out: list[Finding] = []
-    hw = sc.hardware
-    first = verdict.failures[0] if verdict.failures else None
-    if first is not None:
-        ph = _phase(phases, first.phase)
-        where = {"gpu": f"GPU ({hw.gpu.name}, per rank)", "cpu": "host RAM (per node)", "nvme": "NVMe"}[first.device]
-        top = sorted((i for i in ph.items if _on(i.device, first.device)), key=lambda i: -i.bytes)[:3]
-        parts = "; ".join(f"{i.name} {fmt_bytes(i.bytes)}" for i in top)
-        out.append(Finding(id="first-failure", severity="error", message=(
-            f"The run first runs out of {where} in phase {first.phase}: it needs {fmt_both(first.needed_bytes)} "
-            f"of {fmt_both(first.available_bytes)}, {fmt_bytes(first.needed_bytes - first.available_bytes)} too much. "
-            f"Largest items: {parts}.")))
+    failure = _first_failure(sc, phases, verdict)
+    if failure is not None:
+        out.append(failure)
     else:
         out.append(_tightest(sc, phases))
     step2 = _phase(phases, "step2.optimizer_step") or _phase(phases, "optimizer_step")
