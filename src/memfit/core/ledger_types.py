@@ -18,22 +18,12 @@ class Device(str, Enum):
     NVME = "nvme"
 
 
-PHASES = (
-    "load",
-    "initialize.cast",
-    "initialize.move",
-    "initialize.partition",
-    "initialize.optimizer",
-    "forward",
-    "backward",
-    "accum.forward",
-    "accum.backward",
-    "optimizer_step",
-    "step2.forward",
-    "step2.backward",
-    "step2.optimizer_step",
-    "save",
-)
+TRAINING_PHASES = ("forward", "backward", "accum.forward", "accum.backward", "optimizer_step",
+                   "step2.forward", "step2.backward", "step2.optimizer_step")
+"""The step phases every framework runs, in order: step 1, its later micro-steps, the steady state."""
+
+PHASES = ("load", "initialize.cast", "initialize.move", "initialize.partition", "initialize.optimizer",
+          *TRAINING_PHASES, "save")
 """Phase names in run order; replays mark the same boundaries. ``forward``/``backward``/
 ``optimizer_step`` are step 1 (its first micro-step); ``accum.*`` a later micro-step of step 1
 (only with gradient_accumulation_steps > 1); ``step2.*`` the steady state (step 2 on: the
@@ -52,19 +42,7 @@ PHASE_LABELS = {
 }
 """Plain-words names of the step phases, for the terminal and reports (JSON keeps ``name``)."""
 
-TORCH_PHASES = (
-    "load",
-    "setup",
-    "forward",
-    "backward",
-    "accum.forward",
-    "accum.backward",
-    "optimizer_step",
-    "step2.forward",
-    "step2.backward",
-    "step2.optimizer_step",
-    "save",
-)
+TORCH_PHASES = ("load", "setup", *TRAINING_PHASES, "save")
 """Phase names of the frameworks without ``deepspeed.initialize`` (torch, ddp, fsdp, fsdp2), in run
 order (contract 1): ``setup`` is the DDP/FSDP wrap, the move to the GPU and the optimizer's
 construction; ``accum.*`` only with gradient accumulation; ``step2.*`` the steady state."""
