@@ -26,10 +26,10 @@ SCENARIOS = {
 def main() -> None:
     from memfit.core.plan import make_plan
     from memfit.core.recommend import prepare, recommend
-    from memfit.core.recommend.estimate import estimate_peaks
+    from memfit.core.recommend.deepspeed.estimate import estimate_peaks
     from memfit.core.recommend.search import search
-    from memfit.core.recommend.space import enumerate_candidates
-    from memfit.core.scenario_io import read_scenario_file
+    from memfit.core.recommend.deepspeed.space import enumerate_candidates
+    from memfit.core.scenario.read import read_scenario_file
 
     for label, path in SCENARIOS.items():
         inputs = read_scenario_file(path)

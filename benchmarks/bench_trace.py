@@ -36,9 +36,9 @@ def bench_trace(name: str, config: dict, peft, options) -> None:
 
 
 def bench_analytic() -> None:
-    from memfit.core.activations import estimate_activation_bytes
+    from memfit.core.activations.analytic import estimate_activation_bytes
     from memfit.core.model import ArchSpec
-    from memfit.core.peft_spec import PeftSpec
+    from memfit.core.peft.spec import PeftSpec
 
     arch = ArchSpec(model_type="llama", num_layers=80, hidden_size=8192, num_heads=64, num_kv_heads=8, head_dim=128,
                     intermediate_size=28672, vocab_size=128256, mlp_kind="gated")
@@ -60,7 +60,7 @@ def main() -> None:
 
     start = time.perf_counter()
     importlib.import_module("memfit.trace.step")  # torch, transformers, peft
-    from memfit.core.peft_spec import PeftSpec
+    from memfit.core.peft.spec import PeftSpec
     from memfit.trace.results import TraceOptions
 
     print(f"imports: {time.perf_counter() - start:.2f} s")

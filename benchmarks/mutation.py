@@ -118,12 +118,12 @@ class Mutation:
     """The bug it stands for, and the measured comparison expected to catch it."""
 
 
-L, Z3, Z12, ST = ("src/memfit/core/ledger/load.py", "src/memfit/core/ledger/zero3.py",
-                  "src/memfit/core/ledger/zero012.py", "src/memfit/core/ledger/step.py")
-ACT, PEFT, DSS = ("src/memfit/core/activations.py", "src/memfit/core/peft.py", "src/memfit/core/ds_settings.py")
-ACTC = "src/memfit/core/activation_common.py"
+L, Z3, Z12, ST = ("src/memfit/core/ledger/deepspeed/load.py", "src/memfit/core/ledger/deepspeed/zero3.py",
+                  "src/memfit/core/ledger/deepspeed/zero012.py", "src/memfit/core/ledger/deepspeed/step.py")
+ACT, PEFT, DSS = ("src/memfit/core/activations/analytic.py", "src/memfit/core/peft/params.py", "src/memfit/core/frameworks/deepspeed.py")
+ACTC = "src/memfit/core/activations/common.py"
 DSV, DSA, Z3F = ("src/memfit/core/dsconfig/validate.py", "src/memfit/core/dsconfig/auto.py",
-                 "src/memfit/core/ledger/zero3_fetch.py")
+                 "src/memfit/core/ledger/deepspeed/zero3_fetch.py")
 STEP_COPY_FIND = """                t.alloc(STEP_TMP, n * 4)
                 if fb != 4:
                     t.free(STEP_FLAT, n * fb)
@@ -362,9 +362,9 @@ ALLOCATOR_MUTATIONS: tuple[Mutation, ...] = (
 """The allocator simulators (src/memfit/core/alloc/)."""
 
 DDP_, FSDP_, QNT, OPT, TOPT, TSTEP, TPAR = (
-    "src/memfit/core/ledger/ddp.py", "src/memfit/core/ledger/fsdp.py", "src/memfit/core/quant.py",
-    "src/memfit/core/optimizers.py", "src/memfit/core/ledger/torch_optim.py", "src/memfit/core/ledger/torch_step.py",
-    "src/memfit/core/ledger/torch_params.py")
+    "src/memfit/core/ledger/pytorch/ddp.py", "src/memfit/core/ledger/pytorch/fsdp.py", "src/memfit/core/quant.py",
+    "src/memfit/core/optimizers.py", "src/memfit/core/ledger/pytorch/optim.py", "src/memfit/core/ledger/pytorch/step.py",
+    "src/memfit/core/ledger/pytorch/params.py")
 
 FRAMEWORK_MUTATIONS: tuple[Mutation, ...] = (
     # ---- DDP (torch/nn/parallel/distributed.py, reducer.cpp) -----------------------------------------------

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from memfit.core.plan import make_plan  # noqa: E402
-from memfit.core.scenario_io import build_scenario, read_scenario_file  # noqa: E402
+from memfit.core.scenario.read import build_scenario, read_scenario_file  # noqa: E402
 from memfit.core.units import fmt_bytes  # noqa: E402
 from memfit.core.verdict import gpu_figure, host_figure  # noqa: E402
 
@@ -128,7 +128,7 @@ def retrace() -> None:
 def activation_table() -> list[str]:
     import json
 
-    from memfit.core.activations import estimate_activation_bytes
+    from memfit.core.activations.analytic import estimate_activation_bytes
 
     rows = json.loads(TRACES.read_text(encoding="utf-8"))
     out = ["| seq len | traced: saved for backward | traced: activations at end of forward | analytic | "

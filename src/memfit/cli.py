@@ -99,7 +99,7 @@ def plan(
     needed); everything DeepSpeed allocates is computed from its code either way.
     """
     from memfit.core.plan import make_plan
-    from memfit.core.scenario_io import ScenarioInputs, build_scenario, merge_inputs, read_scenario_file
+    from memfit.core.scenario.read import ScenarioInputs, build_scenario, merge_inputs, read_scenario_file
 
     options = {k: v for k, v in dict(num_virtual_tokens=num_virtual_tokens, prefix_projection=prefix_projection,
                                     encoder_hidden_size=encoder_hidden_size, lora_r=lora_r,
@@ -143,7 +143,7 @@ def plan(
         import json
 
         from memfit.render.json_out import plan_to_dict
-        from memfit.core.scenario_io import describe_scenario
+        from memfit.core.scenario.read import describe_scenario
 
         typer.echo(json.dumps(plan_to_dict(result, scenario=describe_scenario(sc)), indent=2))
         return
@@ -253,7 +253,7 @@ def trace(
 ) -> None:
     """Trace one training step (forward, loss, backward) of the real model code on fake tensors and
     show what is live at the forward and backward peaks, by category and by module. No GPU needed."""
-    from memfit.core.scenario_io import ScenarioInputs, build_scenario, merge_inputs, read_scenario_file
+    from memfit.core.scenario.read import ScenarioInputs, build_scenario, merge_inputs, read_scenario_file
     from memfit.render.trace_out import render_trace, trace_to_dict
 
     flags = ScenarioInputs(model=model, peft_method=peft, deepspeed=str(deepspeed) if deepspeed else None, gpus=gpus,
@@ -265,7 +265,7 @@ def trace(
     result = _trace_with_progress(sc)
     z3 = None
     if sc.deepspeed.zero.stage == 3:
-        from memfit.trace.zero3_step import zero3_step_memory
+        from memfit.trace.deepspeed.zero3_step import zero3_step_memory
 
         z3 = zero3_step_memory(result, sc.deepspeed, sc.world_size)
     if json_out:
@@ -293,7 +293,7 @@ def replay(
     """Run the real deepspeed.initialize (or, for framework torch/ddp/fsdp/fsdp2, the plain torch
     loop) and training steps for a scenario in a supervised child process, measure memory per
     phase, and compare with the plan (byte for byte where the allocations are deterministic)."""
-    from memfit.core.scenario_io import ScenarioInputs, build_scenario, merge_inputs, read_scenario_file
+    from memfit.core.scenario.read import ScenarioInputs, build_scenario, merge_inputs, read_scenario_file
     from memfit.replay.compare import compare_replay
     from memfit.replay.measurement import save_fixture as write_fixture
     from memfit.replay.runner import run_replay
@@ -373,7 +373,7 @@ def recommend(
     import time
 
     from memfit.core.recommend import recommend as run_recommend
-    from memfit.core.scenario_io import read_scenario_file
+    from memfit.core.scenario.read import read_scenario_file
 
     if not (math.isfinite(headroom) and 0 <= headroom < 1):
         raise MemfitError(f"--headroom must be a fraction from 0 to below 1, got {headroom}")
@@ -382,7 +382,7 @@ def recommend(
     if report is not None:
         _check_report_path(report)
     inputs = read_scenario_file(scenario)
-    from memfit.core.scenario_io import build_scenario as _build
+    from memfit.core.scenario.read import build_scenario as _build
 
     _warn_inputs(_build(inputs))  # what DeepSpeed would ignore in the user's config, said before the search
     if out is not None and out.exists() and not out.is_dir():
@@ -412,7 +412,7 @@ def recommend(
 
         result = write_recommendations(result, out)
     if report is not None:
-        from memfit.core.scenario_io import build_scenario
+        from memfit.core.scenario.read import build_scenario
         from memfit.render.recommend_out import render_recommendations as _render
 
         _write_report(report, result.baseline, build_scenario(inputs), title=f"memfit recommend: {result.scenario_name}",
@@ -445,7 +445,7 @@ def diagnose(
     sc = result = None
     if scenario is not None:
         from memfit.core.plan import make_plan
-        from memfit.core.scenario_io import build_scenario, read_scenario_file
+        from memfit.core.scenario.read import build_scenario, read_scenario_file
 
         sc = build_scenario(read_scenario_file(scenario))
         _warn_inputs(sc)
@@ -500,7 +500,7 @@ def compare(
     from memfit.core.compare import reconcile
     from memfit.core.plan import make_plan
     from memfit.core.records import read_records
-    from memfit.core.scenario_io import build_scenario, read_scenario_file
+    from memfit.core.scenario.read import build_scenario, read_scenario_file
 
     sc = build_scenario(read_scenario_file(scenario))
     _warn_inputs(sc)

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from memfit.core.activations import estimate_activation_bytes
+from memfit.core.activations.analytic import estimate_activation_bytes
 from memfit.core.model import ArchSpec
-from memfit.core.peft_spec import PeftSpec
+from memfit.core.peft.spec import PeftSpec
 from memfit.errors import MemfitError
 
 GPT2_XL = ArchSpec(model_type="gpt2", num_layers=48, hidden_size=1600, num_heads=25, num_kv_heads=25, head_dim=64,

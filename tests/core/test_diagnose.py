@@ -40,7 +40,7 @@ def read(name: str) -> str:
 @pytest.fixture(scope="module")
 def seed():
     from memfit.core.plan import make_plan
-    from memfit.core.scenario_io import build_scenario, read_scenario_file
+    from memfit.core.scenario.read import build_scenario, read_scenario_file
 
     sc = build_scenario(read_scenario_file(SEED))
     return sc, make_plan(sc)
@@ -519,7 +519,7 @@ def test_gpu_reconciliation_uses_the_allocator_figures(seed):
 
 def test_plan_that_fails_at_move_predicts_the_log(seed):
     from memfit.core.plan import make_plan
-    from memfit.core.scenario_io import ScenarioInputs, build_scenario, merge_inputs, read_scenario_file
+    from memfit.core.scenario.read import ScenarioInputs, build_scenario, merge_inputs, read_scenario_file
 
     small = build_scenario(merge_inputs(read_scenario_file(SEED), ScenarioInputs(gpus="2x12GiB")))
     plan = make_plan(small)

@@ -23,7 +23,7 @@ from memfit.core.dsconfig import (
     parse_deepspeed_config,
     resolve_auto,
 )
-from memfit.core.ds_settings import DeepSpeedSettings
+from memfit.core.frameworks.deepspeed import DeepSpeedSettings
 from memfit.errors import MemfitError
 
 ROOT = Path(__file__).resolve().parents[2]

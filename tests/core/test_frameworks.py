@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from memfit.core.framework_settings import TorchSettings
+from memfit.core.frameworks.pytorch import TorchSettings
 from memfit.core.ledger_types import TORCH_PHASES
 from memfit.core.plan import make_plan
-from memfit.core.scenario_io import ScenarioInputs, build_scenario, read_scenario_file
+from memfit.core.scenario.read import ScenarioInputs, build_scenario, read_scenario_file
 from memfit.errors import MemfitError
 
 
@@ -107,7 +107,7 @@ def test_adamw_foreach_temporaries_are_the_larger_param_group():
     sc = build_scenario(ScenarioInputs(model="gpt2", precision="fp32", seq_len=128))
     plan = make_plan(sc)
     temps = max(i.bytes for i in plan.phase("step2.optimizer_step").items if i.key == "optimizer.step_temporaries")
-    from memfit.core.ledger.torch_params import build_torch_model
+    from memfit.core.ledger.pytorch.params import build_torch_model
 
     m = build_torch_model(sc)
     decay = sum(p.numel for p in m.params if p.trainable and p.decay) * 4
@@ -146,7 +146,7 @@ def test_amp_casts_live_from_forward_to_backward():
 
 
 def test_plan_is_fast_and_imports_no_torch():
-    code = ("import sys, time; from memfit.core.scenario_io import ScenarioInputs, build_scenario; "
+    code = ("import sys, time; from memfit.core.scenario.read import ScenarioInputs, build_scenario; "
             "from memfit.core.plan import make_plan; "
             "f = lambda: make_plan(build_scenario(ScenarioInputs(model='meta-llama/Meta-Llama-3-8B', peft_method='lora', "
             "quantization={'method': '4bit', 'quant_type': 'nf4', 'double_quant': True, 'compute_dtype': 'bf16'}, "
@@ -176,8 +176,8 @@ def test_torch_ledgers_free_tensors_not_lumps_and_get_allocator_figures():
     allocator simulators' figures come out ordered as torch's counters are."""
     import random
 
-    from memfit.core.framework_inputs import apply_input_files
-    from memfit.core.recommend.torch_search import _base, candidate_inputs, enumerate_candidates
+    from memfit.core.frameworks.resolve import apply_input_files
+    from memfit.core.recommend.pytorch.search import _base, candidate_inputs, enumerate_candidates
 
     root = "examples/frameworks/"
     checked = 0

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from memfit.core.scenario_io import ScenarioInputs, build_scenario
+from memfit.core.scenario.read import ScenarioInputs, build_scenario
 from memfit.errors import MemfitError
 
 
@@ -130,7 +130,7 @@ def test_yaml_is_parsed_safely(tmp_path):
 @pytest.mark.parametrize("data,flag", [({"distributed_type": "FSDP", "num_processes": 8}, "--accelerate-config"),
                                        ({"output_dir": "out", "per_device_train_batch_size": 2}, "--training-args")])
 def test_an_input_file_given_as_the_scenario_says_which_flag_it_needs(tmp_path, data, flag):
-    from memfit.core.scenario_io import read_scenario_file
+    from memfit.core.scenario.read import read_scenario_file
 
     path = _write(tmp_path, "x.yaml", data)
     with pytest.raises(MemfitError, match=flag):

@@ -13,9 +13,9 @@ import pytest
 from memfit.core.ledger.context import ceil_div
 from memfit.core.ledger_types import Device
 from memfit.core.plan import make_plan
-from memfit.core.recommend.estimate import estimate_peaks
+from memfit.core.recommend.deepspeed.estimate import estimate_peaks
 from memfit.core.recommend.search import prepare
-from memfit.core.scenario_io import ScenarioInputs, build_scenario
+from memfit.core.scenario.read import ScenarioInputs, build_scenario
 from memfit.errors import MemfitError
 
 ZERO2_OFFLOAD = {"fp16": {"enabled": True}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},

@@ -4,7 +4,7 @@ import dataclasses
 from math import ceil
 
 from memfit.core.plan import make_plan
-from memfit.core.scenario_io import ScenarioInputs, build_scenario
+from memfit.core.scenario.read import ScenarioInputs, build_scenario
 
 from conftest import EXAMPLES
 

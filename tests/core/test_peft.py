@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from memfit.core.model import ArchSpec, ModelShape, ParamSpec
-from memfit.core.peft import apply_peft, trained_under_freeze
-from memfit.core.peft_parse import load_adapter_config, parse_peft_options
-from memfit.core.peft_spec import PeftSpec
+from memfit.core.peft.params import apply_peft, trained_under_freeze
+from memfit.core.peft.parse import load_adapter_config, parse_peft_options
+from memfit.core.peft.spec import PeftSpec
 from memfit.errors import MemfitError
 
 KOGPT_CONFIG = Path(__file__).parents[2] / "src/memfit/catalog/kakaobrain--kogpt.json"
@@ -98,8 +98,8 @@ def test_seed_case_from_the_catalog_shape() -> None:
 def test_core_peft_does_not_import_torch() -> None:
     code = (
         "import sys, json\n"
-        "from memfit.core.peft import apply_peft\n"
-        "from memfit.core.peft_parse import parse_peft_options, load_adapter_config\n"
+        "from memfit.core.peft.params import apply_peft\n"
+        "from memfit.core.peft.parse import parse_peft_options, load_adapter_config\n"
         "assert not {'torch', 'transformers', 'peft', 'deepspeed'} & set(sys.modules), sorted(sys.modules)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,7 +1,7 @@
 """memfit recommend: the fast estimator against the exact ledger, the search space, the patched
 DeepSpeed JSON read back by memfit's parser, the script diff, and the three example scenarios.
 
-The fast estimator (``memfit.core.recommend.estimate``) must give the exact ledger's per-phase
+The fast estimator (``memfit.core.recommend.deepspeed.estimate``) must give the exact ledger's per-phase
 peaks (``make_plan`` on the candidate's scenario, built from the patched JSON through
 ``build_scenario``): GPU per rank, host per process, host per node and NVMe per rank. The stated tolerance is
 0 bytes: the estimator replays the same recipes on aggregates, so any difference is a bug.
@@ -20,7 +20,7 @@ from conftest import EXAMPLES, SEED
 from memfit.core.dsconfig import AutoContext, load_deepspeed_config
 from memfit.core.plan import make_plan
 from memfit.core.recommend import recommend
-from memfit.core.recommend.estimate import estimate_peaks, phase_names
+from memfit.core.recommend.deepspeed.estimate import estimate_peaks, phase_names
 from memfit.core.recommend.files import write_recommendations
 from memfit.core.recommend.patch import (
     candidate_inputs,
@@ -30,8 +30,8 @@ from memfit.core.recommend.patch import (
     patch_deepspeed_json,
 )
 from memfit.core.recommend.search import prepare
-from memfit.core.recommend.space import enumerate_candidates
-from memfit.core.scenario_io import ScenarioInputs, build_scenario, read_scenario_file
+from memfit.core.recommend.deepspeed.space import enumerate_candidates
+from memfit.core.scenario.read import ScenarioInputs, build_scenario, read_scenario_file
 from memfit.errors import MemfitError
 
 DS = EXAMPLES / "deepspeed"
@@ -402,7 +402,7 @@ def test_deepspeed_itself_reads_the_recommended_configs(results):
 
 
 def test_recommend_imports_no_torch():
-    code = ("import sys; from memfit.core.scenario_io import read_scenario_file; "
+    code = ("import sys; from memfit.core.scenario.read import read_scenario_file; "
             "from memfit.core.recommend import recommend; "
             f"recommend(read_scenario_file({str(SEED)!r}), top=1); "
             "assert not any(m in sys.modules for m in ('torch', 'deepspeed', 'transformers', 'peft')), 'heavy import'")
@@ -415,7 +415,7 @@ def test_prefix_tuning_is_never_offered_gradient_checkpointing():
     import dataclasses
 
     from memfit.core.recommend import recommend
-    from memfit.core.scenario_io import read_scenario_file
+    from memfit.core.scenario.read import read_scenario_file
 
     from conftest import SEED
 
@@ -443,8 +443,8 @@ def test_torch_fast_estimate_equals_exact_ledger(name):
     """Every phase's peaks of the fast path (the recipes on a LeanTimeline, the model state shared
     between candidates) equal ``make_plan`` on the candidate's scenario rebuilt from its inputs
     (``build_scenario``), to the byte, over a random sample of the search space."""
-    from memfit.core.framework_inputs import apply_input_files
-    from memfit.core.recommend.torch_search import _base, candidate_inputs, enumerate_candidates, fast_peaks
+    from memfit.core.frameworks.resolve import apply_input_files
+    from memfit.core.recommend.pytorch.search import _base, candidate_inputs, enumerate_candidates, fast_peaks
 
     inputs = apply_input_files(TORCH_GRID[name]())
     sc = build_scenario(inputs)
@@ -471,8 +471,8 @@ def test_torch_recommend_searches_the_new_axes_and_confirms():
     r = recommend(read_scenario_file(EXAMPLES / "frameworks" / "ddp-lora-llama2-7b-2gpu.yaml"), top=5)
     assert r.recommendations and r.max_fast_exact_diff_bytes == 0
     searched = set()
-    from memfit.core.framework_inputs import apply_input_files
-    from memfit.core.recommend.torch_search import _base, enumerate_candidates
+    from memfit.core.frameworks.resolve import apply_input_files
+    from memfit.core.recommend.pytorch.search import _base, enumerate_candidates
 
     inputs = apply_input_files(read_scenario_file(EXAMPLES / "frameworks" / "ddp-lora-llama2-7b-2gpu.yaml"))
     sc = build_scenario(inputs)

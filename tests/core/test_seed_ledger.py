@@ -8,7 +8,7 @@ import pytest
 
 from memfit.core.ledger_types import Device
 from memfit.core.plan import make_plan
-from memfit.core.scenario_io import build_scenario, read_scenario_file
+from memfit.core.scenario.read import build_scenario, read_scenario_file
 
 from conftest import SEED
 

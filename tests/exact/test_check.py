@@ -74,12 +74,12 @@ def test_check_a_live_qlora_model_outside_deepspeed(tmp_path):
     from peft import prepare_model_for_kbit_training
 
     import memfit
-    from memfit.core.framework_settings import QuantSettings
+    from memfit.core.frameworks.pytorch import QuantSettings
     from memfit.core.plan import make_plan
-    from memfit.core.scenario_io import ScenarioInputs, build_scenario
+    from memfit.core.scenario.read import ScenarioInputs, build_scenario
     from memfit.replay.model_build import apply_peft
-    from memfit.replay.quantize import build_quantized_model
-    from memfit.replay.record_fixtures import TINY_LLAMA
+    from memfit.replay.pytorch.quantize import build_quantized_model
+    from memfit.replay.deepspeed.record_fixtures import TINY_LLAMA
 
     q = QuantSettings(method="4bit", quant_type="nf4", double_quant=True, compute_dtype="bf16")
     cfg = dict(TINY_LLAMA, num_hidden_layers=2)

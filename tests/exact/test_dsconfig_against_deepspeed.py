@@ -47,7 +47,7 @@ from memfit.core.dsconfig import (  # noqa: E402
     parse_deepspeed_config,
     resolve_auto,
 )
-from memfit.core.ds_settings import Bf16Settings, Fp16Settings, OffloadSettings, ZeroSettings  # noqa: E402
+from memfit.core.frameworks.deepspeed import Bf16Settings, Fp16Settings, OffloadSettings, ZeroSettings  # noqa: E402
 from memfit.errors import MemfitError  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore")]

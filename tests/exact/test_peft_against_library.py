@@ -18,13 +18,13 @@ transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
 from memfit.core.model import ArchSpec, ModelShape  # noqa: E402
-from memfit.core.peft import (  # noqa: E402
+from memfit.core.peft.params import (  # noqa: E402
     LORA_DEFAULT_TARGET_MODULES,
     MODEL_TYPES_WITHOUT_KV_HEADS_KEY,
     apply_peft,
 )
-from memfit.core.peft_parse import load_adapter_config  # noqa: E402
-from memfit.core.peft_spec import PeftSpec  # noqa: E402
+from memfit.core.peft.parse import load_adapter_config  # noqa: E402
+from memfit.core.peft.spec import PeftSpec  # noqa: E402
 from memfit.errors import MemfitError  # noqa: E402
 from memfit.exact.peft_build import build_peft_meta_model, named_param_specs  # noqa: E402
 

@@ -19,8 +19,8 @@ pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
 
 from memfit.core.catalog import ModelConfigSource  # noqa: E402
-from memfit.core.peft import apply_peft  # noqa: E402
-from memfit.core.peft_parse import load_adapter_config  # noqa: E402
+from memfit.core.peft.params import apply_peft  # noqa: E402
+from memfit.core.peft.parse import load_adapter_config  # noqa: E402
 from memfit.core.shapes import build_model_shape  # noqa: E402
 from memfit.errors import MemfitError  # noqa: E402
 

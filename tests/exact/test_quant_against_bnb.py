@@ -1,8 +1,8 @@
 """bitsandbytes quantization in the core (``memfit.core.quant`` and the quantized params of
-``memfit.core.ledger.torch_params``) against the real library on this CPU (bitsandbytes 0.50.2
+``memfit.core.ledger.pytorch.params``) against the real library on this CPU (bitsandbytes 0.50.2
 quantizes on the CPU).
 
-The model is built as transformers' loader builds a quantized one (``memfit.replay.quantize``:
+The model is built as transformers' loader builds a quantized one (``memfit.replay.pytorch.quantize``:
 ``replace_with_bnb_linear`` and ``Params4bit(...).to(device)`` / ``Int8Params``), for tiny Llama and
 GPT-2 (Conv1D) configs and every storage option. Checked byte for byte: which weights are quantized
 (transformers' module selection: not the output head), and every tensor each quantized weight
@@ -17,7 +17,7 @@ import dataclasses
 
 import pytest
 
-from memfit.core.framework_settings import QuantSettings
+from memfit.core.frameworks.pytorch import QuantSettings
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("bitsandbytes")
@@ -32,8 +32,8 @@ QUANTS = [
 
 
 def _configs():
-    from memfit.replay.record_fixtures import TINY_LLAMA
-    from memfit.replay.record_torch_fixtures import TINY_GPT2
+    from memfit.replay.deepspeed.record_fixtures import TINY_LLAMA
+    from memfit.replay.pytorch.record_fixtures import TINY_GPT2
 
     return {"llama": dict(TINY_LLAMA, num_hidden_layers=2), "gpt2": dict(TINY_GPT2, n_layer=2)}
 
@@ -41,7 +41,7 @@ def _configs():
 def _scenario(cfg, q, tmp_path):
     import json
 
-    from memfit.core.scenario_io import ScenarioInputs, build_scenario
+    from memfit.core.scenario.read import ScenarioInputs, build_scenario
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
@@ -70,9 +70,9 @@ def _stored(p):
 def test_quantized_storage_matches_bitsandbytes(family, q, tmp_path):
     from peft import prepare_model_for_kbit_training
 
-    from memfit.core.ledger.torch_params import build_torch_model
+    from memfit.core.ledger.pytorch.params import build_torch_model
     from memfit.replay.model_build import apply_peft
-    from memfit.replay.quantize import build_quantized_model
+    from memfit.replay.pytorch.quantize import build_quantized_model
 
     cfg = _configs()[family]
     model = build_quantized_model(cfg, load_dtype="bf16", quant=q, attention="sdpa", device=torch.device("cpu"))

@@ -54,10 +54,10 @@ from pathlib import Path
 
 import pytest
 
-from memfit.core.ledger.step import OLD_GRADS_PART
-from memfit.core.ledger.step_segments import (BUCKETS, FULL_GRAD, GRAD_COPY, GRAD_FP32, GRADS, GRADS_PART, OLD_IPG,
+from memfit.core.ledger.deepspeed.step import OLD_GRADS_PART
+from memfit.core.ledger.deepspeed.step_segments import (BUCKETS, FULL_GRAD, GRAD_COPY, GRAD_FP32, GRADS, GRADS_PART, OLD_IPG,
                                               RS_FLAT)
-from memfit.core.ledger.zero3_fetch import AG_FLAT, AG_STAGING, GATHERED, PERSISTENT
+from memfit.core.ledger.deepspeed.zero3_fetch import AG_FLAT, AG_STAGING, GATHERED, PERSISTENT
 from memfit.replay.measurement import load_fixture
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ import json
 import pytest
 
 from memfit.core.plan import make_plan
-from memfit.core.scenario_io import ScenarioInputs, build_scenario
+from memfit.core.scenario.read import ScenarioInputs, build_scenario
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ LAYERS = 2
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     pytest.importorskip("deepspeed")
-    from memfit.replay.record_fixtures import TINY_LLAMA, deepspeed_json, warm_ops
+    from memfit.replay.deepspeed.record_fixtures import TINY_LLAMA, deepspeed_json, warm_ops
     from memfit.replay.runner import run_replay
     from memfit.replay.spec import spec_from_scenario
 
@@ -79,7 +79,7 @@ def test_plan_takes_the_longest_batch(runs):
 def test_longest_batch_plan_agrees_with_a_replay_at_that_length(runs):
     """The plan's forward and backward peaks (the loss's tensors included: the fp32 copy of the logits
     and the saved log-softmax in the forward, the log-softmax gradients when backward starts; see
-    ``memfit.core.ledger.step_activations``) against the replay's peaks."""
+    ``memfit.core.ledger.deepspeed.step_activations``) against the replay's peaks."""
     from memfit.replay.compare import compare
 
     longest, _, measured = runs

@@ -147,7 +147,7 @@ def test_a_replay_reports_the_lock_instead_of_hanging(held, tmp_path, holder):
     ``timeout`` of the replay."""
     import dataclasses
 
-    from memfit.replay.record_fixtures import CASES
+    from memfit.replay.deepspeed.record_fixtures import CASES
     from memfit.replay.runner import run_replay
 
     # the first op a cpu replay loads: deepspeed.comm's shared-memory collectives (then cpu_adam)

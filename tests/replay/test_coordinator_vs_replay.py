@@ -1,8 +1,8 @@
-"""ZeRO-3's parameter coordinator: memfit's simulation (``memfit.core.ledger.zero3_fetch``) against
+"""ZeRO-3's parameter coordinator: memfit's simulation (``memfit.core.ledger.deepspeed.zero3_fetch``) against
 DeepSpeed's own, logged at every fetch and release of a real replay.
 
 The fixtures in tests/fixtures/coordinator/ were recorded by ``python -m
-memfit.replay.coordinator_log`` (real ``deepspeed.initialize`` + 2 steps on the CPU accelerator,
+memfit.replay.deepspeed.coordinator_log`` (real ``deepspeed.initialize`` + 2 steps on the CPU accelerator,
 rank 0 of a fake world; ``MEMFIT_COORDINATOR_LOG`` wraps ``PartitionedParameterCoordinator``): one
 LoRA case (W = 2) and one full fine-tuning case with the optimizer and parameters offloaded and
 gradient checkpointing (W = 4), both with ``stage3_prefetch_bucket_size``,
@@ -33,9 +33,9 @@ from pathlib import Path
 import pytest
 
 from memfit.core.ledger.context import RecipeContext, ceil_div
-from memfit.core.ledger.step import _modules, step_layout
-from memfit.core.ledger.step_segments import gather_pass
-from memfit.core.ledger.zero3_fetch import Coordinator, GParam, persistent_flags, upper_bound_numel
+from memfit.core.ledger.deepspeed.step import _modules, step_layout
+from memfit.core.ledger.deepspeed.step_segments import gather_pass
+from memfit.core.ledger.deepspeed.zero3_fetch import Coordinator, GParam, persistent_flags, upper_bound_numel
 from memfit.replay.compare import scenario_of
 from memfit.replay.measurement import load_fixture
 
@@ -139,7 +139,7 @@ def test_upper_bound_holds_at_every_hook(case):
 @pytest.mark.slow
 def test_a_fresh_replay_logs_the_same(tmp_path):
     """The fixtures are what the replay logs today (deterministic: sizes, not timings)."""
-    from memfit.replay.coordinator_log import record
+    from memfit.replay.deepspeed.coordinator_log import record
 
     case = CASES[0]
     record(str(tmp_path), only=[case])
@@ -153,7 +153,7 @@ def test_module_order_from_names_is_the_real_fetch_order(case):
     names (module_order), forward and backward, exactly: in the backward only the modules whose
     output needs a gradient (LoRA on q and v: not the first block's input norm nor its frozen k
     projection, which see only the frozen embeddings' output; ``module_order._grad_flow``)."""
-    from memfit.core.ledger.step_segments import record_order
+    from memfit.core.ledger.deepspeed.step_segments import record_order
 
     log, m = _load(case)
     ctx, layout, _, _ = _ledger_pass(m, False)

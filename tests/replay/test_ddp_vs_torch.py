@@ -1,4 +1,4 @@
-"""DDP in the core (``memfit.core.ledger.ddp``) against torch itself.
+"""DDP in the core (``memfit.core.ledger.pytorch.ddp``) against torch itself.
 
 - ``bucket_assignment`` against ``torch.distributed._compute_bucket_assignment_by_size`` (the C++
   routine DDP calls), on random parameter lists of mixed dtypes and limits: the same buckets.
@@ -7,7 +7,7 @@
   gradients, the optimizer states and the params; all equal the plan's, byte for byte, on both ranks.
   Phase peaks are compared with the plan within ``TOL_GLOO`` (the replay syncs the module states
   itself, with DDP's bucket sizes, because gloo sometimes frees the C++ ``_broadcast_coalesced``
-  buffer on its worker thread where the profiler cannot see it: ``memfit.replay.torch_ddp``).
+  buffer on its worker thread where the profiler cannot see it: ``memfit.replay.pytorch.ddp``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import random
 
 import pytest
 
-from memfit.core.ledger.ddp import bucket_assignment
-from memfit.core.ledger.torch_params import TParam
+from memfit.core.ledger.pytorch.ddp import bucket_assignment
+from memfit.core.ledger.pytorch.params import TParam
 
 torch = pytest.importorskip("torch")
 TOL_GLOO = 600
@@ -54,7 +54,7 @@ def test_bucket_assignment_matches_torch():
 def test_two_rank_gloo_world_matches_the_plan():
     from memfit.core.plan import make_plan
     from memfit.replay.compare import compare, scenario_of
-    from memfit.replay.record_torch_fixtures import case_spec
+    from memfit.replay.pytorch.record_fixtures import case_spec
     from memfit.replay.runner import run_replay_ranks
 
     ms = run_replay_ranks(case_spec("llama_ddp_w2_fp32_adamw", launcher="torchrun"), timeout_s=900)
@@ -111,11 +111,11 @@ def test_ddp_buckets_match_the_reducers(ddp, tmp_path):
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from memfit.core.ledger.torch_build import build_torch_timeline
-    from memfit.core.scenario_io import ScenarioInputs, build_scenario
+    from memfit.core.ledger.pytorch.build import build_torch_timeline
+    from memfit.core.scenario.read import ScenarioInputs, build_scenario
     from memfit.replay.model_build import build_model
-    from memfit.replay.record_fixtures import TINY_LLAMA
-    from memfit.replay.torch_ddp import bucket_bytes, wrap_ddp
+    from memfit.replay.deepspeed.record_fixtures import TINY_LLAMA
+    from memfit.replay.pytorch.ddp import bucket_bytes, wrap_ddp
 
     cfg = dict(TINY_LLAMA, num_hidden_layers=2)
     path = tmp_path / "config.json"

@@ -1,6 +1,6 @@
 """The examples in examples/frameworks: each plans at full size (memfit plan, recommend's estimator,
 the CLI) and was replayed on this CPU at a tiny size of the same family with the same settings
-(``python -m memfit.replay.record_torch_fixtures --examples``: 2 blocks of a 128-wide model,
+(``python -m memfit.replay.pytorch.record_fixtures --examples``: 2 blocks of a 128-wide model,
 sequence 64, micro-batch 2, the example's world size in a fake world), and the plan of that tiny run
 is compared with the replay here.
 
@@ -21,7 +21,7 @@ import pytest
 from conftest import EXAMPLES, ROOT
 
 from memfit.core.plan import make_plan
-from memfit.core.scenario_io import build_scenario, read_scenario_file
+from memfit.core.scenario.read import build_scenario, read_scenario_file
 from memfit.replay.compare import compare, scenario_of
 from memfit.replay.measurement import load_fixture
 

@@ -1,6 +1,6 @@
 """The recorded replay fixtures (tests/fixtures/replay/*.json): complete, current and consistent.
 
-Recorded by ``python -m memfit.replay.record_fixtures`` on DeepSpeed's CPU accelerator. The checks
+Recorded by ``python -m memfit.replay.deepspeed.record_fixtures`` on DeepSpeed's CPU accelerator. The checks
 without the slow mark read JSON only; the slow ones rebuild each case's model with transformers and
 peft on the meta device and compare DeepSpeed's partition sizes with ceil(numel / W).
 """
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from memfit.core.ledger_types import PHASES
-from memfit.replay import attribution
+from memfit.replay.deepspeed import attribution
 from memfit.replay.measurement import load_fixture
-from memfit.replay.record_fixtures import CASES, SEED_FIXTURE, seed_case
+from memfit.replay.deepspeed.record_fixtures import CASES, SEED_FIXTURE, seed_case
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "replay"
 INIT = ["load", "initialize.cast", "initialize.move", "initialize.partition", "initialize.optimizer"]
@@ -60,7 +60,7 @@ def test_fixture_is_current_complete_and_consistent(name):
 def test_the_seed_fixture_is_the_seed_case_recorded_today():
     root = Path(__file__).resolve().parents[2]
     m = load_fixture(str(root / SEED_FIXTURE))
-    assert m.spec == seed_case(str(root)), "rerun python -m memfit.replay.record_fixtures --seed --overwrite"
+    assert m.spec == seed_case(str(root)), "rerun python -m memfit.replay.deepspeed.record_fixtures --seed --overwrite"
     assert m.error is None and m.versions["deepspeed"] == "0.19.8"
     assert all(i.pinned_bytes is not None for i in m.attributed)
 

@@ -1,11 +1,11 @@
-"""FSDP1's flat parameters in the core (``memfit.core.ledger.fsdp.build_units``) against the
+"""FSDP1's flat parameters in the core (``memfit.core.ledger.pytorch.fsdp.build_units``) against the
 ``FlatParameter`` objects real ``FullyShardedDataParallel`` builds, in a fake world on this CPU.
 
 The replay fixtures run FSDP1 with W = 2 on a model whose sizes are all multiples of 4 elements, where
 neither the padding of a flat parameter to a multiple of W nor ``use_orig_params``' 16-byte
 alignment of each param shows. Here a tiny Llama 126 wide (norm weights of 126 elements: not 16-byte
 aligned in fp32) is wrapped per decoder block (as accelerate's transformer policy does,
-``memfit.replay.torch_fsdp.wrap_fsdp``) for W = 3 and 4, with and without ``use_orig_params``. Per
+``memfit.replay.pytorch.fsdp.wrap_fsdp``) for W = 3 and 4, with and without ``use_orig_params``. Per
 FSDP unit, to the element: the padded flat size (S x the local shard) and the local shard.
 """
 
@@ -23,9 +23,9 @@ CASES = [(3, True), (4, True), (4, False)]
 
 
 def _memfit(cfg, W, use_orig, tmp_path):
-    from memfit.core.ledger.fsdp import build_units
-    from memfit.core.ledger.torch_params import build_torch_model
-    from memfit.core.scenario_io import ScenarioInputs, build_scenario
+    from memfit.core.ledger.pytorch.fsdp import build_units
+    from memfit.core.ledger.pytorch.params import build_torch_model
+    from memfit.core.scenario.read import ScenarioInputs, build_scenario
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
@@ -43,7 +43,7 @@ def _torch(cfg, W, use_orig):
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from memfit.replay.model_build import build_model
-    from memfit.replay.torch_fsdp import wrap_fsdp
+    from memfit.replay.pytorch.fsdp import wrap_fsdp
 
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -66,7 +66,7 @@ def _torch(cfg, W, use_orig):
 
 @pytest.mark.parametrize("W,use_orig", CASES, ids=[f"W{w}-use_orig_params={u}" for w, u in CASES])
 def test_flat_parameters_match_fsdp1(W, use_orig, tmp_path):
-    from memfit.replay.record_fixtures import TINY_LLAMA
+    from memfit.replay.deepspeed.record_fixtures import TINY_LLAMA
 
     cfg = dict(TINY_LLAMA, num_hidden_layers=2, hidden_size=126, num_attention_heads=3, num_key_value_heads=1,
                intermediate_size=170, vocab_size=1001)

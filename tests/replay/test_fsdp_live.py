@@ -10,7 +10,7 @@ import pytest
 
 from memfit.core.plan import make_plan
 from memfit.replay.compare import compare, scenario_of
-from memfit.replay.record_torch_fixtures import case_spec
+from memfit.replay.pytorch.record_fixtures import case_spec
 from memfit.replay.runner import run_replay_ranks
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memfit.core.ledger.context import ceil_div
-from memfit.core.ledger.zero012 import grads_in_partition_numel
+from memfit.core.ledger.deepspeed.zero012 import grads_in_partition_numel
 
 stage12 = pytest.importorskip("deepspeed.runtime.zero.stage_1_and_2")
 

@@ -17,7 +17,7 @@ from memfit.replay.measurement import (
     save_fixture,
 )
 from memfit.replay.phases import read_progress
-from memfit.replay.record_fixtures import CASES
+from memfit.replay.deepspeed.record_fixtures import CASES
 
 
 def _measurement() -> Measurement:

@@ -39,7 +39,7 @@ import pytest
 
 from memfit.errors import MemfitError
 from memfit.replay.child import rank_output_path
-from memfit.replay.record_fixtures import CASES
+from memfit.replay.deepspeed.record_fixtures import CASES
 from memfit.replay.runner import child_argv, run_replay, run_replay_ranks
 
 TIMEOUT_S = 300

@@ -1,4 +1,4 @@
-"""The optimizer recipes (``memfit.core.ledger.torch_optim``) against the real optimizers on this CPU.
+"""The optimizer recipes (``memfit.core.ledger.pytorch.optim``) against the real optimizers on this CPU.
 
 Each case builds parameters of mixed shapes (2-D, 1-D, a 3-D one for Adafactor's factored states),
 gives them gradients, constructs the optimizer exactly as the Trainer does
@@ -24,10 +24,10 @@ import math
 
 import pytest
 
-from memfit.core.framework_settings import TorchSettings
+from memfit.core.frameworks.pytorch import TorchSettings
 from memfit.core.ledger.timeline import Timeline
-from memfit.core.ledger.torch_optim import declare_optimizer, record_optimizer_step, trainer_groups
-from memfit.core.ledger.torch_params import TParam
+from memfit.core.ledger.pytorch.optim import declare_optimizer, record_optimizer_step, trainer_groups
+from memfit.core.ledger.pytorch.params import TParam
 from memfit.core.optimizers import resolve_optimizer
 
 torch = pytest.importorskip("torch")
@@ -138,7 +138,7 @@ def test_trainer_weight_decay_groups_match_the_trainer():
     """``is_decay`` against ``Trainer.get_decay_parameter_names`` on real (meta) models."""
     transformers = pytest.importorskip("transformers")
     from memfit.core.catalog import resolve_model_config
-    from memfit.core.ledger.torch_params import is_decay
+    from memfit.core.ledger.pytorch.params import is_decay
 
     for name in ("gpt2", "meta-llama/Meta-Llama-3-8B", "facebook/opt-1.3b", "EleutherAI/gpt-j-6b",
                  "bigscience/bloom-7b1", "bert-large-uncased"):

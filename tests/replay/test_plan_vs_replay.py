@@ -1,5 +1,5 @@
 """The plan against real DeepSpeed runs, without running anything heavy: every replay fixture in
-tests/fixtures/replay (recorded by `python -m memfit.replay.record_fixtures`, real
+tests/fixtures/replay (recorded by `python -m memfit.replay.deepspeed.record_fixtures`, real
 deepspeed.initialize + 2 training steps on the CPU accelerator, rank 0 of a W-rank fake world) is
 re-planned by the pure core and compared (``memfit.replay.compare.compare_replay``).
 
@@ -111,7 +111,7 @@ def test_every_measured_item_is_byte_exact_with_its_pinned_part(path):
     assert not c.missing, f"the replay did not report {c.missing}: re-record the fixture or fix the rule"
     assert not c.unknown, f"no rule compares {c.unknown}: add it to memfit.replay.compare.ITEM_RULES"
     assert all(i.measured_pinned_bytes is not None for i in c.items), \
-        "fixture predates pinned_bytes: rerun python -m memfit.replay.record_fixtures --overwrite"
+        "fixture predates pinned_bytes: rerun python -m memfit.replay.deepspeed.record_fixtures --overwrite"
     wrong = {f"{i.key}@{i.at}": (i.predicted_bytes, i.measured_bytes, i.predicted_pinned_bytes, i.measured_pinned_bytes)
              for i in c.items if not i.matches}
     known = {item: (plan, replay, 0, 0) for (case, item), (plan, replay) in KNOWN_LEDGER_GAPS.items()

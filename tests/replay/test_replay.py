@@ -15,7 +15,7 @@ import math
 import pytest
 
 from memfit.core.ledger_types import PHASES
-from memfit.replay.record_fixtures import CASES
+from memfit.replay.deepspeed.record_fixtures import CASES
 from memfit.replay.runner import KILL_GRACE_S, run_replay
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cpu_adam_built")]

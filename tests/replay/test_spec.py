@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from memfit.core.peft_spec import PeftSpec
+from memfit.core.peft.spec import PeftSpec
 from memfit.errors import MemfitError
-from memfit.replay.record_fixtures import CASES, TINY_GPTJ
+from memfit.replay.deepspeed.record_fixtures import CASES, TINY_GPTJ
 from memfit.replay.spec import ReplaySpec, override_layers
 
 CATALOG_MODELS = [
@@ -116,10 +116,10 @@ def test_spec_from_dict_refuses_unknown_fields():
 
 
 def test_spec_from_scenario_carries_the_scenario_settings():
-    from memfit.core.ds_settings import DeepSpeedSettings, ZeroSettings
+    from memfit.core.frameworks.deepspeed import DeepSpeedSettings, ZeroSettings
     from memfit.core.hardware import GPU_PRESETS, Hardware
     from memfit.core.model import ArchSpec, ModelShape
-    from memfit.core.scenario import LoadSettings, Scenario, TrainSettings
+    from memfit.core.scenario.types import LoadSettings, Scenario, TrainSettings
     from memfit.replay.spec import spec_from_scenario
 
     shape = ModelShape(name="tiny", architecture="GPTJForCausalLM",
@@ -142,7 +142,7 @@ def test_spec_from_scenario_carries_the_scenario_settings():
 
 def test_parent_side_imports_no_heavy_library():
     code = (
-        "import sys, memfit.replay, memfit.replay.runner, memfit.replay.record_fixtures\n"
+        "import sys, memfit.replay, memfit.replay.runner, memfit.replay.deepspeed.record_fixtures\n"
         "heavy = [m for m in ('torch', 'deepspeed', 'transformers', 'peft') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )

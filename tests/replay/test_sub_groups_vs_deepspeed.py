@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memfit.core.ledger.zero3 import split_sub_groups
+from memfit.core.ledger.deepspeed.zero3 import split_sub_groups
 
 stage3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
 

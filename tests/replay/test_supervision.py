@@ -126,7 +126,7 @@ def test_liveness_tells_a_recycled_pid_and_a_zombie_from_the_supervisor():
 # -- real replays ------------------------------------------------------------------------------
 SUPERVISOR = """
 import dataclasses, sys
-from memfit.replay.record_fixtures import CASES
+from memfit.replay.deepspeed.record_fixtures import CASES
 from memfit.replay.runner import run_replay
 spec = dataclasses.replace(CASES[{case!r}], name="sigkill", steps=1, save="never", fault="load:hang",
                            launcher={launcher!r}, threads=1)

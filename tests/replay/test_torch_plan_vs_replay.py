@@ -1,5 +1,5 @@
 """The plan against real non-DeepSpeed runs, without running anything heavy: every fixture in
-tests/fixtures/replay_torch (recorded by ``python -m memfit.replay.record_torch_fixtures``: a plain
+tests/fixtures/replay_torch (recorded by ``python -m memfit.replay.pytorch.record_fixtures``: a plain
 PyTorch loop doing what the Trainer does, on this CPU, 2 steps) is re-planned by the pure core and
 compared.
 
@@ -41,7 +41,7 @@ hundred bytes against a CPU-kernel trace of the same step in tests/replay/test_t
 (torch and DDP, not quantized); this tolerance is what the analytic plan leaves out. Observed: AMP
 +13.9% (+1,506,216 B, the plan above: it sizes the activations by the fp32 residual stream, while
 autocast keeps the matmul outputs 16-bit; a CUDA-kernel trace of the same step is 1,039,272 B below
-the plan too); pure bf16 backward -7.9% (-511,784 B, about 4 t V = 512,000 B: ``torch_step.py`` does
+the plan too); pure bf16 backward -7.9% (-511,784 B, about 4 t V = 512,000 B: ``ledger/pytorch/step.py`` does
 not apply the loss's backward transients; a CUDA-kernel trace of the step holds them, 96 B from the
 replay); GPT-2 -11.8% (-1,746,696 B: its dropout on the CPU kernels, sdpa's math fallback and masks in
 the input dtype; a CUDA-kernel trace is 1,744,832 B below the CPU-kernel one); FSDP1 SHARD_GRAD_OP LoRA
@@ -108,7 +108,7 @@ def test_phase_peaks(path):
     fw = m.spec.framework
     quantized = bool(m.spec.quantization)
     plan = make_plan(scenario_of(m))
-    from memfit.core.ledger.torch_params import build_torch_model
+    from memfit.core.ledger.pytorch.params import build_torch_model
 
     largest_q = max((p.numel * 2 for p in build_torch_model(scenario_of(m)).params if p.quantized), default=0)
     seen = {p.phase for p in c.phases}

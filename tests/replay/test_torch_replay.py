@@ -12,7 +12,7 @@ import pytest
 from memfit.core.plan import make_plan
 from memfit.replay.compare import compare, scenario_of
 from memfit.replay.measurement import load_fixture
-from memfit.replay.record_torch_fixtures import case_spec
+from memfit.replay.pytorch.record_fixtures import case_spec
 from memfit.replay.runner import run_replay
 
 pytestmark = pytest.mark.slow
@@ -20,7 +20,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "replay_torch"
 TOL_RERUN = 0
 """The same code on the same shapes on the CPU the fixtures were recorded on (an Intel Xeon with AMX):
 observed 0 B in every phase of both cases, and of all 25 torch and 7 example fixtures re-recorded
-(python -m memfit.replay.record_torch_fixtures); 2x that. Another CPU's kernels could allocate
+(python -m memfit.replay.pytorch.record_fixtures); 2x that. Another CPU's kernels could allocate
 otherwise inside a matmul (the DeepSpeed fixtures' AMX workspace,
 test_activations_vs_replay.CPU_BACKWARD_WORKSPACE_BYTES), but neither case peaks inside one (their
 peaks are the loss and its backward, test_torch_activations_vs_replay.py); the failure names both CPUs."""

@@ -1,4 +1,4 @@
-"""The analytic activation model (memfit.core.activations) against the trace of the real model code.
+"""The analytic activation model (memfit.core.activations.analytic) against the trace of the real model code.
 
 Grid: GPT-J, Llama (grouped-query attention) and GPT-2 x full, LoRA, prefix x two sequence lengths x
 checkpointing off/on x sdpa/eager, on shapes the model was not tuned on (hidden 384, 6 heads, 3
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import pytest
 
-from memfit.core.activations import estimate_activation_bytes
+from memfit.core.activations.analytic import estimate_activation_bytes
 from memfit.core.model import ArchSpec
-from memfit.core.peft_spec import PeftSpec
+from memfit.core.peft.spec import PeftSpec
 from memfit.errors import MemfitError
 from memfit.trace.results import TraceOptions
 

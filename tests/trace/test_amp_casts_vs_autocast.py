@@ -1,4 +1,4 @@
-"""Autocast's 16-bit weight copies in the ledger (``memfit.core.ledger.torch_step``: ``amp.weight_casts``)
+"""Autocast's 16-bit weight copies in the ledger (``memfit.core.ledger.pytorch.step``: ``amp.weight_casts``)
 against what ``torch.autocast`` really makes and autograd really keeps, on this CPU.
 
 A tiny model runs one forward under ``torch.autocast("cpu", dtype=torch.bfloat16)`` (CPU autocast
@@ -33,10 +33,10 @@ CASES = [
 
 
 def _ledger(cfg, extra, ckpt, tmp_path):
-    from memfit.core.ledger.torch_params import build_torch_model
-    from memfit.core.ledger.torch_step import GradSink, build_step_context
+    from memfit.core.ledger.pytorch.params import build_torch_model
+    from memfit.core.ledger.pytorch.step import GradSink, build_step_context
     from memfit.core.optimizers import resolve_optimizer
-    from memfit.core.scenario_io import ScenarioInputs, build_scenario
+    from memfit.core.scenario.read import ScenarioInputs, build_scenario
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
@@ -92,8 +92,8 @@ def _real(cfg, sc, ckpt):
 
 @pytest.mark.parametrize("family,extra,ckpt", CASES, ids=["llama", "llama-lora", "gpt2-tied", "llama-ckpt"])
 def test_weight_casts_match_autocast(family, extra, ckpt, tmp_path):
-    from memfit.replay.record_fixtures import TINY_LLAMA
-    from memfit.replay.record_torch_fixtures import TINY_GPT2
+    from memfit.replay.deepspeed.record_fixtures import TINY_LLAMA
+    from memfit.replay.pytorch.record_fixtures import TINY_GPT2
 
     cfg = dict(TINY_LLAMA, num_hidden_layers=2) if family == "llama" else dict(TINY_GPT2, n_layer=2)
     sc, made, at_end, kept = _ledger(cfg, extra, ckpt, tmp_path)

@@ -1,7 +1,7 @@
 """Gradient checkpointing: during the backward of a checkpointed block its activations are rebuilt
 (non-reentrant ``torch.utils.checkpoint`` re-runs the block's forward when its first backward node
 unpacks a saved tensor). The ledger adds ``recompute_bytes`` to each block's backward segment
-(``memfit.core.ledger.step.ActivationPlan``); here against a fake-tensor trace of the model code
+(``memfit.core.ledger.deepspeed.step.ActivationPlan``); here against a fake-tensor trace of the model code
 with checkpointing on (transformers' ``gradient_checkpointing_enable``, as the replay and the trace
 run it).
 
@@ -12,17 +12,17 @@ segment's figure is the activation side after it. Shapes: 3 layers, hidden 384, 
 
 Tolerances: next to each constant below (``pytest -s`` prints every row). LoRA blocks keep 3-5 x D x
 t x h more in the recompute than the analytic per-block figure (15-23%), an activation-model matter
-(memfit.core.activations) left out here.
+(memfit.core.activations.analytic) left out here.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from memfit.core.activations import estimate_activation_bytes
-from memfit.core.ledger.step_activations import ActivationPlan
+from memfit.core.activations.analytic import estimate_activation_bytes
+from memfit.core.ledger.deepspeed.step_activations import ActivationPlan
 from memfit.core.model import ArchSpec
-from memfit.core.peft_spec import PeftSpec
+from memfit.core.peft.spec import PeftSpec
 from memfit.trace.results import TraceOptions
 
 H, HEADS, LAYERS, VOCAB = 384, 6, 3, 2000

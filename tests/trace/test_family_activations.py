@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import pytest
 
-from memfit.core.activations import estimate_activation_bytes
+from memfit.core.activations.analytic import estimate_activation_bytes
 from memfit.core.catalog import source_from_config
 from memfit.core.families.attention import resolve
-from memfit.core.peft_spec import PeftSpec
+from memfit.core.peft.spec import PeftSpec
 from memfit.core.shapes import build_model_shape
 
 pytest.importorskip("torch")

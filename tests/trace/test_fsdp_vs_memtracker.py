@@ -1,7 +1,7 @@
-"""FSDP2 in the core (``memfit.core.ledger.fsdp``) against torch's own ``FSDPMemTracker``
+"""FSDP2 in the core (``memfit.core.ledger.pytorch.fsdp``) against torch's own ``FSDPMemTracker``
 (``torch/distributed/_tools/fsdp2_mem_tracker.py``) under ``FakeTensorMode`` with a fake process
 group of W ranks, as torchtitan estimates memory: a tiny Llama built on the meta device, sharded as
-accelerate shards it (``memfit.replay.torch_fsdp.apply_fully_shard``), one training step.
+accelerate shards it (``memfit.replay.pytorch.fsdp.apply_fully_shard``), one training step.
 
 Compared, byte for byte: the sharded params, the sharded gradients after backward, the optimizer
 state after the step, and the most unsharded-param bytes the tracker saw at any module boundary
@@ -24,10 +24,10 @@ CASES = [(2, {}), (4, {}), (4, {"mixed_precision": "bf16"}), (3, {"sharding_stra
 
 
 def _ledger(tmp_path, W, fsdp):
-    from memfit.core.scenario_io import ScenarioInputs, build_scenario
+    from memfit.core.scenario.read import ScenarioInputs, build_scenario
     from memfit.core.ledger.timeline import Timeline
-    from memfit.core.ledger.torch_build import build_torch_ledger
-    from memfit.replay.record_fixtures import TINY_LLAMA
+    from memfit.core.ledger.pytorch.build import build_torch_ledger
+    from memfit.replay.deepspeed.record_fixtures import TINY_LLAMA
 
     cfg = dict(TINY_LLAMA, num_hidden_layers=2)
     path = tmp_path / "config.json"
@@ -63,7 +63,7 @@ def _tracker(cfg, W, fsdp):
     from torch.distributed.fsdp import MixedPrecisionPolicy
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from memfit.replay.torch_fsdp import apply_fully_shard
+    from memfit.replay.pytorch.fsdp import apply_fully_shard
     from memfit.trace.model_build import build_meta_model
 
     if dist.is_initialized():

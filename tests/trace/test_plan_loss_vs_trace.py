@@ -19,7 +19,7 @@ import json
 import pytest
 
 from memfit.core.plan import make_plan
-from memfit.core.scenario_io import ScenarioInputs, build_scenario
+from memfit.core.scenario.read import ScenarioInputs, build_scenario
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")

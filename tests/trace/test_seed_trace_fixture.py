@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from memfit.core.activations import estimate_activation_bytes
-from memfit.core.scenario_io import build_scenario, read_scenario_file
+from memfit.core.activations.analytic import estimate_activation_bytes
+from memfit.core.scenario.read import build_scenario, read_scenario_file
 
 from conftest import FIXTURES, SEED
 

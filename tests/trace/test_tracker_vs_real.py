@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 from trace_models import TINY, real_model
 
-from memfit.core.peft_spec import PeftSpec
+from memfit.core.peft.spec import PeftSpec
 from memfit.trace.results import TraceOptions
 from memfit.trace.step import causal_lm_inputs, trace_model, trace_training_step
 

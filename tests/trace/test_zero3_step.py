@@ -12,12 +12,12 @@ import math
 import pytest
 from trace_models import TINY
 
-from memfit.core.ds_settings import DeepSpeedSettings, OffloadSettings, ZeroSettings
+from memfit.core.frameworks.deepspeed import DeepSpeedSettings, OffloadSettings, ZeroSettings
 from memfit.core.ledger_types import Device
-from memfit.core.peft_spec import PeftSpec
+from memfit.core.peft.spec import PeftSpec
 from memfit.errors import MemfitError
 from memfit.trace.results import TraceOptions
-from memfit.trace.zero3_step import zero3_step_memory
+from memfit.trace.deepspeed.zero3_step import zero3_step_memory
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +137,7 @@ def test_every_all_gather_buffer_is_freed_within_the_step(lora_trace, prefetch, 
     An earlier replay numbered the buffers by their count: a new one could take a live one's number
     and the old one was never freed (411,648 B left here with the first limits; a 70B LoRA model
     showed >100 GiB "in flight")."""
-    from memfit.trace.zero3_step import _Replay
+    from memfit.trace.deepspeed.zero3_step import _Replay
 
     ds = _ds(prefetch_bucket_size=prefetch, max_live_parameters=max_live, max_reuse_distance=reuse,
              param_persistence_threshold=0)
@@ -149,7 +149,7 @@ def test_every_all_gather_buffer_is_freed_within_the_step(lora_trace, prefetch, 
 def test_gathered_params_stay_under_the_rules_bound(lora_trace):
     """The gathered params and flat buffers the trace replay finds stay under
     ``zero3_fetch.upper_bound_numel`` (the bound the ledger prints)."""
-    from memfit.core.ledger.zero3_fetch import upper_bound_numel
+    from memfit.core.ledger.deepspeed.zero3_fetch import upper_bound_numel
 
     W, prefetch, max_live, reuse = 8, 3_000, 60_000, 6_000
     ds = _ds(prefetch_bucket_size=prefetch, max_live_parameters=max_live, max_reuse_distance=reuse,

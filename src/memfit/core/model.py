@@ -127,7 +127,7 @@ class ArchSpec:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LayerLayout:
-    """How a family's transformers code computes a layer: what ``memfit.core.activations`` needs
+    """How a family's transformers code computes a layer: what ``memfit.core.activations.analytic`` needs
     beyond the widths of ``ArchSpec`` to count the tensors autograd saves."""
 
     family: str

@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from memfit.core.framework_settings import TorchSettings
+from memfit.core.frameworks.pytorch import TorchSettings
 
 BNB_BLOCKSIZE = 256
 """bitsandbytes/optim/optimizer.py: ``blocksize = 256`` for the 8-bit blockwise states."""

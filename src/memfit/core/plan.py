@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from memfit.core.findings import derive_findings
+from memfit.core.findings.deepspeed import derive_findings
 from memfit.core.ledger.build import build_timeline
 from memfit.core.ledger_types import ParamCounts, Plan, TracedStep
-from memfit.core.scenario import Scenario
+from memfit.core.scenario.types import Scenario
 from memfit.core.verdict import judge
 
 
 def build_notes(sc: Scenario) -> tuple[str, ...]:
     """What the non-DeepSpeed ledger resolved (dtypes of trained params, ...)."""
-    from memfit.core.ledger.torch_params import build_torch_model
+    from memfit.core.ledger.pytorch.params import build_torch_model
 
     return build_torch_model(sc).notes
 

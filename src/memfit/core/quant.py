@@ -37,7 +37,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from memfit.core.framework_settings import QuantSettings
+from memfit.core.frameworks.pytorch import QuantSettings
 
 BLOCKSIZE_4BIT = 64
 """bitsandbytes/functional.py:quantize_4bit: ``blocksize=64`` (also what Params4bit uses)."""

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memfit.core.ds_settings import DeepSpeedSettings, OptimizerSettings, ZeroSettings
+from memfit.core.frameworks.deepspeed import DeepSpeedSettings, OptimizerSettings, ZeroSettings
 from memfit.core.hardware import GpuSpec, Hardware
 from memfit.core.ledger.build import build_ledger
 from memfit.core.ledger_types import Device
 from memfit.core.model import ArchSpec, ModelShape, ParamSpec
-from memfit.core.peft_spec import PeftSpec
-from memfit.core.scenario import LoadSettings, Scenario, TrainSettings
+from memfit.core.peft.spec import PeftSpec
+from memfit.core.scenario.types import LoadSettings, Scenario, TrainSettings
 
 PAPER_PARAMS = 7_500_000_000
 PAPER_GPUS = 64

@@ -141,7 +141,7 @@ def _whole(value: Any, name: str, *, optional: bool = False) -> None:
 def _check_arguments(*, ds_config: Any, gpus: Any, nodes: Any, cpu_ram: Any, seq_len: Any, micro_batch: Any,
                      gradient_checkpointing: Any, model_parameters: Any, deepspeed_version: Any,
                      raise_on_failure: Any, warn: Any, framework: Any) -> None:
-    from memfit.core.scenario import DS_VERSIONS
+    from memfit.core.scenario.types import DS_VERSIONS
 
     if ds_config is None and framework in (None, "deepspeed"):
         raise MemfitError("memfit.check: give the DeepSpeed config, or framework='torch'/'ddp'/'fsdp'/'fsdp2'")
@@ -184,10 +184,10 @@ def _check(model: Any, ds_config: Mapping[str, Any] | str | None, *, gpus: str |
     from memfit.core.dsconfig import (AutoContext, parse_deepspeed_config, read_deepspeed_json, resolve_auto,
                                       trainer_defaults)
     from memfit.core.hardware import Hardware, parse_gpus, parse_size
-    from memfit.core.peft_parse import adapter_config_spec
-    from memfit.core.peft_spec import PeftSpec
+    from memfit.core.peft.parse import adapter_config_spec
+    from memfit.core.peft.spec import PeftSpec
     from memfit.core.plan import make_plan
-    from memfit.core.scenario import LoadSettings, Scenario, TrainSettings
+    from memfit.core.scenario.types import LoadSettings, Scenario, TrainSettings
 
     shape = model_shape_of(model)
     if gpus is not None:
@@ -285,8 +285,8 @@ def _framework_scenario(sc, model, *, framework, precision, optim, grad_accum, d
 
     import torch
 
-    from memfit.core.framework_inputs import resolve_framework_settings
-    from memfit.core.scenario_io import ScenarioInputs
+    from memfit.core.frameworks.resolve import resolve_framework_settings
+    from memfit.core.scenario.read import ScenarioInputs
 
     quant = None
     for mod in _bnb_modules(model):

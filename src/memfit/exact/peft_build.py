@@ -1,6 +1,6 @@
 """Apply the real peft library to a transformers model, as a ``PeftSpec`` describes.
 
-The reference for ``memfit.core.peft.apply_peft`` (tests compare the two name by name) and the way
+The reference for ``memfit.core.peft.params.apply_peft`` (tests compare the two name by name) and the way
 the trace and replay code get the model as trained. On a meta model the new modules (LoRA A/B, the
 prefix encoder) are built on the meta device too, so the seed case's 956M-parameter prefix encoder
 costs no memory; on a real model peft puts them where the base layers are.
@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from memfit.core.model import ParamSpec
-from memfit.core.peft import ALL_LINEAR, resolve_task_type, trained_under_freeze, validate_peft_spec
-from memfit.core.peft_spec import PeftSpec
+from memfit.core.peft.params import ALL_LINEAR, resolve_task_type, trained_under_freeze, validate_peft_spec
+from memfit.core.peft.spec import PeftSpec
 
 if TYPE_CHECKING:
     import torch

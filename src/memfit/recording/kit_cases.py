@@ -11,7 +11,7 @@ On CUDA the sizes are real (the seed at 2 layers and at full size, Llama-2-7b at
 and Llama), so the kit cannot rot: tests/recording/test_gpu_kit.py runs it in CI.
 
 DeepSpeed cases run the replay's own recipe (``memfit.replay.child.ChildRun``: model from config,
-peft, ``deepspeed.initialize`` cut into phases by ``memfit.replay.seams``, steps on random tokens,
+peft, ``deepspeed.initialize`` cut into phases by ``memfit.replay.deepspeed.seams``, steps on random tokens,
 the 16-bit save) on rank 0 of a fake 2-rank world (``memfit.replay.fake_world``).
 """
 
@@ -96,7 +96,7 @@ class KitContext:
 # ---------------------------------------------------------------------------------- DeepSpeed
 
 class _PhaseAdapter:
-    """What ``ChildRun._run`` and ``memfit.replay.seams`` call (``enter``), forwarded to the recorder."""
+    """What ``ChildRun._run`` and ``memfit.replay.deepspeed.seams`` call (``enter``), forwarded to the recorder."""
 
     def __init__(self, rec) -> None:
         self.rec = rec
@@ -111,8 +111,8 @@ class _NoHostTracker:
 
 
 def deepspeed_spec(ctx: KitContext):
-    from memfit.core.peft_spec import PeftSpec
-    from memfit.replay.record_fixtures import SEED_PREFIX, TINY_GPTJ, TINY_LLAMA, deepspeed_json
+    from memfit.core.peft.spec import PeftSpec
+    from memfit.replay.deepspeed.record_fixtures import SEED_PREFIX, TINY_GPTJ, TINY_LLAMA, deepspeed_json
     from memfit.replay.spec import ReplaySpec, spec_from_scenario
 
     p = ctx.case.params
@@ -121,7 +121,7 @@ def deepspeed_spec(ctx: KitContext):
             return ReplaySpec(name=ctx.case.name, model_config=TINY_GPTJ, layers=1, peft=SEED_PREFIX,
                               deepspeed_config=deepspeed_json(3, offload=True), world_size=2, seq_len=32, steps=2,
                               accelerator="cpu", threads=2, host_tracker=False)
-        from memfit.core.scenario_io import ScenarioInputs, build_scenario, merge_inputs, read_scenario_file
+        from memfit.core.scenario.read import ScenarioInputs, build_scenario, merge_inputs, read_scenario_file
 
         sc = build_scenario(merge_inputs(read_scenario_file(SEED_YAML), ScenarioInputs(ds_version="0.19")))
         cap = None
@@ -169,7 +169,7 @@ def run_deepspeed(ctx: KitContext, rec) -> None:
 # --------------------------------------------------------------------------- plain torch loops
 
 def _llama_config(ctx: KitContext) -> dict[str, Any]:
-    from memfit.replay.record_fixtures import TINY_LLAMA
+    from memfit.replay.deepspeed.record_fixtures import TINY_LLAMA
 
     if ctx.dry:
         return dict(TINY_LLAMA, num_hidden_layers=2)
@@ -216,7 +216,7 @@ def _train(ctx: KitContext, rec, model, params, *, steps: int = 2, autocast=None
 def run_lora(ctx: KitContext, rec) -> None:
     import torch
 
-    from memfit.core.peft_spec import PeftSpec
+    from memfit.core.peft.spec import PeftSpec
     from memfit.replay.model_build import apply_peft, build_model
 
     spec = PeftSpec(method="lora", lora_r=4 if ctx.dry else 16, lora_alpha=8 if ctx.dry else 32,

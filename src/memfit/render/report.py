@@ -5,7 +5,7 @@ from __future__ import annotations
 from html import escape
 
 from memfit.core.ledger_types import Plan
-from memfit.core.scenario import Scenario
+from memfit.core.scenario.types import Scenario
 from memfit.core.units import fmt_bytes
 from memfit.render.charts import phase_chart_svg
 from memfit.core.verdict import gpu_figure, host_figure

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from memfit.core.ledger_types import PHASE_LABELS, Device, PhaseLedger, Plan
-from memfit.core.scenario import Scenario
+from memfit.core.scenario.types import Scenario
 from memfit.core.units import fmt_bytes
 from memfit.core.verdict import gpu_figure, host_figure
 
@@ -59,7 +59,7 @@ def scenario_summary(sc: Scenario) -> Text:
 
 def framework_line(sc: Scenario) -> str:
     """The training setup of a non-DeepSpeed scenario, in one line."""
-    from memfit.core.framework_summary import describe_framework
+    from memfit.core.frameworks.summary import describe_framework
 
     return f"framework  {describe_framework(sc)}"
 

@@ -6,11 +6,13 @@ of ``memfit.core.ledger_types.PHASES``), sizes read off DeepSpeed's objects, and
 with the phase it happened in. The parent process never imports torch or deepspeed.
 
 Modules: ``spec`` (what to run), ``measurement`` (what was measured; fixtures), ``runner`` (parent
-side), ``supervision`` (supervised processes), ``child`` (the recipe; ``torch_child`` outside
-DeepSpeed, ``child_common`` what both share), ``phases`` and ``seams`` (phase boundaries),
-``host_tracker`` (byte-exact allocation timeline), ``attribution`` (sizes of DeepSpeed's buffers;
-``torch_attribution`` of torch's objects), ``model_build`` (the real model plus PEFT),
-``record_fixtures`` (the recorded cases).
+side), ``supervision`` (supervised processes), ``child`` (the child's entry point; ``child_common`` what
+every framework's recipe shares), ``phases`` (phase boundaries), ``host_tracker`` (byte-exact
+allocation timeline), ``model_build`` (the real model plus PEFT), ``compare`` (plan vs measurement).
+One folder per framework beside them: ``deepspeed/`` (the recipe, ``seams`` cutting
+``deepspeed.initialize`` into phases, ``attribution`` of DeepSpeed's buffers, the coordinator log,
+the recorded cases) and ``pytorch/`` (the torch loop, DDP, FSDP, bitsandbytes models, the sizes of
+torch's objects, their recorded cases).
 """
 
 from memfit.replay.measurement import Measurement, load_fixture, save_fixture

@@ -17,7 +17,7 @@ tensors equal real CPU tensors byte for byte: tests/trace/test_tracker_vs_real.p
 
 ``cpu_traced_step`` turns it into the ``TracedStep`` a plan takes, so the plan's forward/backward
 hold these activations (``memfit.trace.ledger_step``). ``trace_torch_replay_step`` does the same for
-a torch/DDP replay (``memfit.replay.torch_child``): its params in their dtypes, under ``torch.autocast``
+a torch/DDP replay (``memfit.replay.pytorch.child``): its params in their dtypes, under ``torch.autocast``
 for the AMP modes. Imports torch, transformers and peft.
 """
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 
 from memfit.core.ledger_types import TracedStep
-from memfit.core.scenario import Scenario
+from memfit.core.scenario.types import Scenario
 from memfit.replay.spec import ReplaySpec
 from memfit.trace.results import TraceOptions, TraceResult
 
@@ -75,7 +75,7 @@ def cpu_traced_step(sc: Scenario, trace: TraceResult) -> TracedStep:
 
 
 def trace_torch_replay_step(spec: ReplaySpec) -> TraceResult:
-    """Forward + loss + backward of a torch replay's model and batch (``torch_child.ChildRun._run``),
+    """Forward + loss + backward of a torch replay's model and batch (``pytorch.child.TorchChildRun._run``),
     CPU kernels, on fake tensors.
 
     The params have the replay's dtypes: the model is built in ``load_dtype`` but for peft's adapters,
@@ -86,7 +86,7 @@ def trace_torch_replay_step(spec: ReplaySpec) -> TraceResult:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from memfit.core.framework_settings import TorchSettings
+    from memfit.core.frameworks.pytorch import TorchSettings
     from memfit.core.ledger.context import is_adapter_param
     from memfit.errors import MemfitError
     from memfit.trace.model_build import TORCH_DTYPES, apply_peft, build_meta_model, materialize_fake

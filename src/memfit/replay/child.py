@@ -15,7 +15,7 @@ Steps (phase names from ``memfit.core.ledger_types.PHASES``):
 2. ``load``: build the model from config.json with random weights in the load dtype (under
    transformers' ``HfDeepSpeedConfig`` when ``zero_init``), apply the PEFT method;
 3. ``initialize.*``: ``deepspeed.initialize(model=..., model_parameters=..., config=...)``, cut into
-   sub-phases by ``memfit.replay.seams``; then read DeepSpeed's buffers (``attribution``);
+   sub-phases by ``memfit.replay.deepspeed.seams``; then read DeepSpeed's buffers (``attribution``);
 4. ``forward``/``backward``/``optimizer_step`` per micro-step: ``engine(input_ids, labels=...)``,
    ``engine.backward(loss)``, ``engine.step()`` on random tokens; DeepSpeed's buffers and the
    optimizer state are read again after the first step the fp16 loss scaler did not skip (more
@@ -200,9 +200,9 @@ class ChildRun:
         import deepspeed
         from deepspeed.accelerator import get_accelerator
 
-        from memfit.replay.attribution import PinRegistry, model_items, read_items
+        from memfit.replay.deepspeed.attribution import PinRegistry, model_items, read_items
         from memfit.replay.model_build import apply_peft, build_config, build_model
-        from memfit.replay.seams import initialize_phases, record_pins
+        from memfit.replay.deepspeed.seams import initialize_phases, record_pins
 
         accel = get_accelerator()
         self.ds_config, self.substitutions = prepare_deepspeed_config(spec)
@@ -246,7 +246,7 @@ class ChildRun:
                 engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=self.ds_config)
             del params
             self.items.extend(read_items(engine, at="initialize", pins=pins))
-            from memfit.replay.coordinator_log import maybe_install
+            from memfit.replay.deepspeed.coordinator_log import maybe_install
 
             coordinator_log = maybe_install(model) if spec.zero_stage == 3 else None  # MEMFIT_COORDINATOR_LOG
 
@@ -330,7 +330,7 @@ def _main(spec_path: str, out_path: str) -> int:
         out_path = rank_output_path(out_path, spec.rank)
     command = shlex.join([sys.executable, "-m", "memfit.replay.child", *argv])
     if spec.framework != "deepspeed":
-        from memfit.replay.torch_child import TorchChildRun
+        from memfit.replay.pytorch.child import TorchChildRun
 
         run = TorchChildRun(spec, progress_path=out_path + ".progress", command=command)
     else:

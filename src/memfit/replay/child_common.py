@@ -1,5 +1,5 @@
 """What both replay recipes share inside the child process (``child.ChildRun`` for DeepSpeed,
-``torch_child.TorchChildRun`` for torch, DDP and FSDP): the launcher's environment, the error kind of
+``pytorch.child.TorchChildRun`` for torch, DDP and FSDP): the launcher's environment, the error kind of
 an exception, the injected faults, the device and library versions recorded, the model summary.
 
 torch and the libraries are imported inside the functions: ``child`` imports this before it knows
@@ -114,7 +114,7 @@ def _versions() -> dict[str, str]:
 
 
 def _model_summary(model, cfg) -> ModelSummary:
-    from memfit.replay.attribution import logical_numel
+    from memfit.replay.deepspeed.attribution import logical_numel
     from memfit.replay.model_build import num_layers
 
     named = [(n, p, logical_numel(p)) for n, p in model.named_parameters()]

@@ -14,7 +14,7 @@ size, accelerator). ``compare_replay(measurement)`` plans it twice:
 ``compare(plan, measurement, placement=...)`` then lines up:
 
 - every item the replay read off DeepSpeed's (and the model's) objects (``ITEM_RULES``: every key
-  ``memfit.replay.attribution`` can report, at each time it reads them) against the ledger lines
+  ``memfit.replay.deepspeed.attribution`` can report, at each time it reads them) against the ledger lines
   that mirror it, bytes and pinned bytes, with zero tolerance (deterministic code); a key the
   replay should have reported but did not (``missing``) and a key no rule knows (``unknown``)
   are failures, never skipped;
@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from memfit.core.ledger_types import Device, Plan, TracedStep
-from memfit.core.scenario import Scenario
+from memfit.core.scenario.types import Scenario
 from memfit.replay.measurement import AttributedItem, Measurement
 
 HOST = (Device.CPU_PINNED, Device.CPU_PAGEABLE)
@@ -109,7 +109,7 @@ ITEM_RULES: dict[str, ItemRule] = {
     "optimizer.state.exp_avg": ItemRule(("optimizer.states",), ("step",), per_state=True),
     "optimizer.state.exp_avg_sq": ItemRule(("optimizer.states",), ("step",), per_state=True),
 }
-"""Every key ``memfit.replay.attribution`` reports, with the ledger lines that mirror it."""
+"""Every key ``memfit.replay.deepspeed.attribution`` reports, with the ledger lines that mirror it."""
 
 ESTIMATE_KEYS = ("runtime.process", "runtime.cuda_context")
 """Plan items that are not tensors (the replay's tracker cannot see them), with every ``host.*``
@@ -216,14 +216,14 @@ def scenario_of(m: Measurement) -> Scenario:
     from memfit.core.catalog import ModelConfigSource
     from memfit.core.dsconfig import parse_deepspeed_config
     from memfit.core.hardware import GpuSpec, Hardware
-    from memfit.core.peft import apply_peft
-    from memfit.core.scenario import LoadSettings, TrainSettings
+    from memfit.core.peft.params import apply_peft
+    from memfit.core.scenario.types import LoadSettings, TrainSettings
     from memfit.core.shapes import build_model_shape
     from memfit.replay.spec import override_layers
 
     spec = m.spec
     if spec.framework != "deepspeed":
-        from memfit.replay.torch_compare import torch_scenario_of
+        from memfit.replay.pytorch.compare import torch_scenario_of
 
         return torch_scenario_of(m)
     cfg = override_layers(spec.model_config, spec.layers) if spec.layers else dict(spec.model_config)
@@ -410,10 +410,10 @@ def compare_replay(m: Measurement, traced: TracedStep | None = None) -> Comparis
 
 
 def _compare_torch(plan: Plan, m: Measurement) -> Comparison:
-    """A torch/DDP/FSDP replay (``memfit.replay.torch_child``): the sizes it read off its objects
+    """A torch/DDP/FSDP replay (``memfit.replay.pytorch.child``): the sizes it read off its objects
     (``TORCH_ITEM_MAP``) against the ledger items mirroring them, and the host peak per phase under
     the names the plan uses. No pinned attribution: the CPU replays of these frameworks pin nothing."""
-    from memfit.replay.torch_compare import TORCH_ITEM_MAP
+    from memfit.replay.pytorch.compare import TORCH_ITEM_MAP
 
     items = []
     for rkey, (lkeys, phase, at) in TORCH_ITEM_MAP.items():

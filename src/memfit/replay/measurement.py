@@ -104,7 +104,7 @@ class TimelinePoint:
 class AttributedItem:
     """A size read directly off a DeepSpeed (or torch/peft) object, to match a ledger item.
 
-    Keys are documented in ``memfit.replay.attribution``.
+    Keys are documented in ``memfit.replay.deepspeed.attribution``.
     """
 
     key: str
@@ -128,7 +128,7 @@ class AttributedItem:
     this field existed."""
     deepspeed_pins: bool | None = None
     """Whether DeepSpeed's code pins these tensors, read off the flags its allocation code decides
-    by (``memfit.replay.attribution``, e.g. ``offload_optimizer_pin_memory``); None where no such
+    by (``memfit.replay.deepspeed.attribution``, e.g. ``offload_optimizer_pin_memory``); None where no such
     flag applies (the model, optimizer states: never pinned)."""
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memfit.core.peft_spec import PeftSpec
+from memfit.core.peft.spec import PeftSpec
 from memfit.errors import MemfitError
 
 TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}

@@ -7,7 +7,7 @@ the parent knows the phase even if the child is killed. ``finish`` merges the tr
 numbers into ``PhaseMeasurement`` rows.
 
 Phase names are ``memfit.core.ledger_types.PHASES``; the seams inside ``deepspeed.initialize`` are
-in ``memfit.replay.seams``.
+in ``memfit.replay.deepspeed.seams``.
 """
 
 from __future__ import annotations

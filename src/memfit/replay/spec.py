@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memfit.core.ledger_types import ALL_PHASES as PHASES
-from memfit.core.peft_spec import PeftSpec
-from memfit.core.scenario import DTYPES, Scenario
+from memfit.core.peft.spec import PeftSpec
+from memfit.core.scenario.types import DTYPES, Scenario
 from memfit.errors import MemfitError
 
 ACCELERATORS = ("cpu", "cuda")
@@ -182,9 +182,9 @@ class ReplaySpec:
     """``torch.set_num_threads`` in the child (None: torch's default)."""
     framework: str = "deepspeed"
     """``deepspeed`` (the recipe above) or ``torch``/``ddp``/``fsdp``/``fsdp2``: the loop of
-    ``memfit.replay.torch_child`` (a plain PyTorch loop as the Trainer runs it), no DeepSpeed."""
+    ``memfit.replay.pytorch.child`` (a plain PyTorch loop as the Trainer runs it), no DeepSpeed."""
     training: dict[str, Any] = field(default_factory=dict, hash=False)
-    """Non-DeepSpeed frameworks: ``memfit.core.framework_settings.TorchSettings`` fields."""
+    """Non-DeepSpeed frameworks: ``memfit.core.frameworks.pytorch.TorchSettings`` fields."""
     quantization: dict[str, Any] = field(default_factory=dict, hash=False)
     """``QuantSettings`` fields (bitsandbytes quantization of the base model); empty: none."""
     ddp: dict[str, Any] = field(default_factory=dict, hash=False)

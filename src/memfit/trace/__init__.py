@@ -22,7 +22,7 @@ from memfit.trace.results import (
     TraceResult,
     TraceTimings,
 )
-from memfit.trace.zero3_step import Zero3StepPeak, zero3_step_memory
+from memfit.trace.deepspeed.zero3_step import Zero3StepPeak, zero3_step_memory
 
 if TYPE_CHECKING:
     from memfit.trace.step import trace_training_step as trace_training_step

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from memfit.core.catalog import resolve_model_config
 from memfit.core.ledger_types import Device, LedgerItem, TracedStep
-from memfit.core.scenario import Scenario
+from memfit.core.scenario.types import Scenario
 from memfit.trace.results import TraceOptions, TracePeak, TraceResult
 
 SRC = "memfit.trace (the model's own forward/backward on fake tensors)"
@@ -57,7 +57,7 @@ def ledger_step(sc: Scenario, trace: TraceResult) -> TracedStep:
             f"seq {opts.seq_len}{target}, {opts.dtype}, {opts.attention}{kernel}"
             + (", gradient checkpointing" if opts.gradient_checkpointing else "") + ")")
     if sc.deepspeed.zero.stage == 3:
-        from memfit.trace.zero3_step import zero3_step_memory
+        from memfit.trace.deepspeed.zero3_step import zero3_step_memory
 
         z3 = zero3_step_memory(trace, sc.deepspeed, sc.world_size)
         gathered = LedgerItem(

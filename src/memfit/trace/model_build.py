@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from memfit.core.peft_spec import PeftSpec
+from memfit.core.peft.spec import PeftSpec
 from memfit.errors import MemfitError
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from memfit.core.peft_spec import PeftSpec
+from memfit.core.peft.spec import PeftSpec
 from memfit.errors import MemfitError
 from memfit.trace import tracker as tk
 from memfit.trace.cuda_kernels import cuda_like_kernels
@@ -38,7 +38,7 @@ from memfit.trace.results import (
     TraceResult,
     TraceTimings,
 )
-from memfit.trace.zero3_linear import zero3_linear_patched
+from memfit.trace.deepspeed.zero3_linear import zero3_linear_patched
 
 ProgressCallback = Callable[[str, int, int], None]
 """``progress(stage, done, total)``: stage is ``build``, ``forward`` or ``backward``."""

@@ -7,7 +7,7 @@ Glossary
   failure are one event; each rank that reports it has its own.
 - *frame*: one ``File "...", line N, in f`` entry of a Python traceback, with its source line.
 - *phase*: a memfit ledger phase (``memfit.core.ledger_types.PHASES``). The boundaries are the
-  replay's (``memfit/replay/seams.py``): ``initialize.cast`` up to ``module.to(device)`` in
+  replay's (``memfit/replay/deepspeed/seams.py``): ``initialize.cast`` up to ``module.to(device)`` in
   ``DeepSpeedEngine._configure_distributed_model``, ``initialize.move`` that call (and the
   broadcast), ``initialize.partition`` from there through the basic optimizer and ZeRO-3's
   parameter conversion, ``initialize.optimizer`` the rest of ``deepspeed.initialize``.
@@ -40,7 +40,7 @@ from memfit.core.ledger_types import Finding, Plan
 from memfit.core.units import fmt_bytes
 
 if TYPE_CHECKING:
-    from memfit.core.scenario import Scenario
+    from memfit.core.scenario.types import Scenario
 
 __all__ = ["Diagnosis", "EventKind", "Frame", "LogEvent", "LogLine", "OomNumbers", "PROGRESS", "ParsedLog", "RULES",
            "ReconRow", "Reconciliation", "TITLES", "diagnose_log", "locate_phase", "parse_log", "parse_size",

@@ -10,7 +10,7 @@ from memfit.core.ledger_types import Device, LedgerItem, Plan
 from memfit.core.units import fmt_bytes
 
 if TYPE_CHECKING:
-    from memfit.core.scenario import Scenario
+    from memfit.core.scenario.types import Scenario
 
 GiB = 2**30
 

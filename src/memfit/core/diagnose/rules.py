@@ -194,7 +194,7 @@ def locate_phase(frames: tuple[Frame, ...], *, zero3: bool = False) -> tuple[str
     The outermost frame that names a family (load, initialize, forward, backward, optimizer_step,
     save) sets the context; the phase is the innermost frame of that family that names a phase.
     ``zero3`` moves the basic optimizer's construction into ``initialize.partition``, as the replay's
-    seams do for ZeRO-3 (memfit/replay/seams.py)."""
+    seams do for ZeRO-3 (memfit/replay/deepspeed/seams.py)."""
     matches = [m for i, f in enumerate(frames) if (m := _match_frame(i, f, zero3)) is not None]
     if not matches:
         return None, "no frame of the traceback belongs to a phase memfit knows", None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from memfit.core.ds_settings import OptimizerSettings, ZeroSettings
+from memfit.core.frameworks.deepspeed import OptimizerSettings, ZeroSettings
 from memfit.core.dsconfig.validate import _as_bool, _as_float
 from memfit.errors import MemfitError
 

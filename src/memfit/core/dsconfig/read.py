@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from memfit.core.ds_settings import DeepSpeedSettings
+from memfit.core.frameworks.deepspeed import DeepSpeedSettings
 from memfit.core.dsconfig.auto import AUTO, AUTO_FLAGS, AutoContext, resolve_auto_record
 from memfit.core.dsconfig.sections import check_sections
 from memfit.core.reading import check_tree, parse_json, read_text

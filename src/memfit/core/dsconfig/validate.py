@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-from memfit.core.ds_settings import Bf16Settings, Fp16Settings, OffloadSettings, ZeroSettings
+from memfit.core.frameworks.deepspeed import Bf16Settings, Fp16Settings, OffloadSettings, ZeroSettings
 from memfit.core.dsconfig.auto import AUTO, INT64_MAX
 from memfit.errors import MemfitError
 

@@ -7,7 +7,7 @@ requested one the class does not support (``_supports_sdpa``, ``_supports_flash_
 ``_supports_flex_attn``) raises. memfit applies the same rule in the analytic and the exact paths
 (tests/exact/test_families.py compares this table with the class attributes).
 
-What each keeps for backward (per layer, ``memfit.core.activations``):
+What each keeps for backward (per layer, ``memfit.core.activations.analytic``):
 
 - ``eager``: the score matrix ``(b, heads, s_q, s_kv)`` softmax output (fp32 in most families) and,
   with attention dropout, its mask and output; q, k, v and the merged heads;

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memfit.core.framework_settings import OPTIMIZERS
+from memfit.core.frameworks.pytorch import OPTIMIZERS
 from memfit.core.inputs.common import Sourced, as_bool, as_int, dtype_name, read_mapping
 from memfit.errors import MemfitError
 

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from memfit.core.ledger.context import RecipeContext
-from memfit.core.ledger.load import (HOST_ADAPTERS, record_cast, record_load, record_load_zero_init,
+from memfit.core.ledger.deepspeed.load import (HOST_ADAPTERS, record_cast, record_load, record_load_zero_init,
                                      record_move)
 from memfit.core.alloc.non_pytorch import record_cublas_workspace, record_cuda_context
 from memfit.core.ledger import host_process
-from memfit.core.ledger.step import param_element_bytes, record_step
+from memfit.core.ledger.deepspeed.step import param_element_bytes, record_step
 from memfit.core.ledger.timeline import Timeline
-from memfit.core.ledger.zero012 import record_zero012
-from memfit.core.ledger.zero3 import record_optimizer, record_partition
+from memfit.core.ledger.deepspeed.zero012 import record_zero012
+from memfit.core.ledger.deepspeed.zero3 import record_optimizer, record_partition
 from memfit.core.ledger_types import PhaseLedger, TracedStep
-from memfit.core.scenario import Scenario
+from memfit.core.scenario.types import Scenario
 
 
 def build_ledger(sc: Scenario, traced: TracedStep | None = None) -> tuple[PhaseLedger, ...]:
@@ -21,8 +21,8 @@ def build_ledger(sc: Scenario, traced: TracedStep | None = None) -> tuple[PhaseL
 
 def build_timeline(sc: Scenario, traced: TracedStep | None = None) -> Timeline:
     """Every recipe run, in the order of the real code; the timeline keeps the event log."""
-    if sc.framework != "deepspeed":  # torch / ddp / fsdp / fsdp2: their own recipes (ledger/torch_build.py)
-        from memfit.core.ledger.torch_build import build_torch_timeline
+    if sc.framework != "deepspeed":  # torch / ddp / fsdp / fsdp2: their own recipes (ledger/pytorch/build.py)
+        from memfit.core.ledger.pytorch.build import build_torch_timeline
 
         return build_torch_timeline(sc, tracker=memory_tracker(sc))
     ctx = RecipeContext.from_scenario(sc)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memfit.core.scenario import Scenario
+from memfit.core.scenario.types import Scenario
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 

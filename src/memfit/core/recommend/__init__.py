@@ -5,7 +5,7 @@
 - ``estimate``: per-phase peaks from the aggregates, equal to the exact ledger's;
 - ``step_time``: an estimate of the step time, to rank what fits;
 - ``patch`` and ``script_diff``: the candidate as edits to the user's DeepSpeed JSON and script;
-- ``search``: the search, the ranking and the confirmation by the exact ledger (``torch_search``
+- ``search``: the search, the ranking and the confirmation by the exact ledger (``pytorch.search``
   for runs outside DeepSpeed);
 - ``confirm``: the limits with headroom and the exact ledger's check against them;
 - ``results``: ``Recommendation`` and ``RecommendResult``, what both searches return;

@@ -1,6 +1,6 @@
 """The limits a configuration must stay under with the user's headroom, and the check of a candidate
 against them by the exact ledger (and of the fast estimate against the exact one), shared by the
-DeepSpeed search (``search``) and the one for the other frameworks (``torch_search``).
+DeepSpeed search (``search``) and the one for the other frameworks (``pytorch.search``).
 """
 
 from __future__ import annotations

@@ -11,14 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from memfit.core.recommend.results import Recommendation, RecommendResult
-from memfit.core.recommend.space import Candidate
-from memfit.core.scenario_io import ScenarioInputs
+from memfit.core.recommend.deepspeed.space import Candidate
+from memfit.core.scenario.read import ScenarioInputs
 from memfit.errors import MemfitError
 
 
 def slug(c: Candidate) -> str:
     """A short file-name tag of the configuration, e.g. ``zero3-optcpu-paramcpu-zinit-ckpt-mb2``."""
-    if not hasattr(c, "stage"):  # a non-DeepSpeed candidate (memfit.core.recommend.torch_search)
+    if not hasattr(c, "stage"):  # a non-DeepSpeed candidate (memfit.core.recommend.pytorch.search)
         parts = [c.framework] + ([c.sharding_strategy.lower()] if c.sharding_strategy else []) + \
             (["offload"] if c.cpu_offload else []) + [c.precision, c.optim] + \
             (["4bit"] if c.quantization == "4bit" else []) + (["ckpt"] if c.gradient_checkpointing else []) + \
@@ -38,7 +38,7 @@ def slug(c: Candidate) -> str:
 
 
 def scenario_document(inputs: ScenarioInputs, *, deepspeed_file: str, hardware: dict[str, Any]) -> dict[str, Any]:
-    """The scenario YAML mapping (``memfit.core.scenario_io`` keys) of a recommendation's inputs,
+    """The scenario YAML mapping (``memfit.core.scenario.read`` keys) of a recommendation's inputs,
     with the DeepSpeed config given by file name (relative to the YAML)."""
     model = inputs.model
     if model and Path(model).exists():
@@ -105,7 +105,7 @@ def write_recommendations(result: RecommendResult, out_dir: str | Path) -> Recom
     recs = []
     for rec, json_path, yaml_path, diff_path in rows:
         if not rec.deepspeed_json:  # outside DeepSpeed: the scenario file says everything
-            from memfit.core.recommend.torch_search import torch_scenario_document
+            from memfit.core.recommend.pytorch.search import torch_scenario_document
 
             doc = torch_scenario_document(rec, hardware=_hardware(result, rec.scenario_inputs))
             written = [_write_new(yaml_path, "# memfit recommend: memfit plan this file to see its ledger\n"

@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from memfit.core.recommend.space import Candidate
-from memfit.core.scenario import Scenario
-from memfit.core.scenario_io import ScenarioInputs
+from memfit.core.recommend.deepspeed.space import Candidate
+from memfit.core.scenario.types import Scenario
+from memfit.core.scenario.read import ScenarioInputs
 
 AUTO = "auto"
 NVME_PATH_PLACEHOLDER = "/local_nvme"

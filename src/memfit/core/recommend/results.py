@@ -1,5 +1,5 @@
 """What ``memfit recommend`` returns: each confirmed configuration (``Recommendation``) and the whole
-answer (``RecommendResult``), for DeepSpeed (``search``) and for the other frameworks (``torch_search``)
+answer (``RecommendResult``), for DeepSpeed (``search``) and for the other frameworks (``pytorch.search``)
 alike; the renderers and ``files`` read them.
 """
 
@@ -10,11 +10,11 @@ from typing import Any
 
 from memfit.core.hardware import Hardware
 from memfit.core.ledger_types import Plan
-from memfit.core.recommend.estimate import PhaseEstimate
+from memfit.core.recommend.deepspeed.estimate import PhaseEstimate
 from memfit.core.recommend.patch import Change
-from memfit.core.recommend.space import Candidate
+from memfit.core.recommend.deepspeed.space import Candidate
 from memfit.core.recommend.step_time import StepTime
-from memfit.core.scenario_io import ScenarioInputs
+from memfit.core.scenario.read import ScenarioInputs
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from pathlib import PurePath
 from typing import Any
 
-from memfit.core.recommend.space import Candidate
-from memfit.core.scenario import Scenario
+from memfit.core.recommend.deepspeed.space import Candidate
+from memfit.core.scenario.types import Scenario
 
 _TORCH_DTYPES = {"fp16": "torch.float16", "bf16": "torch.bfloat16", "fp32": "torch.float32"}
 

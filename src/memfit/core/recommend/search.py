@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from memfit.core.plan import make_plan
-from memfit.core.recommend.aggregates import ScenarioAggregates
+from memfit.core.recommend.deepspeed.aggregates import ScenarioAggregates
 from memfit.core.recommend.confirm import _fast_exact_diff, _fits, _limits
-from memfit.core.recommend.estimate import PhaseEstimate, estimate_peaks, phase_names
+from memfit.core.recommend.deepspeed.estimate import PhaseEstimate, estimate_peaks, phase_names
 from memfit.core.recommend.patch import (
     Change,
     candidate_inputs,
@@ -36,7 +36,7 @@ from memfit.core.recommend.patch import (
 )
 from memfit.core.recommend.results import Recommendation, RecommendResult
 from memfit.core.recommend.script_diff import script_diff
-from memfit.core.recommend.space import (
+from memfit.core.recommend.deepspeed.space import (
     Candidate,
     SearchSpace,
     base_candidate,
@@ -44,8 +44,8 @@ from memfit.core.recommend.space import (
     search_space,
 )
 from memfit.core.recommend.step_time import StepTime, estimate_step_time
-from memfit.core.scenario import Scenario
-from memfit.core.scenario_io import ScenarioInputs, build_scenario
+from memfit.core.scenario.types import Scenario
+from memfit.core.scenario.read import ScenarioInputs, build_scenario
 from memfit.errors import MemfitError
 
 TIME_TOLERANCE = 0.01
@@ -123,7 +123,7 @@ def _stage3_limits(inputs: ScenarioInputs, raw: dict[str, Any], sc: Scenario) ->
     try:
         z3 = build_scenario(candidate_inputs(inputs, probe, base_candidate(sc, stage3_limits=(0, 0, 0)))).deepspeed.zero
     except MemfitError:
-        from memfit.core.ds_settings import ZeroSettings
+        from memfit.core.frameworks.deepspeed import ZeroSettings
 
         z3 = ZeroSettings(stage=3)
     return z3.prefetch_bucket_size, z3.max_live_parameters, z3.param_persistence_threshold
@@ -212,10 +212,10 @@ def recommend(inputs: ScenarioInputs, *, top: int = 5, headroom: float = 0.1,
         raise MemfitError(f"--top must be at least 1, got {top}")
     if not 0 <= headroom < 1:
         raise MemfitError(f"--headroom must be in [0, 1), got {headroom}")
-    from memfit.core.framework_inputs import apply_input_files
+    from memfit.core.frameworks.resolve import apply_input_files
 
     if build_scenario(apply_input_files(inputs)).framework != "deepspeed":
-        from memfit.core.recommend.torch_search import recommend_torch
+        from memfit.core.recommend.pytorch.search import recommend_torch
 
         return recommend_torch(inputs, top=top, headroom=headroom, progress=progress)
     prep = prepare(inputs)

@@ -37,8 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memfit.core.ledger.context import DTYPE_BYTES, ceil_div
-from memfit.core.recommend.aggregates import ScenarioAggregates
-from memfit.core.recommend.space import Candidate
+from memfit.core.recommend.deepspeed.aggregates import ScenarioAggregates
+from memfit.core.recommend.deepspeed.space import Candidate
 
 MFU = 0.40
 """Fraction of the card's dense 16-bit peak a training step achieves (model FLOPs utilization)."""

@@ -1,0 +1,1 @@
+"""Activation memory: what a training step keeps for backward, per model family (pure arithmetic)."""

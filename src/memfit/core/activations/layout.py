@@ -1,0 +1,330 @@
+"""``estimate_activation_bytes`` for architectures with a ``LayerLayout``: groups of layers, the
+embeddings, the task's head, the logits and the loss, as each family's transformers code keeps them.
+
+Layer formulas are in ``families`` (Llama-style decoders, experts, latent attention) and
+``stacks`` (NeoX/Falcon, BERT/DeBERTa, T5). Heads (transformers 5):
+
+- causal / masked / seq2seq LM: the head's input (D h, when its weight trains), the logits
+  (D V per token, kept with the outputs) and the loss: ``ForCausalLMLoss``/``ForMaskedLMLoss``
+  upcast the logits to fp32 and keep the fp32 log-softmax (4 V); BERT's and T5's heads call
+  ``CrossEntropyLoss`` on the dtype logits (a D V log-softmax); BERT's masked-LM head adds its
+  transform (dense, activation, LayerNorm);
+- sequence classification: ``score`` on every position (D labels per token), then one row per
+  sequence; BERT-style: a pooler on the first token;
+- token classification: a dropout (mask and output) before ``score``/``classifier``, fp32 loss;
+- question answering: ``qa_outputs`` (2 per token), start and end logits split into copies.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import NamedTuple
+
+from memfit.core.activations.common import CAUSAL_LM_LOSS, _lora_targets
+from memfit.core.activations.estimate import ActivationEstimate, LayerGroup
+from memfit.core.activations.families import Ctx, llama_layer, norm_bytes
+from memfit.core.activations.stacks import bert_layer, neox_layer, t5_decoder_layer, t5_encoder_layer, t5_held_biases
+from memfit.core.model import ArchSpec
+from memfit.core.peft.spec import PeftSpec
+
+_LM_TASKS = ("causal-lm", "masked-lm", "seq2seq-lm")
+
+
+def estimate_from_layout(
+    arch: ArchSpec, peft: PeftSpec, *, seq_len: int, micro_batch: int, dtype_bytes: int,
+    gradient_checkpointing: bool, attention: str, keep_outputs: bool, linear_saves_frozen_inputs: bool,
+    target_len: int | None,
+) -> ActivationEstimate:
+    L = arch.layout
+    method = peft.method
+    D, b = dtype_bytes, micro_batch
+    P = peft.num_virtual_tokens if method in ("prefix", "prompt") else 0
+    s = seq_len + P if method == "prompt" else seq_len
+    skv = s + P if method == "prefix" else s
+    t = b * s
+    full = method in ("full", "freeze")
+    targets = _lora_targets(arch, peft) if method == "lora" else ()
+    frozen_saves = linear_saves_frozen_inputs
+
+    def trains(*names: str) -> bool:
+        return full or frozen_saves or any(n in targets for n in names)
+
+    c = Ctx(D=D, b=b, s=s, skv=skv, t=t, h=arch.hidden_size, a=arch.num_heads, hq=arch.num_heads * arch.head_dim,
+            hkv=arch.num_kv_heads * arch.head_dim, kv=arch.num_kv_heads, i=arch.intermediate_size,
+            eager=attention == "eager", full=full, trains=trains,
+            # the cache lives on only as part of the outputs that carry it (CausalLMOutputWithPast,
+            # SequenceClassifierOutputWithPast, Seq2SeqLMOutput); transformers disables it under checkpointing
+            cache=keep_outputs and not gradient_checkpointing and arch.task in ("causal-lm", "sequence-classification", "seq2seq-lm"),
+            gqa=arch.num_kv_heads != arch.num_heads,
+            attention=attention)
+    grad_first = full or method == "prompt"
+    lora = len(targets) * D * t * peft.lora_r if method == "lora" else 0
+    fused = attention != "eager" and attention != "sdpa"  # flash/flex take windows without a mask
+
+    groups: list[LayerGroup] = []
+    first = 0
+    extra = ""
+    if L.family == "llama":
+        kinds = L.layer_kinds or ("d",) * arch.num_layers
+        counted = Counter(kinds)
+        for kind in dict.fromkeys(kinds):  # execution order of first appearance
+            masked = "s" in kind and s > L.sliding_window > 0 and not fused and not c.eager
+            kw = dict(moe="m" in kind, masked=masked, qk_norm="n" not in kind)
+            groups.append(LayerGroup(_kind_name(kind), counted[kind], llama_layer(arch, L, c, grad_in=True, **kw) + lora))
+            if kind == kinds[0]:
+                first = llama_layer(arch, L, c, grad_in=grad_first, **kw) + lora
+    elif L.family == "neox":
+        per = neox_layer(arch, L, c, grad_in=True) + lora
+        groups.append(LayerGroup("layer", arch.num_layers, per))
+        first = neox_layer(arch, L, c, grad_in=grad_first) + lora
+    elif L.family == "bert":
+        per = bert_layer(arch, L, c, grad_in=True) + lora
+        groups.append(LayerGroup("layer", arch.num_layers, per))
+        first = bert_layer(arch, L, c, grad_in=grad_first) + lora
+    elif L.family == "t5":
+        groups, first, extra = _t5_groups(arch, c, target_len or seq_len, lora)
+    else:  # a layout family without a model here is a builder bug
+        raise AssertionError(L.family)
+
+    t_out = b * (target_len or seq_len) if L.family == "t5" and arch.num_encoder_layers else t
+    embed = _embedding_bytes(arch, c, grad_first or gradient_checkpointing)
+    hd = _head_bytes(arch, c, t_out, keep_outputs=keep_outputs)
+    head, logits = hd.head, hd.logits
+    layers_total = sum(g.count * g.bytes for g in groups) - (groups[0].bytes - first if groups else 0)
+    n_layers = sum(g.count for g in groups)
+    biggest = max(groups, key=lambda g: g.count * g.bytes) if groups else LayerGroup("layer", 0, 0)
+    held = 0
+    if gradient_checkpointing:
+        # each layer keeps only its input (non-reentrant checkpoint); the backward recomputes one
+        held = n_layers * D * t * arch.hidden_size
+        if L.family == "t5":
+            if arch.num_encoder_layers:  # decoder blocks hold their input at target_len tokens
+                held += arch.num_layers * D * b * ((target_len or seq_len) - s) * arch.hidden_size
+            held += t5_held_biases(arch, c, target_len or seq_len)
+        held += _held_masks(arch, c)
+        total = held + embed + head
+        recompute = max(g.bytes for g in groups) if groups else 0
+        formula = (f"checkpointed: {n_layers} layers x input {D}*{t}*{arch.hidden_size} + embeddings {embed:,} + "
+                   f"head {head:,} (recompute one layer {recompute:,} B in backward)")
+    else:
+        total = layers_total + embed + head
+        recompute = 0
+        parts = " + ".join(f"{g.count} x {g.bytes:,} ({g.name})" for g in groups)
+        formula = (f"{arch.model_type} {arch.task} {method} {attention}: first layer {first:,}; {parts} B "
+                   f"(b={b}, s={s}, h={arch.hidden_size}, {D} B){extra} + embeddings {embed:,} + head {head:,}")
+    return ActivationEstimate(
+        total_bytes=total, layer_bytes=biggest.bytes, first_layer_bytes=first, embedding_bytes=embed,
+        head_bytes=head, logits_bytes=logits, recompute_bytes=recompute, formula=formula, layers=tuple(groups),
+        checkpointed_layer_bytes=D * t * arch.hidden_size if gradient_checkpointing else 0,
+        checkpointed_layers=_held_layers(arch, c, groups, target_len or seq_len) if gradient_checkpointing else (),
+        logits_kept_bytes=hd.kept, loss_saved_bytes=hd.saved, loss_forward_tensors=hd.forward,
+        loss_backward_tensors=hd.backward, logits_grad_bytes=hd.grad, loss_source=hd.source,
+    )
+
+
+def _held_layers(arch: ArchSpec, c: Ctx, groups: list[LayerGroup], s_dec: int) -> tuple[int, ...]:
+    """Checkpointing: what each layer holds, in order (``ActivationEstimate.checkpointed_layers``):
+    its input (a decoder block's at ``s_dec`` tokens); the first layer also the masks every layer
+    receives, and in T5/mT5 the first encoder (decoder) block the position biases it computes and
+    hands to the others."""
+    L = arch.layout
+    D, b, h = c.D, c.b, arch.hidden_size
+    enc = D * c.t * h
+    out = [enc] * sum(g.count for g in groups)
+    if not out:
+        return ()
+    out[0] += _held_masks(arch, c)
+    if L.family == "t5" and arch.num_encoder_layers:
+        n_enc = arch.num_encoder_layers
+        for k in range(n_enc, len(out)):
+            out[k] = D * b * s_dec * h
+        if arch.model_type != "umt5":
+            a = c.a
+            out[0] += D * a * c.s * c.s  # the encoder's bias (t5_held_biases)
+            out[n_enc] += D * a * s_dec * s_dec + D * a * s_dec * c.s  # the decoder's self and cross biases
+    elif L.family == "t5":
+        out[0] += t5_held_biases(arch, c, s_dec)
+    return tuple(out)
+
+
+def _held_masks(arch: ArchSpec, c: Ctx) -> int:
+    """Masks the layers receive as inputs, held with them under checkpointing: eager attention's
+    causal mask (a dtype bias, masking_utils.eager_mask), sdpa's sliding-window or Falcon's explicit
+    one (bool)."""
+    L = arch.layout
+    b, s, skv = c.b, c.s, c.skv
+    if L.family == "llama":
+        if c.eager:
+            return c.D * b * s * skv
+        sliding = any("s" in k for k in L.layer_kinds) and s > L.sliding_window > 0 and c.attention == "sdpa"
+        return b * s * skv if sliding else 0
+    if L.family == "neox" and arch.model_type == "falcon":
+        return b * s * s
+    return 0
+
+
+def _kind_name(kind: str) -> str:
+    name = "moe" if "m" in kind else "dense"
+    return name + (" sliding" if "s" in kind else "") + (" nope" if "n" in kind else "")
+
+
+def _t5_groups(arch: ArchSpec, c: Ctx, target_len: int, lora: int) -> tuple[list[LayerGroup], int, str]:
+    """Encoder blocks at ``seq_len`` and decoder blocks at ``target_len`` tokens per sequence."""
+    L = arch.layout
+    every = arch.model_type == "umt5"  # every umT5 block has its own relative bias
+    enc_n = arch.num_encoder_layers if arch.num_encoder_layers else arch.num_layers
+    enc = t5_encoder_layer(arch, L, c, own_bias=every) + lora
+    enc0 = t5_encoder_layer(arch, L, c, own_bias=True) + lora
+    groups = [LayerGroup("encoder", enc_n, enc)]
+    if not arch.num_encoder_layers:  # T5ForTokenClassification: the encoder alone
+        return groups, enc0, ""
+    s_enc = c.s
+    dec_c = Ctx(**{k: getattr(c, k) for k in Ctx.__slots__})
+    dec_c.s = dec_c.skv = target_len
+    dec_c.t = c.b * target_len
+    dec = t5_decoder_layer(arch, L, dec_c, s_enc=s_enc, own_bias=every, cross_bias=every) + lora
+    dec0 = t5_decoder_layer(arch, L, dec_c, s_enc=s_enc, own_bias=True, cross_bias=True) + lora
+    extra = ""
+    if dec0 != dec:  # the first decoder block computes the biases T5 and mT5 share with the others
+        groups += [LayerGroup("decoder (first)", 1, dec0), LayerGroup("decoder", arch.num_layers - 1, dec)]
+        extra = f"; first decoder block {dec0:,}"
+    else:
+        groups.append(LayerGroup("decoder", arch.num_layers, dec))
+    return groups, enc0, extra
+
+
+def _embedding_bytes(arch: ArchSpec, c: Ctx, grad_in: bool) -> int:
+    """Rotary tables, embedding dropout and the like (before the first layer)."""
+    L = arch.layout
+    D, t, s, h, b = c.D, c.t, c.s, c.h, c.b
+    if L.family == "llama":
+        if L.moe_kind == "llama4":
+            return 4 * s * arch.head_dim  # complex64 frequencies (s x head_dim / 2 x 8 B)
+        rot = L.mla[3] if L.mla else L.rotary_dim or arch.head_dim
+        types = 1
+        if L.sliding_layers and L.layer_kinds and arch.model_type == "gemma3_text":
+            types = len({"s" in k for k in L.layer_kinds})
+        return 2 * s * rot * (4 if L.rotary_fp32 else D) * types  # cos and sin, per rotary table
+    if L.family == "neox":  # (the embedding output is layer 0's input, counted with the layer)
+        return 2 * s * L.rotary_dim * D if L.rotary_dim else 0
+    if L.family == "bert":
+        # embeddings' sum and LayerNorm (input, statistics), its dropout mask (its output is layer 0's
+        # input), the gathered token types; RoBERTa's position ids made from the input ids
+        n = D * t * h + 8 * t + (t * h if L.hidden_dropout > 0 else 0) + 8 * t
+        return n + (8 * t if arch.model_type == "roberta" else 0)
+    if L.family == "t5":  # embedding dropout masks (their outputs are block 0's inputs, counted there)
+        n = t * h if L.hidden_dropout > 0 else 0
+        if arch.num_encoder_layers:
+            n += 8 * b * s  # decoder_input_ids (labels shifted right)
+        return n
+    return 0
+
+
+class _Head(NamedTuple):
+    """A task head's bytes: ``head`` (everything it keeps for backward and with the outputs, logits
+    included), ``logits`` (the logits, kept and saved copies), ``kept`` (the logits the outputs hold),
+    ``saved`` (the log-softmax the loss saves), the loss's forward and backward transients as the
+    tensors the code makes, the logits' gradient cast back to the training dtype, and the loss code."""
+
+    head: int
+    logits: int
+    kept: int
+    saved: int = 0
+    forward: tuple[int, ...] = ()
+    backward: tuple[int, ...] = ()
+    grad: int = 0
+    source: str = ""
+
+
+_LOSS_FILE = "transformers/loss/loss_utils.py"
+_UPCAST_LOSS = {
+    "causal-lm": CAUSAL_LM_LOSS,
+    "masked-lm": f"{_LOSS_FILE}:ForMaskedLMLoss (logits.float(); fixed_cross_entropy -> log_softmax + nll_loss) "
+                 "(transformers 5.24)",
+    "seq2seq-lm": f"{_LOSS_FILE}:ForCausalLMLoss (LOSS_MAPPING['ForConditionalGeneration']) (transformers 5.24)",
+}
+_DTYPE_LOSS = {  # model_type -> the head's CrossEntropyLoss on the dtype logits (log_softmax + nll_loss)
+    "bert": "transformers/models/bert/modeling_bert.py:BertForMaskedLM.forward (CrossEntropyLoss)",
+    "roberta": "transformers/models/roberta/modeling_roberta.py:RobertaForMaskedLM.forward (CrossEntropyLoss)",
+    "deberta-v2": "transformers/models/deberta_v2/modeling_deberta_v2.py:DebertaV2ForMaskedLM.forward (CrossEntropyLoss)",
+    "t5": "transformers/models/t5/modeling_t5.py:T5ForConditionalGeneration.forward (CrossEntropyLoss)",
+    "mt5": "transformers/models/mt5/modeling_mt5.py:MT5ForConditionalGeneration.forward (CrossEntropyLoss)",
+    "umt5": "transformers/models/umt5/modeling_umt5.py:UMT5ForConditionalGeneration.forward (CrossEntropyLoss)",
+}
+_TOKEN_LOSS = f"{_LOSS_FILE}:ForTokenClassification (logits.float(); fixed_cross_entropy) (transformers 5.24)"
+
+
+def _head_bytes(arch: ArchSpec, c: Ctx, t_out: int, *, keep_outputs: bool) -> _Head:
+    """The head's and the loss's bytes for the task (see ``_Head``)."""
+    L = arch.layout
+    D, h, V = c.D, c.h, arch.vocab_size
+    task = arch.task
+    t = t_out
+    # the stack's last output feeds the head's first Linear directly, except a token classifier's
+    # dropout (which keeps its mask and output instead) and BERT-style heads that start elsewhere
+    head_trains = c.full and task != "token-classification"
+    n = 0
+    # the stack's final norm (its output feeds the head)
+    if L.family == "llama":
+        n += norm_bytes(L.norm, _ctx_at(c, t), grad_in=True, weight_trains=c.full, out_kept=head_trains)
+    elif L.family == "neox":
+        n += D * t * h + 8 * t + (D * t * h if head_trains else 0)  # ln_f input, statistics, output
+    elif L.family == "t5":
+        # final T5LayerNorm (input, fp32 copy, rsqrt, the cast its weight keeps), dropout (mask, and its
+        # output unless a token classifier's own dropout follows)
+        drop = t * h if L.hidden_dropout > 0 else 0
+        n += 2 * D * t * h + 4 * t * h + 4 * t + drop + (D * t * h if task != "token-classification" else 0)
+        if arch.num_encoder_layers:
+            te = c.t  # the encoder's own final norm and dropout (its output: cross-attention's k, v input)
+            n += 2 * D * te * h + 4 * te * h + 4 * te + (te * h if L.hidden_dropout > 0 else 0) + D * te * h
+            n += t * h if L.hidden_dropout > 0 else 0  # the decoder's embedding dropout mask
+    elif L.family == "bert" and task != "token-classification":
+        n += D * t * h  # the last layer's output: the head's input (the pooler's first-token view keeps it all)
+    if task in _LM_TASKS:
+        if L.family == "bert":  # transform: dense output, activation output, LayerNorm stats and output
+            n += 3 * D * t * h + 8 * t
+        upcast = L.loss_upcast and L.family not in ("bert", "t5")
+        log_softmax = (4 if upcast else D) * t * V
+        logits = (D * t * V if keep_outputs else 0) + log_softmax
+        if L.logit_softcap:
+            logits += D * t * V  # tanh of logits / cap, kept for its backward
+        if task == "causal-lm":
+            n += 8 * (t + c.b)  # the labels padded by one (ForCausalLMLoss), kept by the shift
+        kept = D * t * V if keep_outputs else 0
+        if upcast:  # logits.float(), then the label copies; nll_loss's and log_softmax's gradients (fp32)
+            fwd, bwd, grad = (4 * t * V, 8 * t), (4 * t * V, 4 * t * V), D * t * V
+            source = _UPCAST_LOSS[task]
+        else:  # CrossEntropyLoss on the dtype logits: log_softmax's backward result is their gradient
+            fwd, bwd, grad = (8 * t,), (D * t * V, D * t * V), 0
+            source = _DTYPE_LOSS.get(arch.model_type, "the model's CrossEntropyLoss on the dtype logits") + \
+                " (transformers 5.24)"
+        return _Head(n + logits, logits, kept, log_softmax, fwd, bwd, grad, source)
+    labels = arch.num_labels
+    if task == "sequence-classification":
+        if L.family == "bert" or L.pooler:
+            n += D * c.b * h * 2  # first token (pooler input), tanh output
+            return _Head(n + D * c.b * labels + 4 * c.b * labels, D * c.b * labels, D * c.b * labels)
+        if L.family == "t5":
+            n += 3 * D * c.b * h  # eos representation, dense output, tanh output
+            return _Head(n + D * c.b * labels, D * c.b * labels, D * c.b * labels)
+        n += D * t * labels  # score on every position; the pooled rows are small
+        return _Head(n, D * t * labels, D * t * labels)
+    if task == "token-classification":
+        if L.classifier_dropout > 0:
+            n += t * h + D * t * h  # dropout mask and output (the classifier's input)
+        else:
+            n += D * t * h  # the stack's output itself
+        logits = D * t * labels + 4 * t * labels
+        return _Head(n + logits, logits, D * t * labels, 4 * t * labels, (4 * t * labels,),
+                     (4 * t * labels, 4 * t * labels), D * t * labels, _TOKEN_LOSS)
+    # question answering: qa_outputs on the stack's output (counted above), start/end copies
+    logits = D * t * labels + 2 * D * t
+    return _Head(n + logits, logits, logits)
+
+
+def _ctx_at(c: Ctx, t: int) -> Ctx:
+    if t == c.t:
+        return c
+    other = Ctx(**{k: getattr(c, k) for k in Ctx.__slots__})
+    other.t = t
+    return other

@@ -1,0 +1,1 @@
+"""Plain-words findings, one module per framework (``deepspeed``, ``pytorch``) beside the shared pieces."""

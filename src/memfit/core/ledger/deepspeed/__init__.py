@@ -1,0 +1,1 @@
+"""DeepSpeed's recipes: ``from_pretrained`` and ``deepspeed.initialize`` (cast, move, ZeRO 0-3), the steps."""

@@ -1,0 +1,599 @@
+"""FSDP: ``fully_shard`` (FSDP2, ``framework: fsdp2``) and ``FullyShardedDataParallel`` (FSDP1,
+``framework: fsdp``), as accelerate 1.15 prepares them, in torch 2.13.
+
+Units (``FsdpSettings.wrap_policy``): ``transformer`` wraps each decoder block; accelerate's FSDP2
+prepare (``utils/fsdp_utils.py:fsdp2_prepare_model``) also shards the input embedding on its own
+(untied models) and the tail ``[final norm, output head]`` with ``reshard_after_forward=False``; the
+root takes what is left. ``size`` wraps a block if it has at least ``min_num_params`` (else all blocks
+as one unit when together they do); ``none`` is one unit.
+
+FSDP2 (``torch/distributed/fsdp/_fully_shard``), per parameter: ``FSDPParam._init_sharded_param``
+keeps a padded dim-0 chunk (``torch.chunk``: ``ceil(dim0 / S)`` rows x the rest, S = shard group
+size) in the parameter's dtype; ``foreach_all_gather`` makes a flat output of ``S x`` the group's
+padded shards (after copying the shards into a flat ``param_dtype`` input under mixed precision),
+``foreach_all_gather_copy_out`` copies it into one unsharded tensor per param; in backward the flat
+output then dies, in forward it is kept in ``comm_ctx.all_gather_state`` until the next unit's
+copy-out (``FSDPParamGroup.wait_for_unshard``), the last one until the root's post-forward (``FSDPState._post_forward``); ``reshard`` frees the unsharded tensors (not after forward for ``reshard_after_forward=False``
+units). In backward the unit is all-gathered again and the one before it prefetched
+(``_backward_prefetch``); ``post_backward`` hands the unsharded gradients of the trained params to
+``foreach_reduce``: a flat reduce-scatter input (``reduce_dtype``) they are copied into, a
+``1/S`` output whose views become the sharded ``.grad`` (cast to the param's dtype first if the
+reduce dtype differs); the input is retained until the next unit's reduce-scatter
+(``reduce_scatter_max_input_buffers`` = 1). ``CPUOffloadPolicy``: shards pinned in host memory,
+gradients copied to pinned host tensors, the optimizer steps on the host.
+
+FSDP1 (``torch/distributed/fsdp/_flat_param.py``), per unit: one ``FlatParameter`` of the unit's
+params (each aligned to 16 bytes under ``use_orig_params``), padded to a multiple of S, sharded
+``1/S``; unsharding allocates the full padded flat (``_full_param_padded``, plus a low-precision
+shard copy ``_mp_shard`` under mixed precision); the gradient is a full padded flat for the whole
+unit, frozen params included, whenever any of its params trains, reduce-scattered into the shard
+(``_saved_grad_shard``). ``SHARD_GRAD_OP`` keeps every unit unsharded from forward to backward;
+``NO_SHARD`` keeps everything whole (S = 1); ``HYBRID_SHARD`` shards within a node.
+
+The optimizer sees the local shards: FSDP2 each param's (rank 0's) chunk, FSDP1 with
+``use_orig_params`` each trained param's part of this rank's shard (rank 0: the start of each flat),
+without it the whole flat shard. Numbers are rank 0's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from memfit.core.ledger.timeline import Timeline
+from memfit.core.ledger.pytorch.optim import STATES, TEMPS, record_clip_and_unscale, record_optimizer_step, trainer_groups
+from memfit.core.ledger.pytorch.params import TorchModel, TParam, free_each
+from memfit.core.ledger.pytorch.setup import (HOST_BUFFERS, HOST_LOADED, record_cuda_context, record_load,
+                                          record_optimizer_construction)
+from memfit.core.ledger.pytorch.step import (ACT, CASTS, RECOMPUTE, GradSink, build_step_context, declare_step,
+                                           end_forward, forward_stage, loss_backward_end, loss_backward_start,
+                                           record_save, record_workers)
+from memfit.core.ledger_types import Device
+from memfit.core.optimizers import OptimizerModel
+from memfit.core.precision import DTYPE_BYTES
+from memfit.core.quant import STORAGE_BYTES, storage_elements
+from memfit.core.scenario.types import Scenario
+
+SHARDS = "fsdp.sharded_params"
+UNSHARDED = "fsdp.unsharded_params"
+AG_FLAT = "fsdp.all_gather_buffers"
+UNSHARDED_GRADS = "fsdp.unsharded_grads"
+RS_IN = "fsdp.reduce_scatter_input"
+SHARD_GRADS = "fsdp.sharded_grads"
+HOST_GRADS = "fsdp.offloaded_grads"
+FULL_ON_GPU = "fsdp.full_param_while_sharding"
+QSTATES = "fsdp.replicated_quant_states"
+MP_SHARD = "fsdp.mp_shard"
+SRC2 = "torch 2.13 distributed/fsdp/_fully_shard"
+SRC1 = "torch 2.13 distributed/fsdp/_flat_param.py"
+ACC = "accelerate 1.15 utils/fsdp_utils.py"
+
+
+@dataclass
+class Piece:
+    """What FSDP shards: one param (FSDP2) or one unit's flat parameter (FSDP1)."""
+
+    params: list[TParam]
+    numel: int
+    """Elements as FSDP sees them (a quantized weight: its packed storage's elements)."""
+    elem: int
+    """Element size of the sharded dtype."""
+    shard_numel: int
+    trainable: bool
+
+    @property
+    def shard_bytes(self) -> int:
+        return self.shard_numel * self.elem
+
+
+@dataclass
+class Unit:
+    name: str
+    stages: set[int]
+    pieces: list[Piece] = field(default_factory=list)
+    reshard_after_forward: bool = True
+
+    @property
+    def shard_bytes(self) -> int:
+        return sum(p.shard_bytes for p in self.pieces)
+
+
+def shard_group_size(sc: Scenario) -> int:
+    f = sc.fsdp
+    W = sc.world_size
+    if f.sharding_strategy == "NO_SHARD":
+        return 1
+    if f.sharding_strategy in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
+        return f.hsdp_shard_size or sc.hardware.gpus_per_node
+    return W
+
+
+def _sharded_dims(p: TParam, sc: Scenario) -> tuple[int, int, int]:
+    """(numel, dim0, element size) as FSDP sees a param (a quantized weight is its packed storage)."""
+    if p.quantized:
+        n = storage_elements(sc.quant, p.shape)
+        return n, n, STORAGE_BYTES[sc.quant.quant_storage] if sc.quant.method == "4bit" else 1
+    return p.numel, p.shape[0] if p.shape else 1, p.elem_bytes
+
+
+def build_units(sc: Scenario, m: TorchModel) -> list[Unit]:
+    f = sc.fsdp
+    fsdp2 = sc.framework == "fsdp2"
+    S = shard_group_size(sc)
+    L = m.stages - 2
+    by_stage: dict[int, list[TParam]] = {}
+    for p in m.params:
+        by_stage.setdefault(p.stage, []).append(p)
+    block_numel = [sum(p.numel for p in by_stage.get(s, [])) for s in range(1, L + 1)]
+    groups: list[tuple[str, set[int], bool]] = []
+    if f.wrap_policy == "transformer" or (f.wrap_policy == "size" and block_numel and min(block_numel) >= f.min_num_params):
+        groups = [(f"block {s}", {s}, f.sharding_strategy != "SHARD_GRAD_OP") for s in range(1, L + 1)]
+    elif f.wrap_policy == "size" and sum(block_numel) >= f.min_num_params:
+        groups = [("blocks", set(range(1, L + 1)), f.sharding_strategy != "SHARD_GRAD_OP")]
+    covered = set().union(*(g[1] for g in groups)) if groups else set()
+    units: list[Unit] = []
+    if fsdp2 and f.wrap_policy != "none":
+        emb = [p for p in by_stage.get(0, []) if len(p.shape) == 2 and not p.adapter and p.name != m.tied_embedding]
+        if emb and m.tied_embedding is None:
+            units.append(Unit("input embedding", {0}, reshard_after_forward=f.sharding_strategy != "SHARD_GRAD_OP"))
+    units += [Unit(n, st, reshard_after_forward=r) for n, st, r in groups]
+    if fsdp2 and f.wrap_policy != "none":
+        units.append(Unit("tail (final norm, output head)", {L + 1}, reshard_after_forward=False))
+    root = Unit("root", set(range(m.stages)) - covered, reshard_after_forward=False)
+    assigned: dict[str, Unit] = {}
+    for p in m.params:
+        u = None
+        for cand in units:
+            if p.stage in cand.stages:
+                if cand.name == "input embedding" and not (len(p.shape) == 2 and not p.adapter and p.stage == 0):
+                    continue
+                u = cand
+                break
+        assigned[p.name] = u or root
+    units.append(root)
+    for u in units:
+        ps = [p for p in m.params if assigned[p.name] is u]
+        if not ps:
+            continue
+        if fsdp2:
+            for p in ps:
+                n, d0, e = _sharded_dims(p, sc)
+                rows = -(-d0 // S)
+                u.pieces.append(Piece([p], n, e, rows * (n // d0 if d0 else 1), p.trainable))
+        else:
+            pieces_by_dtype = {}
+            for p in ps:
+                pieces_by_dtype.setdefault(_sharded_dims(p, sc)[2], []).append(p)
+            for e, group in pieces_by_dtype.items():
+                total = 0
+                align = 16 // e if f.use_orig_params else 0
+                for p in group:
+                    if align and total % align:
+                        total += align - total % align
+                    total += _sharded_dims(p, sc)[0]
+                if total % S:
+                    total += S - total % S
+                u.pieces.append(Piece(group, total, e, total // S, any(p.trainable for p in group)))
+    return [u for u in units if u.pieces]
+
+
+def _opt_params(sc: Scenario, units: list[Unit], S: int) -> list[TParam]:
+    """What the optimizer sees: pseudo-params of the local shard sizes (rank 0)."""
+    out: list[TParam] = []
+    fsdp2 = sc.framework == "fsdp2"
+    for u in units:
+        for pc in u.pieces:
+            if fsdp2:
+                p = pc.params[0]
+                if p.trainable:
+                    out.append(TParam(name=p.name, shape=(pc.shard_numel,), numel=pc.shard_numel, trainable=True,
+                                      adapter=p.adapter, load_dtype=p.load_dtype, dtype=p.dtype, stage=p.stage,
+                                      linear=p.linear, decay=p.decay))
+            elif sc.fsdp.use_orig_params:
+                start = 0
+                align = 16 // pc.elem
+                for p in pc.params:  # rank 0 holds [0, shard_numel) of the flat
+                    if align and start % align:
+                        start += align - start % align
+                    n = _sharded_dims(p, sc)[0]
+                    local = max(0, min(start + n, pc.shard_numel) - start)
+                    if p.trainable and local:
+                        out.append(TParam(name=p.name, shape=(local,), numel=local, trainable=True, adapter=p.adapter,
+                                          load_dtype=p.load_dtype, dtype=p.dtype, stage=p.stage, linear=p.linear,
+                                          decay=p.decay))
+                    start += n
+            elif pc.trainable:
+                p = pc.params[0]
+                out.append(TParam(name=f"{u.name}.flat_param", shape=(pc.shard_numel,), numel=pc.shard_numel,
+                                  trainable=True, adapter=False, load_dtype=p.dtype, dtype=p.dtype, stage=p.stage,
+                                  linear=False, decay=True))
+    return out
+
+
+class FsdpRun:
+    """The FSDP recipe's state while the timeline is written."""
+
+    def __init__(self, t: Timeline, sc: Scenario, m: TorchModel, opt: OptimizerModel) -> None:
+        self.t, self.sc, self.m, self.opt = t, sc, m, opt
+        self.fsdp2 = sc.framework == "fsdp2"
+        self.S = shard_group_size(sc)
+        self.units = build_units(sc, m)
+        f = sc.fsdp
+        self.offload = f.cpu_offload
+        mp = f.mixed_precision
+        self.param_bytes = DTYPE_BYTES[mp] if mp != "none" else None
+        self.reduce_bytes = DTYPE_BYTES[mp] if mp != "none" else None
+        self.unsharded_live: set[int] = set()
+        self.issued: dict[int, int] = {}
+        self.retained_flat = 0
+        self.in_forward = False
+        self.rs_retained = 0
+        self.shard_dev = Device.CPU_PINNED if self.offload else Device.GPU
+
+    # ---- sizes
+    def gather_elem(self, pc: Piece) -> int:
+        if pc.params[0].quantized:
+            return pc.elem
+        return self.param_bytes or pc.elem
+
+    def unit_unsharded(self, u: Unit) -> list[int]:
+        return [pc.shard_numel * self.S * self.gather_elem(pc) for pc in u.pieces]
+
+    # ---- declarations
+    def declare(self) -> None:
+        t, S = self.t, self.S
+        src = SRC2 if self.fsdp2 else SRC1
+        n_sh = sum(u.shard_bytes for u in self.units)
+        t.declare(SHARDS, name=f"sharded params (1/{S} each" + (", pinned on the host: CPU offload)" if self.offload else ")"),
+                  device=self.shard_dev, category="params",
+                  formula=(f"{sum(len(u.pieces) for u in self.units)} " + ("params: ceil(dim0/S) rows x the rest"
+                           if self.fsdp2 else "flat params: padded to a multiple of S") + f", S = {S}: {n_sh:,} B"),
+                  source=f"{src}:" + ("_fsdp_param.py:FSDPParam._init_sharded_param" if self.fsdp2 else
+                                      "FlatParamHandle._init_flat_param_and_metadata / shard"))
+        t.declare(UNSHARDED, name="unsharded (all-gathered) params of the units being computed", device=Device.GPU,
+                  category="params", exact=False,
+                  formula=f"S x padded shard per param of a unit, in {self.sc.fsdp.mixed_precision if self.param_bytes else 'their dtype'}; "
+                          "one unit in forward (plus those not resharded), two in backward (prefetch)",
+                  source=f"{src}:" + ("_fsdp_collectives.py:foreach_all_gather_copy_out" if self.fsdp2 else
+                                      "_flat_param.py:_alloc_padded_unsharded_flat_param"))
+        t.declare(AG_FLAT, name="all-gather flat buffers (input copy, output) while a unit is gathered", device=Device.GPU,
+                  category="buffers", formula="S x the unit's padded shards (+ its param_dtype input copy)",
+                  source=f"{SRC2}/_fsdp_collectives.py:foreach_all_gather" if self.fsdp2 else f"{SRC1}:_all_gather_flat_param")
+        t.declare(UNSHARDED_GRADS, name="unsharded gradients of a unit before its reduce-scatter", device=Device.GPU,
+                  category="grads", formula="trained params' full gradients" if self.fsdp2 else
+                  "the unit's full padded flat gradient (frozen params included)",
+                  source=f"{SRC2}/_fsdp_param_group.py:post_backward" if self.fsdp2 else f"{SRC1} (flat_param.grad)")
+        t.declare(RS_IN, name="reduce-scatter input (retained until the next unit's)", device=Device.GPU,
+                  category="buffers", formula="the unit's padded gradients in the reduce dtype",
+                  source=f"{SRC2}/_fsdp_collectives.py:foreach_reduce" if self.fsdp2 else
+                  "torch 2.13 distributed/fsdp/_runtime_utils.py:_reduce_grad")
+        t.declare(SHARD_GRADS, name="sharded gradients (1/S)", device=Device.GPU, category="grads",
+                  formula="reduce-scatter outputs, the params' dtype",
+                  source=f"{SRC2}/_fsdp_collectives.py:foreach_reduce (new_sharded_grad)" if self.fsdp2 else
+                  "torch 2.13 distributed/fsdp/_runtime_utils.py:_accumulate_sharded_grad")
+        t.declare(HOST_GRADS, name="sharded gradients copied to pinned host memory (CPU offload)",
+                  device=Device.CPU_PINNED, category="grads", formula="1/S of the trained params' gradients",
+                  source=f"{SRC2}/_fsdp_collectives.py:foreach_reduce (.to(cpu))" if self.fsdp2 else
+                  "torch 2.13 distributed/fsdp/_runtime_utils.py:_post_backward_use_sharded_grad_views")
+        t.declare(FULL_ON_GPU, name="full params of a unit on the device while they are sharded", device=Device.GPU,
+                  category="params", formula="one unit (accelerate's efficient loading: one param at a time)",
+                  source=f"{ACC}:fsdp2_prepare_model / fsdp2_load_full_state_dict" if self.fsdp2 else
+                  f"{SRC1}:FlatParamHandle.flatten_tensors")
+        t.declare(QSTATES, name="bitsandbytes quant states (absmax, codes), not sharded", device=Device.GPU,
+                  category="params", formula="per quantized weight, every rank", source="bitsandbytes 0.50.2 QuantState")
+        t.declare(MP_SHARD, name="low-precision shard copy (FSDP1 mixed precision)", device=Device.GPU,
+                  category="params", formula="1/S flat in param_dtype", source=f"{SRC1}:_use_low_precision_shard")
+
+    # ---- setup
+    def setup(self, where) -> None:
+        t, sc, m = self.t, self.sc, self.m
+        f = sc.fsdp
+        t.phase("setup", f"{'fully_shard' if self.fsdp2 else 'FullyShardedDataParallel'} per unit "
+                         f"({len(self.units)} units, shard group {self.S}), optimizer construction")
+        record_cuda_context(t, sc)
+        self.declare()
+        efficient = f.cpu_ram_efficient_loading and self.fsdp2 and not sc.quant.enabled
+        on_gpu_already = sc.quant.enabled  # bitsandbytes loaded the model onto the GPU
+        for u in self.units:
+            full = []
+            for pc in u.pieces:
+                nb = sum(p.nbytes if not p.quantized else _sharded_dims(p, sc)[0] * pc.elem for p in pc.params)
+                if not on_gpu_already and t.accelerator == "cuda":
+                    if efficient:
+                        t.alloc(FULL_ON_GPU, nb)  # full_tensor = sd[name].to(device) on rank 0 (empty elsewhere)
+                        t.alloc(SHARDS, pc.shard_bytes)
+                        t.free(FULL_ON_GPU, nb)
+                        continue
+                    t.alloc(FULL_ON_GPU, nb)  # fully_shard moves the unit to the device first
+                    full.append(nb)
+                if not self.fsdp2:  # FlatParamHandle.flatten_tensors: torch.cat of the unit's params (padded)
+                    t.alloc(FULL_ON_GPU, pc.numel * pc.elem)
+                t.alloc(SHARDS, pc.shard_bytes)  # new_zeros(padded shard) (FSDP1: the chunk's clone), copied
+                if not self.fsdp2:
+                    t.free(FULL_ON_GPU, pc.numel * pc.elem)
+            if full:
+                t.free(FULL_ON_GPU)
+            for pc in u.pieces:  # the host (or directly loaded) copies die with the unit's fully_shard
+                for p in pc.params:
+                    key, dtype = where.pop(p.name, (None, None))
+                    if key is None:
+                        continue
+                    nb = sum(q.nbytes for q in p.quant[:1]) if dtype == "q" else p.numel * DTYPE_BYTES[dtype]
+                    t.free(key, min(nb, t.live_bytes(key)))
+        if sc.quant.enabled:
+            rest = sum(sum(q.nbytes for q in p.quant[1:]) for p in m.params if p.quantized)
+            t.alloc(QSTATES, rest)
+        live = t.live_bytes(HOST_BUFFERS)
+        if live:
+            t.declare("move.buffers", name="module buffers on the device", device=Device.GPU, category="buffers",
+                      formula=f"{live:,} B", source="torch nn/modules/module.py:Module._apply")
+            t.alloc("move.buffers", live)
+            t.free(HOST_BUFFERS)
+        if t.live_bytes(HOST_LOADED):
+            t.free(HOST_LOADED)
+        record_optimizer_construction(t, self.opt)
+
+    # ---- gather / reshard
+    def issue(self, i: int) -> None:
+        """FSDP2 ``foreach_all_gather``: the flat output (and the ``param_dtype`` input copy) of unit
+        ``i``; a backward prefetch stops here until the unit's own ``wait_for_unshard``."""
+        if i in self.issued or i in self.unsharded_live or i < 0 or i >= len(self.units):
+            return
+        t = self.t
+        u = self.units[i]
+        outs = self.unit_unsharded(u)
+        copy_in = sum(pc.shard_numel * self.gather_elem(pc) for pc in u.pieces) if self.param_bytes else 0
+        t.alloc(AG_FLAT, copy_in)  # flat_foreach_copy_input (param_dtype)
+        t.alloc(AG_FLAT, sum(outs))  # all_gather_output
+        t.free(AG_FLAT, copy_in)
+        self.issued[i] = sum(outs)
+
+    def unshard(self, i: int) -> None:
+        if i in self.unsharded_live or i < 0 or i >= len(self.units):
+            return
+        t = self.t
+        u = self.units[i]
+        outs = self.unit_unsharded(u)
+        if self.fsdp2:
+            self.issue(i)
+            if self.in_forward and self.retained_flat:
+                # wait_for_unshard in forward: the previous unit's all-gather result, kept for overlap
+                # in comm_ctx.all_gather_state, is freed now
+                t.free(AG_FLAT, self.retained_flat)
+                self.retained_flat = 0
+            for n in outs:
+                t.alloc(UNSHARDED, n)  # foreach_all_gather_copy_out: per-param all_gather_outputs
+            flat = self.issued.pop(i)
+            if self.in_forward and self.S > 1:
+                self.retained_flat = flat  # kept until the next forward copy-out (even through backward)
+            else:
+                t.free(AG_FLAT, flat)
+        else:
+            for pc, n in zip(u.pieces, outs):
+                if self.param_bytes and self.param_bytes != pc.elem:
+                    t.alloc(MP_SHARD, pc.shard_numel * self.param_bytes)
+                t.alloc(UNSHARDED, n)
+                if self.param_bytes and self.param_bytes != pc.elem:
+                    t.free(MP_SHARD, pc.shard_numel * self.param_bytes)
+        self.unsharded_live.add(i)
+
+    def prefetch(self, i: int) -> None:
+        """Backward prefetch: FSDP2 issues the all-gather (its flat output); FSDP1 (BACKWARD_PRE)
+        all-gathers straight into the unit's padded unsharded flat."""
+        if self.fsdp2:
+            self.issue(i)
+        else:
+            self.unshard(i)
+
+    def reshard(self, i: int) -> None:
+        if i not in self.unsharded_live:
+            return
+        free_each(self.t, UNSHARDED, self.unit_unsharded(self.units[i]))
+        self.unsharded_live.discard(i)
+
+    def unit_of_stage(self, s: int) -> list[int]:
+        return [i for i, u in enumerate(self.units) if s in u.stages]
+
+    # ---- gradients
+    def reduce(self, i: int, first_micro: bool) -> None:
+        t = self.t
+        u = self.units[i]
+        tr = [pc for pc in u.pieces if pc.trainable]
+        if not tr:
+            return
+        gbytes = [pc.shard_numel * self.S * (self.param_bytes or pc.elem) for pc in tr]
+        rb = [pc.shard_numel * self.S * (self.reduce_bytes or pc.elem) for pc in tr]
+        if self.rs_retained:  # the previous unit's input, kept until now
+            t.free(RS_IN, self.rs_retained)
+            self.rs_retained = 0
+        t.alloc(RS_IN, sum(rb))
+        free_each(t, UNSHARDED_GRADS, gbytes)  # copied in: the unsharded grads die
+        out = sum(n // self.S for n in rb)
+        t.alloc(SHARD_GRADS, out)  # reduce-scatter output
+        cast = sum(pc.shard_numel * pc.elem for pc in tr)
+        if self.reduce_bytes and cast != out:
+            t.alloc(SHARD_GRADS, cast)  # _to_dtype_if_needed: the sharded grad in the param's dtype
+            t.free(SHARD_GRADS, out)
+        if self.offload:  # new_sharded_grad.to(cpu): pinned host copy; the device one dies
+            t.alloc(HOST_GRADS, cast)
+            t.free(SHARD_GRADS, cast)
+            if not first_micro:
+                t.free(HOST_GRADS, cast)  # added into the existing host gradient
+        elif not first_micro:
+            t.free(SHARD_GRADS, cast)  # added into the existing sharded gradient
+        self.rs_retained = sum(rb)
+
+    def grads_of_stage(self, s: int) -> None:
+        """Autograd makes the unsharded gradients of the trained params of stage ``s``."""
+        for i in self.unit_of_stage(s):
+            u = self.units[i]
+            for pc in u.pieces:
+                if not pc.trainable:
+                    continue
+                if self.fsdp2:
+                    if any(p.stage == s for p in pc.params):
+                        self.t.alloc(UNSHARDED_GRADS, pc.shard_numel * self.S * (self.param_bytes or pc.elem))
+                elif s == min(p.stage for p in pc.params):  # FSDP1: one flat gradient per unit
+                    self.t.alloc(UNSHARDED_GRADS, pc.shard_numel * self.S * (self.param_bytes or pc.elem))
+
+
+def build_fsdp_ledger(t: Timeline, sc: Scenario, m: TorchModel, opt: OptimizerModel) -> None:
+    run = FsdpRun(t, sc, m, opt)
+    where = record_load(t, sc, m, rank0_only=sc.fsdp.cpu_ram_efficient_loading and sc.framework == "fsdp2"
+                        and not sc.quant.enabled)
+    run.setup(where)
+    order = {p.name: k for k, p in enumerate(m.params)}
+    opt_params = sorted(_opt_params(sc, run.units, run.S), key=lambda p: order.get(p.name, len(order)))
+    sink = GradSink()
+    c = build_step_context(sc, m, opt, sink)
+    c.groups = trainer_groups(opt_params, split=sc.torch.trainer_param_groups)
+    declare_step(t, c)
+    if run.offload:  # CPUOffloadPolicy / CPUOffload: the optimizer steps on the host shards
+        t.declare(STATES, name=f"{opt.label} states (host: CPU offload)", device=Device.CPU_PAGEABLE,
+                  category="optimizer", formula="the local shards' states", source=opt.source)
+        t.declare(TEMPS, name=f"temporaries of {opt.label}.step() on the host", device=Device.CPU_PAGEABLE,
+                  category="optimizer", formula="as without offload, on the host", source=opt.source)
+    ga = sc.torch.gradient_accumulation_steps
+    host_opt = run.offload
+    phases = [("forward", "backward", True, ga == 1)]
+    if ga > 1:
+        phases.append(("accum.forward", "accum.backward", False, True))
+    for k, (fp, bp, first, last) in enumerate(phases):
+        _fsdp_forward(run, c, fp)
+        _fsdp_backward(run, c, bp, first_micro=first)
+    if not opt_params:
+        return
+    _fsdp_opt(run, c, opt_params, "optimizer_step", first=True, host=host_opt)
+    if ga > 1:
+        t.phase("step2.forward", f"steady state, last micro-step of {ga}")
+        for u in run.units:  # the earlier micro-steps' sharded gradients
+            n = sum(pc.shard_numel * pc.elem for pc in u.pieces if pc.trainable)
+            t.alloc(HOST_GRADS if run.offload else SHARD_GRADS, n)
+        _fsdp_forward(run, c, None)
+        _fsdp_backward(run, c, "step2.backward", first_micro=False)
+    else:
+        _fsdp_forward(run, c, "step2.forward")
+        _fsdp_backward(run, c, "step2.backward", first_micro=True)
+    _fsdp_opt(run, c, opt_params, "step2.optimizer_step", first=False, host=host_opt)
+    _fsdp_save(run)
+
+
+SAVE_HOST = "save.full_state_dict"
+
+
+def _fsdp_save(run: FsdpRun) -> None:
+    """accelerate's ``get_state_dict`` for FSDP: a full state dict gathered unit by unit to rank 0's
+    host memory (FSDP1 ``FULL_STATE_DICT`` with ``FullStateDictConfig(offload_to_cpu=True,
+    rank0_only=True)``; FSDP2 ``get_model_state_dict(full_state_dict=True, cpu_offload=True)``): each
+    unit all-gathered, each param copied to the host, then resharded."""
+    t = run.t
+    t.phase("save", "full state dict gathered to rank 0's host memory, unit by unit")
+    t.declare(SAVE_HOST, name="full state dict on rank 0's host", device=Device.CPU_PAGEABLE, category="params",
+              formula=f"{sum(p.nbytes for p in run.m.params):,} B (every param, its dtype), rank 0 only",
+              source="torch 2.13 distributed/fsdp/_state_dict_utils.py:_full_post_state_dict_hook / "
+                     "distributed/checkpoint/state_dict.py:get_model_state_dict", rank0_only=True)
+    if run.fsdp2:  # _gather_state_dict: DTensor.full_tensor() per param, then .cpu() (kept as is on the CPU)
+        t.declare(FULL_ON_GPU, name="one param all-gathered for the state dict", device=Device.GPU, category="params",
+                  formula="one param at a time", source="torch 2.13 distributed/_state_dict_utils.py:_gather_state_dict")
+        for u in run.units:
+            for pc in u.pieces:
+                full = pc.shard_numel * run.S * pc.elem
+                if t.accelerator == "cuda":
+                    t.alloc(FULL_ON_GPU, full)
+                    t.alloc(SAVE_HOST, full)
+                    t.free(FULL_ON_GPU, full)
+                else:
+                    t.alloc(SAVE_HOST, full)
+    else:
+        for i, u in enumerate(run.units):
+            was = i in run.unsharded_live
+            run.unshard(i)
+            for pc in u.pieces:
+                for p in pc.params:
+                    t.alloc(SAVE_HOST, p.nbytes)
+            if not was:
+                run.reshard(i)
+    t.free(SAVE_HOST)
+
+
+def _fsdp_forward(run: FsdpRun, c, phase: str | None) -> None:
+    t = run.t
+    if phase:
+        t.phase(phase, "forward: each unit all-gathered, computed, resharded")
+        if phase == "forward":
+            record_workers(t, c.sc)
+    run.in_forward = True
+    ckpt = c.sc.train.gradient_checkpointing
+    last = len(c.stages) - 1
+    root = [i for i, u in enumerate(run.units) if not u.reshard_after_forward]
+    for i in root:
+        if 0 in run.units[i].stages:
+            run.unshard(i)
+    for s, st in enumerate(c.stages):
+        for i in run.unit_of_stage(s):
+            run.unshard(i)
+        forward_stage(t, c, st, ckpt and 0 < s < last)
+        for i in run.unit_of_stage(s):
+            u = run.units[i]
+            if u.reshard_after_forward and max(u.stages) == s:
+                run.reshard(i)
+    end_forward(t, c)
+    if run.retained_flat:  # the root's post-forward frees the last all-gather result (_fsdp_state.py)
+        t.free(AG_FLAT, run.retained_flat)
+        run.retained_flat = 0
+    run.in_forward = False
+
+
+def _fsdp_backward(run: FsdpRun, c, phase: str, *, first_micro: bool) -> None:
+    t = run.t
+    t.phase(phase, "backward: units all-gathered again (one prefetched), gradients reduce-scattered")
+    last = len(c.stages) - 1
+    ckpt = c.sc.train.gradient_checkpointing
+    order = sorted(range(len(run.units)), key=lambda i: -max(run.units[i].stages))  # backward order
+    done: set[int] = set()
+    loss_backward_start(t, c)
+    for s in range(last, -1, -1):
+        st = c.stages[s]
+        if s == last - 1:
+            loss_backward_end(t, c)
+        units = run.unit_of_stage(s)
+        for i in units:
+            run.unshard(i)
+            done.add(i)
+            nxt = next((j for j in order if j not in done), None)
+            if nxt is not None and run.sc.fsdp.backward_prefetch != "NO_PREFETCH":
+                run.prefetch(nxt)  # backward prefetch: the unit that runs next
+        block = ckpt and 0 < s < last
+        if block:  # the block's forward again: activations, and under autocast its casts
+            t.alloc(RECOMPUTE, st.recompute)
+            for n, saved, _ in st.casts:
+                t.alloc(CASTS, n)
+                if not saved:
+                    t.free(CASTS, n)
+        run.grads_of_stage(s)
+        t.free(ACT, st.act)
+        if block:
+            t.free(RECOMPUTE, st.recompute)
+        free_each(t, CASTS, [n for n, saved, _ in st.casts if saved])
+        for i in units:
+            u = run.units[i]
+            if min(u.stages) == s:
+                run.reshard(i)
+                run.reduce(i, first_micro)
+    if run.rs_retained:
+        t.free(RS_IN, run.rs_retained)
+        run.rs_retained = 0
+
+
+def _fsdp_opt(run: FsdpRun, c, opt_params: list[TParam], phase: str, *, first: bool, host: bool) -> None:
+    t = run.t
+    t.phase(phase, "optimizer step on the local shards" + (" (on the host: CPU offload)" if host else ""))
+    record_clip_and_unscale(t, opt_params, grad_scaler=run.m.precision.grad_scaler,
+                            max_grad_norm=c.sc.torch.max_grad_norm)
+    acc = "cpu" if host else t.accelerator
+    record_optimizer_step(t, run.opt, c.groups, first=first, accelerator=acc,
+                          grad_bytes=lambda p: p.numel * p.elem_bytes)
+    t.end_phase()
+    t.free(HOST_GRADS if host else SHARD_GRADS)
+    t.free("amp.unscale")
+
+

@@ -1,0 +1,452 @@
+"""Training steps outside DeepSpeed: forward, backward, (gradient accumulation), optimizer step, the
+steady state of step 2 and saving, layer by layer and tensor by tensor.
+
+Phases (contract 1): ``forward``/``backward`` (micro-step 1 of step 1), ``accum.forward``/
+``accum.backward`` (a later micro-step of step 1, gradients of the earlier ones alive; only with
+gradient accumulation), ``optimizer_step`` (the first ``step()``, which creates the optimizer
+states), ``step2.forward``/``step2.backward``/``step2.optimizer_step`` (the steady state: states
+alive; with accumulation the last micro-step, gradients alive too), ``save``.
+
+What each phase allocates, in the order of the code:
+
+- forward, per stage (embeddings, each block, the head): the activations saved for backward
+  (``memfit.core.activations.analytic``, analytic: an estimate); under autocast the 16-bit copy of each
+  fp32 Linear weight/bias it uses (``autocast_mode.cpp:cached_cast``), kept for backward when the
+  layer's input needs a gradient, cached until the end of forward when the weight is a trained leaf;
+  for a bitsandbytes 4-bit layer the dequantized weight while its matmul runs (``MatMul4Bit``:
+  ``_dequant_linear_fallback``). Gradient checkpointing keeps only each block's input and recomputes
+  one block at a time in backward.
+- backward, stage by stage from the last: the gradients of the stage's trained params as autograd
+  produces them (``AccumulateGrad``: the first one becomes ``.grad``; a later micro-step's is added
+  in place and freed), then the stage's activations and casts are freed. Within one layer this
+  takes the gradients before the activations go: an upper bound by at most one layer's gradients.
+- optimizer step: ``GradScaler.unscale_`` scalars, ``clip_grad_norm_``'s per-param norms
+  (``memfit.core.ledger.pytorch.optim``), ``optimizer.step()`` (states at the first step,
+  temporaries), then ``zero_grad(set_to_none=True)`` frees the gradients (the Trainer's
+  ``model.zero_grad()``).
+- save: ``save_pretrained`` (safetensors ``_to_ndarray``: ``tensor.cpu()`` for each GPU tensor of the
+  shard, all alive until the shard is written; a PEFT model saves only its adapter).
+
+A ``GradSink`` lets DDP replace what a gradient costs (buckets; ``memfit.core.ledger.pytorch.ddp``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from memfit.core.activations.analytic import estimate_activation_bytes
+from memfit.core.ledger.timeline import Timeline
+from memfit.core.ledger.pytorch.optim import (declare_optimizer, record_clip_and_unscale, record_optimizer_step,
+                                            trainer_groups)
+from memfit.core.ledger.pytorch.params import TorchModel, TParam, free_each
+from memfit.core.ledger_types import Device
+from memfit.core.optimizers import OptimizerModel
+from memfit.core.precision import DTYPE_BYTES
+from memfit.core.quant import GEMM_4BIT_CUSTOM_MAX_M, BLOCKSIZE_4BIT, NESTED_BLOCKSIZE
+from memfit.core.scenario.types import Scenario
+
+ACT = "step.activations"
+RECOMPUTE = "step.recompute"
+CASTS = "amp.weight_casts"
+DEQUANT = "quant.dequantized_weight"
+LOSS = "step.loss_transients"
+GRADS = "step.gradients"
+GRAD_TMP = "step.grad_to_accumulate"
+SCALER = "amp.grad_scaler"
+SAVE = "save.state_dict"
+_INPUT_PROJ = ("q_proj", "k_proj", "v_proj", "c_attn", "query_key_value", "qkv_proj", "Wqkv", "query", "key",
+               "value", "q", "k", "v")
+_PARALLEL = ("gptj", "gpt_neox", "falcon", "phi", "codegen")
+"""Families whose first block's MLP reads the same norm output as attention (parallel residual)."""
+_MLP_IN = ("fc_in", "dense_h_to_4h", "fc1", "fc_out", "dense_4h_to_h", "fc2")
+
+
+@dataclass
+class GradSink:
+    """What a gradient costs when autograd produces it (plain torch: a ``.grad`` tensor)."""
+
+    key: str = GRADS
+    last_micro: bool = True
+    """The backward being recorded is the last micro-step of a step (DDP syncs only then)."""
+
+    def start_forward(self, t: Timeline, phase: str) -> None:
+        """Work at the start of a forward (DDP's bucket rebuild and buffer broadcast)."""
+
+    def declare(self, t: Timeline, m: TorchModel) -> None:
+        tr = m.trainable
+        t.declare(GRADS, name="gradients of the trained params (.grad, the param's dtype)", device=Device.GPU,
+                  category="grads", formula=f"{sum(p.numel for p in tr):,} elements, one tensor per param",
+                  source="torch autograd AccumulateGrad (the first gradient becomes .grad)")
+        t.declare(GRAD_TMP, name="a later micro-step's gradient before it is added into .grad", device=Device.GPU,
+                  category="grads", formula="one param's gradient at a time",
+                  source="torch/csrc/autograd/functions/accumulate_grad.h (variable_grad += new_grad)")
+
+    def on_grad(self, t: Timeline, p: TParam, first_micro: bool) -> None:
+        n = p.numel * p.elem_bytes
+        if first_micro:
+            t.alloc(GRADS, n)
+        else:
+            t.alloc(GRAD_TMP, n)
+            t.free(GRAD_TMP, n)
+
+    def after_backward(self, t: Timeline, m: TorchModel, last_micro: bool) -> None:
+        """Work at the end of backward (DDP's reducer finalization)."""
+
+    def zero_grad(self, t: Timeline, m: TorchModel) -> None:
+        t.free(GRADS)
+
+    def grad_bytes(self, p: TParam) -> int:
+        return p.numel * p.elem_bytes
+
+
+@dataclass
+class _Stage:
+    act: int = 0
+    recompute: int = 0
+    casts: list[tuple[int, bool, bool]] = field(default_factory=list)
+    """Autocast copies made by the stage: (bytes, saved by autograd for backward, cached by autocast
+    until the end of forward because the weight is a trained fp32 leaf)."""
+    quant: list[TParam] = field(default_factory=list)
+    quant_needs_grad_in: list[bool] = field(default_factory=list)
+    trained: list[TParam] = field(default_factory=list)
+    second_grads: list[TParam] = field(default_factory=list)
+    """Trained params whose gradient was already made by a later stage (a tied embedding used by
+    the head): their contribution here is added into it."""
+
+
+@dataclass
+class StepContext:
+    sc: Scenario
+    m: TorchModel
+    opt: OptimizerModel
+    sink: GradSink
+    stages: list[_Stage]
+    act_formula: str
+    tokens: int
+    groups: list[list[TParam]]
+    loss_forward: tuple[int, ...] = ()
+    """Tensors alive only while the loss runs: the fp32 copy of 16-bit logits, the shifted labels."""
+    loss_backward: tuple[int, ...] = ()
+    """Tensors alive at the start of backward: nll_loss's and log_softmax's gradients (logits-sized)."""
+
+
+def _leaf(p: TParam) -> str:
+    """The name of the layer whose input a param's matmul reads: a LoRA ``lora_A`` reads its base
+    layer's input (``lora_B`` reads ``lora_A``'s output, which needs a gradient)."""
+    mod = p.module.replace(".base_layer", "")
+    if ".lora_A." in mod:
+        mod = mod.split(".lora_A.", 1)[0]
+    return mod.rsplit(".", 1)[-1]
+
+
+def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: GradSink) -> StepContext:
+    pm = m.precision
+    ckpt = sc.train.gradient_checkpointing
+    # the activations' element size: the residual stream's dtype, i.e. the input embedding's (fp32 under
+    # AMP on an fp32 model and after prepare_model_for_kbit_training: autocast makes the matmul outputs
+    # 16-bit but adding them to the stream promotes back to fp32)
+    emb = next((p for p in m.params if p.stage == 0 and len(p.shape) == 2 and not p.adapter and not p.quantized), None)
+    D = emb.elem_bytes if emb is not None else (2 if pm.autocast or pm.pure else 4)
+    if sc.framework in ("fsdp", "fsdp2") and sc.fsdp.mixed_precision != "none":
+        D = 2  # FSDP's mixed precision computes with 16-bit unsharded params: a 16-bit stream
+    est = estimate_activation_bytes(sc.model.arch, sc.peft, seq_len=sc.train.seq_len,
+                                    micro_batch=sc.train.micro_batch, dtype_bytes=D, gradient_checkpointing=ckpt,
+                                    attention=sc.train.attention)
+    n_st = m.stages
+    stages = [_Stage() for _ in range(n_st)]
+    blocks = n_st - 2
+    arch = sc.model.arch
+    t_tok = sc.train.micro_batch * (sc.train.seq_len + (sc.peft.num_virtual_tokens if sc.peft.method == "prompt" else 0))
+    layer_in = D * t_tok * arch.hidden_size
+    stages[0].act = est.embedding_bytes
+    for i in range(1, n_st - 1):
+        if ckpt:
+            stages[i].act = layer_in
+            stages[i].recompute = est.recompute_bytes
+        else:
+            stages[i].act = est.first_layer_bytes if i == 1 else est.layer_bytes
+    stages[-1].act = est.head_bytes
+    # the logits' own dtype: 16-bit when the head's matmul runs in 16 bits (autocast, a pure 16-bit
+    # model, FSDP's param_dtype), even where the residual stream is fp32
+    tV = t_tok * arch.vocab_size
+    fsdp_mp = sc.framework in ("fsdp", "fsdp2") and sc.fsdp.mixed_precision != "none"
+    head_w = next((p for p in m.params if p.stage == n_st - 1 and len(p.shape) == 2 and not p.quantized), None)
+    LD = 2 if (pm.autocast or fsdp_mp or (head_w is not None and head_w.elem_bytes == 2)) else 4
+    loss_fwd: tuple[int, ...] = ()
+    loss_bwd: tuple[int, ...] = ()
+    if est.logits_bytes and est.loss_forward_bytes >= 4 * tV:  # a language-model head with ForCausalLMLoss
+        if LD < D:  # the logits kept with the outputs are 16-bit, not the stream's dtype
+            stages[-1].act -= (D - LD) * tV
+        labels = est.loss_forward_bytes - 4 * tV
+        loss_fwd = ((4 * tV,) if LD != 4 else ()) + ((labels,) if labels else ())  # logits.float() copies 16-bit only
+        # est.loss_backward_bytes (nll_loss's and log_softmax's gradients, 8·t·V) is not applied: on this
+        # CPU the fp32 replays' backward peaks match without it (with it: +9.4%), so where it lands
+        # against the other backward peaks is not settled; 16-bit checkpointed runs under-predict there
+    if ckpt:
+        held = est.total_bytes - est.embedding_bytes - est.head_bytes - blocks * layer_in
+        stages[-1].act += max(held, 0)  # the eager causal mask, kept with the head
+    grad_into_first = sc.peft.method in ("full", "prompt") or any(
+        p.trainable and p.stage == 0 and not p.adapter for p in m.params) or ckpt
+    parallel = arch.model_type in _PARALLEL
+    auto = pm.autocast
+    for p in m.params:
+        st = stages[p.stage]
+        if p.trainable:
+            if p.name == m.tied_embedding:
+                stages[-1].trained.append(p)  # the head's matmul makes its gradient first
+                st.second_grads.append(p)
+            else:
+                st.trained.append(p)
+        if p.name == m.tied_embedding and auto and p.dtype != auto:
+            # the head's F.linear under autocast casts the tied embedding (a trained fp32 leaf: cached)
+            stages[-1].casts.append((p.numel * 2, True, p.trainable and p.dtype == "fp32"))
+        leaf = _leaf(p)
+        needs_in = grad_into_first or p.stage != 1 or not (leaf in _INPUT_PROJ or (parallel and leaf in _MLP_IN))
+        if p.quantized:
+            st.quant.append(p)
+            st.quant_needs_grad_in.append(needs_in)
+            continue
+        if not (auto and p.linear and p.dtype != auto and p.dtype != "fp64"):
+            continue
+        # the cast weight is saved for the input's gradient (grad_in = grad_out @ W); a bias's cast is
+        # never saved (its gradient is a sum of grad_out), though autocast caches a trained one
+        is_bias = p.name.endswith(".bias")
+        st.casts.append((p.numel * 2, needs_in and not is_bias, p.trainable and p.dtype == "fp32"))
+    return StepContext(sc=sc, m=m, opt=opt, sink=sink, stages=stages, act_formula=est.formula, tokens=t_tok,
+                       groups=trainer_groups(m.params, split=sc.torch.trainer_param_groups),
+                       loss_forward=loss_fwd, loss_backward=loss_bwd)
+
+
+def declare_step(t: Timeline, c: StepContext) -> None:
+    sc, m = c.sc, c.m
+    ckpt = sc.train.gradient_checkpointing
+    t.declare(LOSS, name="the loss's transients (fp32 copy of 16-bit logits, labels; gradients at backward's start)",
+              device=Device.GPU, category="activations", exact=False,
+              formula=f"forward {' + '.join(f'{n:,}' for n in c.loss_forward) or '0'} B; backward "
+                      f"{' + '.join(f'{n:,}' for n in c.loss_backward) or '0'} B (memfit.core.activations.analytic loss_*_bytes)",
+              source="transformers loss/loss_utils.py:ForCausalLMLoss (logits.float()); nll_loss / log_softmax backward")
+    t.declare(ACT, name="activations saved for backward (analytic, per layer)", device=Device.GPU,
+              category="activations", exact=False, formula=c.act_formula,
+              source="memfit.core.activations.analytic (use `memfit plan --exact` for the traced figure)")
+    t.declare(RECOMPUTE, name="one block's activations recomputed in backward (gradient checkpointing)",
+              device=Device.GPU, category="activations", exact=False, formula="one layer, as without checkpointing",
+              source="torch/utils/checkpoint.py (non-reentrant recompute)")
+    n_casts = sum(len(s.casts) for s in c.stages)
+    t.declare(CASTS, name=f"autocast's {m.precision.autocast} copies of the fp32 Linear weights", device=Device.GPU,
+              category="params", exact=False,
+              formula=f"{n_casts} weights/biases x 2 B per element, saved for backward where the layer's input needs a "
+                      "gradient (not the first block's input projections when the embeddings are frozen)"
+              + ("; with checkpointing, one block's in backward" if ckpt else ""),
+              source="torch 2.13 aten/src/ATen/autocast_mode.cpp:cached_cast; autograd saves the cast weight of mm")
+    q = sc.quant
+    t.declare(DEQUANT, name="dequantized 4-bit weight while its matmul runs (one layer at a time)", device=Device.GPU,
+              category="params", exact=c.tokens > GEMM_4BIT_CUSTOM_MAX_M,
+              formula=f"out x in x {DTYPE_BYTES[q.compute_dtype]} B (compute dtype)"
+              + (" + 2 x fp32 absmax per 64 (double quant)" if q.double_quant else "")
+              + ("" if c.tokens > GEMM_4BIT_CUSTOM_MAX_M else
+                 f"; with {c.tokens} tokens (<= {GEMM_4BIT_CUSTOM_MAX_M}) the GPU may pick the fused kernel instead"),
+              source="bitsandbytes 0.50.2 backends/cuda/ops.py:_dequant_linear_fallback; autograd/_functions.py:MatMul4Bit.backward")
+    t.declare(SCALER, name="GradScaler scale and growth tracker", device=Device.GPU, category="buffers",
+              formula="0-d fp32 + 0-d int32", source="torch 2.13 amp/grad_scaler.py:_lazy_init_scale_growth_tracker")
+    c.sink.declare(t, m)
+    tr = m.trainable
+    declare_optimizer(t, c.opt, len(tr), sum(p.numel for p in tr))
+
+
+def _dequant(t: Timeline, c: StepContext, p: TParam, *, backward: bool) -> None:
+    q = c.sc.quant
+    if q.method != "4bit":
+        return
+    blocks = -(-p.numel // BLOCKSIZE_4BIT)
+    cb = DTYPE_BYTES[q.compute_dtype]
+    if backward:  # F.dequantize_4bit(B, state) in the dtype it was quantized from, then .to(grad dtype)
+        nested = blocks * 4 if q.double_quant else 0
+        t.alloc(DEQUANT, nested)
+        t.alloc(DEQUANT, p.numel * p.elem_bytes)
+        if p.elem_bytes != cb or p.dtype != q.compute_dtype:
+            t.alloc(DEQUANT, p.numel * cb)
+            t.free(DEQUANT, p.numel * cb)
+        free_each(t, DEQUANT, [nested, p.numel * p.elem_bytes])
+        return
+    nested = 2 * blocks * 4 if q.double_quant else 0  # absmax_dq, then absmax_dq + offset
+    t.alloc(DEQUANT, nested)
+    t.alloc(DEQUANT, p.numel * cb)  # B_dq
+    free_each(t, DEQUANT, [nested, p.numel * cb])
+
+
+def forward_stage(t: Timeline, c: StepContext, st: _Stage, block: bool) -> None:
+    """One stage's forward: its activations, the dequantized weights of its quantized matmuls, its
+    autocast casts (``block``: a checkpointed block, which saves nothing inside)."""
+    t.alloc(ACT, st.act)
+    if block:  # a checkpointed block still makes its activations while it runs; only its input stays
+        t.alloc(RECOMPUTE, st.recompute)
+    for p in st.quant:
+        _dequant(t, c, p, backward=False)
+    for n, saved, cached in st.casts:
+        t.alloc(CASTS, n)
+        if not cached and (block or not saved):
+            t.free(CASTS, n)  # used once, not kept
+    if block:
+        t.free(RECOMPUTE, st.recompute)
+    if st is c.stages[-1]:  # the loss: transients next to the log-softmax it saves
+        for n in c.loss_forward:
+            t.alloc(LOSS, n)
+        free_each(t, LOSS, c.loss_forward)
+
+
+def loss_backward_start(t: Timeline, c: StepContext) -> None:
+    """Backward begins at the loss: nll_loss's gradient and log_softmax's backward result."""
+    for n in c.loss_backward:
+        t.alloc(LOSS, n)
+
+
+def loss_backward_end(t: Timeline, c: StepContext) -> None:
+    """The logits' gradient has gone through the head: the loss's gradients die."""
+    free_each(t, LOSS, c.loss_backward)
+
+
+def end_forward(t: Timeline, c: StepContext) -> None:
+    """Autocast exits: its cache of trained weights' casts is cleared (those not saved for backward)."""
+    ckpt = c.sc.train.gradient_checkpointing
+    last = len(c.stages) - 1
+    for i, st in enumerate(c.stages):
+        block = ckpt and 0 < i < last
+        free_each(t, CASTS, [n for n, saved, cached in st.casts if cached and (block or not saved)])
+
+
+def _forward(t: Timeline, c: StepContext) -> None:
+    """Every stage's forward, then autocast's exit."""
+    ckpt = c.sc.train.gradient_checkpointing
+    last = len(c.stages) - 1
+    for i, st in enumerate(c.stages):
+        forward_stage(t, c, st, ckpt and 0 < i < last)
+    end_forward(t, c)
+
+
+def record_workers(t: Timeline, sc: Scenario) -> None:
+    """The DataLoader's worker processes, forked by the training loop's first ``iter(dataloader)``
+    (``ledger.host_process.worker_part``)."""
+    from memfit.core.ledger import host_process
+
+    workers = host_process.worker_part(sc.train.dataloader_workers, sc.train.dataset_tokens)
+    if workers is not None:
+        host_process.record(t, [workers])
+
+
+def record_forward(t: Timeline, c: StepContext, phase: str, description: str) -> None:
+    t.phase(phase, description)
+    if phase == "forward":
+        record_workers(t, c.sc)
+    c.sink.start_forward(t, phase)
+    _forward(t, c)
+
+
+def record_backward(t: Timeline, c: StepContext, phase: str, description: str, *, first_micro: bool,
+                    last_micro: bool) -> None:
+    t.phase(phase, description)
+    c.sink.last_micro = last_micro
+    m = c.m
+    if m.precision.grad_scaler and t.live_bytes(SCALER) == 0:
+        t.alloc(SCALER, 4)
+        t.alloc(SCALER, 4)
+    ckpt = c.sc.train.gradient_checkpointing
+    last = len(c.stages) - 1
+    loss_backward_start(t, c)
+    for i in range(last, -1, -1):
+        st = c.stages[i]
+        block = ckpt and 0 < i < last
+        if i == last - 1:
+            loss_backward_end(t, c)
+        if block:  # recompute the block's forward: its activations and saved casts again
+            t.alloc(RECOMPUTE, st.recompute)
+            for p in st.quant:
+                _dequant(t, c, p, backward=False)
+            for n, saved, _ in st.casts:  # a fresh autocast region: cast again
+                t.alloc(CASTS, n)
+                if not saved:
+                    t.free(CASTS, n)
+        for p in reversed(st.trained):
+            c.sink.on_grad(t, p, first_micro)
+        for p in st.second_grads:  # AccumulateGrad: variable_grad + new_grad, out of place (the first
+            n = c.sink.grad_bytes(p)  # gradient, stolen from the head's mm, is still referenced)
+            t.alloc(GRAD_TMP, n)
+            t.alloc(GRAD_TMP, n)
+            t.free(GRAD_TMP, n)
+            t.free(GRAD_TMP, n)
+        for p, needs in zip(reversed(st.quant), reversed(st.quant_needs_grad_in)):
+            if needs:
+                _dequant(t, c, p, backward=True)
+        t.free(ACT, st.act)
+        if block:
+            t.free(RECOMPUTE, st.recompute)
+        free_each(t, CASTS, [n for n, saved, _ in st.casts if saved])
+    c.sink.after_backward(t, m, last_micro)
+
+
+def record_opt_step(t: Timeline, c: StepContext, phase: str, description: str, *, first: bool) -> None:
+    t.phase(phase, description)
+    m = c.m
+    ts = c.sc.torch
+    tr = [p for g in c.groups for p in g]
+    record_clip_and_unscale(t, tr, grad_scaler=m.precision.grad_scaler, max_grad_norm=ts.max_grad_norm)
+    record_optimizer_step(t, c.opt, c.groups, first=first, accelerator=t.accelerator, grad_bytes=c.sink.grad_bytes)
+    t.end_phase()
+    c.sink.zero_grad(t, m)
+    from memfit.core.ledger.pytorch.optim import UNSCALE
+
+    t.free(UNSCALE)
+
+
+def record_steps(t: Timeline, c: StepContext) -> None:
+    """Step 1 (with its accumulation micro-step) and the steady state of step 2."""
+    declare_step(t, c)
+    ga = c.sc.torch.gradient_accumulation_steps
+    tr = c.m.trainable
+    record_forward(t, c, "forward", "forward pass of micro-step 1: activations saved for backward")
+    record_backward(t, c, "backward", "backward pass: gradients of the trained params, layer by layer",
+                    first_micro=True, last_micro=ga == 1)
+    if ga > 1:
+        record_forward(t, c, "accum.forward", f"a later micro-step of {ga}: forward with the gradients alive")
+        record_backward(t, c, "accum.backward", "its backward: gradients added into .grad",
+                        first_micro=False, last_micro=True)
+    if not tr:
+        return
+    record_opt_step(t, c, "optimizer_step", "first optimizer step: states created, then zero_grad", first=True)
+    if ga > 1:
+        t.phase("step2.forward", f"steady state, last micro-step of {ga}: states and accumulated gradients alive")
+        c.sink.start_forward(t, "step2.forward")
+        c.sink.last_micro = False
+        for p in tr:  # the earlier micro-steps' gradients
+            c.sink.on_grad(t, p, True)
+        _forward(t, c)
+        record_backward(t, c, "step2.backward", "steady state backward", first_micro=False, last_micro=True)
+    else:
+        record_forward(t, c, "step2.forward", "steady state (step 2 on): forward with the optimizer states alive")
+        record_backward(t, c, "step2.backward", "steady state backward", first_micro=True, last_micro=True)
+    record_opt_step(t, c, "step2.optimizer_step", "steady state optimizer step", first=False)
+
+
+def record_save(t: Timeline, c: StepContext, saver: Callable[[Timeline, StepContext], None] | None = None) -> None:
+    t.phase("save", "save_pretrained (a PEFT model saves its adapter)")
+    if saver is not None:
+        saver(t, c)
+        return
+    if t.accelerator != "cuda":
+        return  # safetensors' _to_ndarray makes no copy of a host tensor
+    sc = c.sc
+    saved = [p for p in c.m.params if p.adapter] if sc.peft.method not in ("full", "freeze") else list(c.m.params)
+    shard = 50 * 10**9  # save_pretrained(max_shard_size="50GB"), transformers 5.24
+    nbytes, worst = 0, 0
+    for p in saved:
+        if nbytes and nbytes + p.nbytes > shard:
+            worst = max(worst, nbytes)
+            nbytes = 0
+        nbytes += p.nbytes
+    worst = max(worst, nbytes)
+    t.declare(SAVE, name="host copy of one safetensors shard being written", device=Device.CPU_PAGEABLE,
+              category="params", formula=f"largest shard {worst:,} B (max_shard_size 50 GB)",
+              source="safetensors torch.py:_flatten_as_ptr (_to_ndarray: tensor.cpu()); transformers save_pretrained")
+    for p in saved:
+        t.alloc(SAVE, p.nbytes)
+    t.free(SAVE)

@@ -1,0 +1,270 @@
+"""Turn CLI options or a PEFT ``adapter_config.json`` into a validated ``PeftSpec``.
+
+The only place memfit reads PEFT settings from outside: both entry points raise ``MemfitError`` with
+one clear line for bad input, and the core sees typed ``PeftSpec``s only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from memfit.core.reading import parse_bool, parse_json, read_text
+from memfit.core.peft.params import ALL_LINEAR, validate_peft_spec
+from memfit.core.peft.spec import PeftSpec
+from memfit.errors import MemfitError
+
+_METHOD_OPTIONS: Mapping[str, frozenset[str]] = {
+    "full": frozenset({"task_type"}),
+    "freeze": frozenset({"freeze_patterns", "train_patterns"}),
+    "lora": frozenset(
+        {
+            "lora_r",
+            "lora_alpha",
+            "target_modules",
+            "target_modules_pattern",
+            "lora_bias",
+            "modules_to_save",
+            "use_dora",
+            "task_type",
+        }
+    ),
+    "prompt": frozenset(
+        {"num_virtual_tokens", "modules_to_save", "task_type", "token_dim", "num_transformer_submodules"}
+    ),
+    "prefix": frozenset(
+        {
+            "num_virtual_tokens",
+            "prefix_projection",
+            "encoder_hidden_size",
+            "modules_to_save",
+            "task_type",
+            "token_dim",
+            "num_layers",
+        }
+    ),
+}
+"""The options each method takes (``PeftSpec`` field names)."""
+
+_ALIASES: Mapping[str, str] = {"r": "lora_r", "alpha": "lora_alpha", "bias": "lora_bias"}
+"""Short option names accepted for ``PeftSpec`` fields (peft's own spelling)."""
+
+_INT_FIELDS = frozenset(
+    {
+        "num_virtual_tokens",
+        "encoder_hidden_size",
+        "lora_r",
+        "token_dim",
+        "num_layers",
+        "num_transformer_submodules",
+    }
+)
+_BOOL_FIELDS = frozenset({"prefix_projection", "use_dora"})
+_LIST_FIELDS = frozenset({"target_modules", "modules_to_save", "freeze_patterns", "train_patterns"})
+_STR_FIELDS = frozenset({"lora_bias", "task_type", "target_modules_pattern"})
+
+_PEFT_TYPES: Mapping[str, str] = {"LORA": "lora", "PREFIX_TUNING": "prefix", "PROMPT_TUNING": "prompt"}
+"""adapter_config.json ``peft_type`` -> memfit method."""
+
+_LORA_KEYS_AT_DEFAULT: Mapping[str, Any] = {
+    "exclude_modules": None,
+    "layers_to_transform": None,
+    "rank_pattern": {},
+    "trainable_token_indices": None,
+    "layer_replication": None,
+    "lora_bias": False,
+    "target_parameters": None,
+    "use_qalora": False,
+    "use_bdlora": None,
+    "megatron_config": None,
+    "arrow_config": None,
+    "kasa_config": None,
+    "monteclora_config": None,
+}
+"""LoraConfig settings that change the parameters and that memfit does not model: only their
+defaults (or an empty list) are accepted."""
+
+
+def parse_peft_options(method: str, **options: Any) -> PeftSpec:
+    """A ``PeftSpec`` from CLI-style options, validated.
+
+    ``options`` are ``PeftSpec`` field names (or ``r``, ``alpha``, ``bias``); ``None`` means not
+    given. Lists may be given as comma-separated strings. ``target_modules="all-linear"`` (or a
+    single regular expression given as ``target_modules_pattern``) selects peft's string form. An
+    option the method does not take raises ``MemfitError``.
+    """
+    if method not in _METHOD_OPTIONS:
+        raise MemfitError(f"unknown PEFT method {method!r}; choose one of {', '.join(_METHOD_OPTIONS)}")
+    values: dict[str, Any] = {}
+    known = {f.name for f in fields(PeftSpec)} - {"method"}
+    for key, value in options.items():
+        if value is None:
+            continue
+        name = _ALIASES.get(key, key)
+        if name not in known:
+            raise MemfitError(f"unknown PEFT option {key!r}")
+        if name not in _METHOD_OPTIONS[method]:
+            raise MemfitError(f"option {key!r} does not apply to method {method!r}")
+        values[name] = _coerce(name, value)
+    targets = values.get("target_modules", ())
+    if "target_modules" in values and not targets:
+        raise MemfitError("target_modules is empty: peft finds no module to adapt (get_peft_model raises "
+                          "NoMatchingPeftModuleError); leave it out for peft's default modules")
+    if len(targets) == 1 and targets[0].lower() == ALL_LINEAR:
+        values["target_modules"] = ()
+        values["target_modules_pattern"] = ALL_LINEAR
+    if "encoder_hidden_size" in values and not values.get("prefix_projection", False):
+        raise MemfitError("encoder_hidden_size needs prefix_projection")
+    return validate_peft_spec(PeftSpec(method=method, **values))
+
+
+def _coerce(name: str, value: Any) -> Any:
+    if name in _INT_FIELDS:
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            value = int(value)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise MemfitError(f"{name} must be an integer, got {value!r}")
+        return value
+    if name == "lora_alpha":  # peft only scales by alpha / r: any finite number (an int or a float)
+        if isinstance(value, str) and value.strip():
+            try:
+                value = float(value) if not value.strip().lstrip("-").isdigit() else int(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise MemfitError(f"lora_alpha must be a finite number, got {value!r}")
+        return value
+    if name in _BOOL_FIELDS:
+        return parse_bool(value, what=name)
+    if name in _LIST_FIELDS:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",")] if value.strip() else []
+        if not isinstance(value, Sequence) or not all(isinstance(v, str) and v for v in value):
+            raise MemfitError(f"{name} must be a list of non-empty names, got {value!r}")
+        return tuple(value)
+    if name in _STR_FIELDS:
+        if not isinstance(value, str):
+            raise MemfitError(f"{name} must be a string, got {value!r}")
+        return value
+    raise AssertionError(f"no type for PeftSpec field {name}")  # a PeftSpec field this table misses
+
+
+def load_adapter_config(path: str | Path) -> PeftSpec:
+    """A ``PeftSpec`` from a PEFT ``adapter_config.json`` (or a directory holding one).
+
+    Supports ``peft_type`` LORA, PREFIX_TUNING and PROMPT_TUNING. The values peft saved after
+    preparing the config (``token_dim``, ``num_layers``, ``num_transformer_submodules``) are kept,
+    so the adapter is rebuilt as trained. ``inference_mode`` is ignored: memfit sizes training
+    (peft's ``from_pretrained(..., is_trainable=True)``).
+    """
+    file = Path(path)
+    try:
+        if file.is_dir():
+            file = file / "adapter_config.json"
+        exists = file.exists()
+    except OSError as exc:
+        raise MemfitError(f"cannot read adapter config {file}: {exc.strerror}") from None
+    if not exists:
+        raise MemfitError(f"no adapter config at {file}")
+    raw = parse_json(read_text(file, what="adapter config"), what=str(file))
+    if not isinstance(raw, dict):
+        raise MemfitError(f"{file} must hold a JSON object, got {type(raw).__name__}")
+    try:
+        return adapter_config_spec(raw)
+    except MemfitError as exc:
+        raise MemfitError(f"{file}: {exc}") from None
+
+
+_PEFT_REFUSES_NULL: Mapping[str, tuple[str, ...]] = {
+    "lora": ("r", "lora_alpha", "bias"),
+    "prefix": ("num_virtual_tokens",),
+    "prompt": ("num_virtual_tokens",),
+}
+"""Keys whose JSON null peft 0.21.2 takes as given and then fails on in ``get_peft_model``
+(``'<=' not supported between 'NoneType' and 'int'`` for r, ``unsupported operand`` for
+lora_alpha and num_virtual_tokens, ``'NoneType' object has no attribute 'endswith'`` for bias):
+memfit refuses them too, never swapping in a default (tests/exact/test_peft_refusals.py)."""
+
+_PEFT_INTS: Mapping[str, tuple[str, ...]] = {
+    "lora": ("r",),
+    "prefix": ("num_virtual_tokens", "token_dim", "num_layers", "encoder_hidden_size"),
+    "prompt": ("num_virtual_tokens", "token_dim", "num_transformer_submodules"),
+}
+"""Keys peft uses as tensor sizes: a JSON string or float there fails in ``torch.empty`` / ``nn.Linear``."""
+
+
+def _as_peft_reads_it(raw: Mapping[str, Any], method: str) -> None:
+    """Refuse what ``PeftConfig.from_pretrained`` + ``get_peft_model`` would refuse, with its reason."""
+    for key in _PEFT_REFUSES_NULL[method]:
+        if key in raw and raw[key] is None:
+            raise MemfitError(f"{key} is null; peft takes that as given and fails on it (get_peft_model raises); "
+                              "write a value or leave the key out for peft's default")
+    for key in _PEFT_INTS[method]:
+        value = raw.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise MemfitError(f"{key} must be a JSON integer, got {value!r}; peft uses it as a tensor size and fails on "
+                              "anything else")
+    alpha = raw.get("lora_alpha")
+    if method == "lora" and alpha is not None and (isinstance(alpha, (bool, str)) or not isinstance(alpha, (int, float))):
+        raise MemfitError(f"lora_alpha must be a number, got {alpha!r}; peft divides it by r and fails on anything else")
+    targets = raw.get("target_modules")
+    if method == "lora" and targets is not None and not isinstance(targets, str) and not (
+            isinstance(targets, list) and all(isinstance(t, str) for t in targets)):
+        raise MemfitError(f"target_modules must be a list of module names or one regular expression, got {targets!r}")
+    if method == "lora" and targets == []:
+        raise MemfitError("target_modules is an empty list: peft finds no module to adapt (get_peft_model raises "
+                          "NoMatchingPeftModuleError)")
+
+
+def adapter_config_spec(raw: Mapping[str, Any]) -> PeftSpec:
+    """A ``PeftSpec`` from an adapter config's dict: ``adapter_config.json``'s content, or a live
+    peft config as ``save_pretrained`` writes it (its sets as lists: ``memfit.check`` converts them)."""
+    peft_type = raw.get("peft_type")
+    peft_type = getattr(peft_type, "value", peft_type)  # a live config holds the PeftType enum
+    if peft_type not in _PEFT_TYPES:
+        raise MemfitError(f"peft_type {peft_type!r} is not supported; memfit models {', '.join(_PEFT_TYPES)}")
+    method = _PEFT_TYPES[peft_type]
+    _as_peft_reads_it(raw, method)
+    options = _lora_options(raw) if method == "lora" else _prompt_learning_options(raw, method)
+    return parse_peft_options(method, **options)
+
+
+def _lora_options(raw: Mapping[str, Any]) -> dict[str, Any]:
+    for key, default in _LORA_KEYS_AT_DEFAULT.items():
+        value = raw.get(key, default)
+        if value != default and value not in (None, [], {}, False):
+            raise MemfitError(f"LoRA setting {key}={value!r} is not modelled by memfit")
+    targets = raw.get("target_modules")
+    options: dict[str, Any] = {
+        "lora_r": raw.get("r"),
+        "lora_alpha": raw.get("lora_alpha"),
+        "lora_bias": raw.get("bias"),
+        "modules_to_save": raw.get("modules_to_save") or None,
+        "use_dora": raw.get("use_dora"),
+        "task_type": raw.get("task_type"),
+    }
+    if isinstance(targets, str):
+        options["target_modules_pattern"] = ALL_LINEAR if targets.lower() == ALL_LINEAR else targets
+    elif targets:
+        options["target_modules"] = list(targets)
+    return options
+
+
+def _prompt_learning_options(raw: Mapping[str, Any], method: str) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        "num_virtual_tokens": raw.get("num_virtual_tokens"),
+        "modules_to_save": raw.get("modules_to_save") or None,
+        "task_type": raw.get("task_type"),
+        "token_dim": raw.get("token_dim"),
+    }
+    if method == "prefix":
+        projection = bool(raw.get("prefix_projection", False))
+        options["prefix_projection"] = projection
+        options["num_layers"] = raw.get("num_layers")
+        options["encoder_hidden_size"] = raw.get("encoder_hidden_size") if projection else None
+    else:
+        options["num_transformer_submodules"] = raw.get("num_transformer_submodules")
+    return options

@@ -1,0 +1,52 @@
+"""What the user trains: full fine-tuning or a parameter-efficient method, as typed settings.
+
+Parsed once at the edge (CLI flags, scenario YAML, or a PEFT ``adapter_config.json``); the core
+never sees raw dicts. ``memfit.core.peft.params.apply_peft`` turns a ``PeftSpec`` and a ``ModelShape``
+into the trained model's parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeftSpec:
+    """A PEFT method and its options (only the fields of the chosen method matter)."""
+
+    method: str = "full"
+    """``full``, ``prefix``, ``prompt``, ``lora`` or ``freeze``."""
+    num_virtual_tokens: int = 20
+    """prefix/prompt: virtual tokens prepended to every sequence."""
+    prefix_projection: bool = False
+    """prefix: reparameterize through an MLP encoder (P-tuning v2 / the seed's prefix encoder)."""
+    encoder_hidden_size: int | None = None
+    """prefix with projection: width of the encoder MLP (peft default: token_dim, i.e. head_dim x kv heads)."""
+    lora_r: int = 8
+    lora_alpha: int | float = 8
+    target_modules: tuple[str, ...] = ()
+    """lora: module name suffixes to adapt (empty: peft's default for the model type)."""
+    lora_bias: str = "none"
+    """lora: ``none``, ``all`` or ``lora_only`` (which biases train)."""
+    modules_to_save: tuple[str, ...] = ()
+    """lora/prefix/prompt: modules fully trained as well (e.g. a classifier head)."""
+    freeze_patterns: tuple[str, ...] = ()
+    """freeze: glob patterns over parameter names to freeze; everything else trains."""
+    train_patterns: tuple[str, ...] = ()
+    """freeze: glob patterns over parameter names that train; everything else is frozen."""
+    target_modules_pattern: str | None = None
+    """lora: peft's string form of ``target_modules``: a regular expression a module name must match
+    in full (``re.fullmatch``), or ``all-linear`` (every Linear/Conv1D layer but the output head).
+    Used instead of ``target_modules`` when set."""
+    use_dora: bool = False
+    """lora: DoRA, which adds one trainable magnitude vector (the layer's output width) per layer."""
+    task_type: str | None = None
+    """peft ``TaskType`` (``CAUSAL_LM``, ``SEQ_2_SEQ_LM``, ``SEQ_CLS``, ``TOKEN_CLS``,
+    ``QUESTION_ANS``, ``FEATURE_EXTRACTION``); ``None``: derived from the model's architecture."""
+    token_dim: int | None = None
+    """prefix/prompt: peft's ``token_dim`` as saved in an adapter_config.json (``None``: from the
+    model, as peft's ``_prepare_prompt_learning_config`` derives it)."""
+    num_layers: int | None = None
+    """prefix: peft's ``num_layers`` as saved in an adapter_config.json (``None``: from the model)."""
+    num_transformer_submodules: int | None = None
+    """prompt: peft's ``num_transformer_submodules`` (``None``: 2 for SEQ_2_SEQ_LM, else 1)."""

@@ -1,0 +1,1 @@
+"""``memfit recommend`` outside DeepSpeed (torch, DDP, FSDP/FSDP2)."""

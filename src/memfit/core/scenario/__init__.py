@@ -1,0 +1,1 @@
+"""A training scenario: every input a plan needs (``types``), read from YAML, flags and the user's files."""
