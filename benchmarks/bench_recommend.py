@@ -27,7 +27,7 @@ def main() -> None:
     from memfit.core.plan import make_plan
     from memfit.core.recommend import prepare, recommend
     from memfit.core.recommend.deepspeed.estimate import estimate_peaks
-    from memfit.core.recommend.search import search
+    from memfit.core.recommend.deepspeed.search import search
     from memfit.core.recommend.deepspeed.space import enumerate_candidates
     from memfit.core.scenario.read import read_scenario_file
 

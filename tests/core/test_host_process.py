@@ -11,7 +11,7 @@ from conftest import SEED
 from memfit.core.ledger import host_process as hp
 from memfit.core.plan import make_plan
 from memfit.core.recommend.deepspeed.estimate import estimate_peaks
-from memfit.core.recommend.search import prepare
+from memfit.core.recommend.deepspeed.search import prepare
 from memfit.core.scenario.read import ScenarioInputs, build_scenario, read_scenario_file
 
 

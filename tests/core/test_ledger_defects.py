@@ -14,7 +14,7 @@ from memfit.core.ledger.context import ceil_div
 from memfit.core.ledger_types import Device
 from memfit.core.plan import make_plan
 from memfit.core.recommend.deepspeed.estimate import estimate_peaks
-from memfit.core.recommend.search import prepare
+from memfit.core.recommend.deepspeed.search import prepare
 from memfit.core.scenario.read import ScenarioInputs, build_scenario
 from memfit.errors import MemfitError
 

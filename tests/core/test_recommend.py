@@ -29,7 +29,7 @@ from memfit.core.recommend.patch import (
     describe_changes,
     patch_deepspeed_json,
 )
-from memfit.core.recommend.search import prepare
+from memfit.core.recommend.deepspeed.search import prepare
 from memfit.core.recommend.deepspeed.space import enumerate_candidates
 from memfit.core.scenario.read import ScenarioInputs, build_scenario, read_scenario_file
 from memfit.errors import MemfitError

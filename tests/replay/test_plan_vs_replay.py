@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from memfit.replay.compare import ITEM_RULES, compare_replay
+from memfit.replay.compare import compare_replay
+from memfit.replay.deepspeed.compare import ITEM_RULES
 from memfit.replay.measurement import load_fixture
 
 FIXTURES = sorted(glob.glob(str(Path(__file__).resolve().parents[1] / "fixtures" / "replay" / "*.json")))
@@ -109,7 +110,7 @@ def test_every_measured_item_is_byte_exact_with_its_pinned_part(path):
     m, c = _comparison(path)
     assert c.items, "no attributable allocations in this fixture"
     assert not c.missing, f"the replay did not report {c.missing}: re-record the fixture or fix the rule"
-    assert not c.unknown, f"no rule compares {c.unknown}: add it to memfit.replay.compare.ITEM_RULES"
+    assert not c.unknown, f"no rule compares {c.unknown}: add it to memfit.replay.deepspeed.compare.ITEM_RULES"
     assert all(i.measured_pinned_bytes is not None for i in c.items), \
         "fixture predates pinned_bytes: rerun python -m memfit.replay.deepspeed.record_fixtures --overwrite"
     wrong = {f"{i.key}@{i.at}": (i.predicted_bytes, i.measured_bytes, i.predicted_pinned_bytes, i.measured_pinned_bytes)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memfit.core.findings.deepspeed import derive_findings
+from memfit.core.findings.derive import derive_findings
 from memfit.core.ledger.build import build_timeline
 from memfit.core.ledger_types import ParamCounts, Plan, TracedStep
 from memfit.core.scenario.types import Scenario

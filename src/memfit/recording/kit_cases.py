@@ -10,7 +10,7 @@ On CUDA the sizes are real (the seed at 2 layers and at full size, Llama-2-7b at
 ``--dry-run`` the same code runs on the CPU with tiny configs (the replay fixtures' 128-wide GPT-J
 and Llama), so the kit cannot rot: tests/recording/test_gpu_kit.py runs it in CI.
 
-DeepSpeed cases run the replay's own recipe (``memfit.replay.child.ChildRun``: model from config,
+DeepSpeed cases run the replay's own recipe (``memfit.replay.deepspeed.child.ChildRun``: model from config,
 peft, ``deepspeed.initialize`` cut into phases by ``memfit.replay.deepspeed.seams``, steps on random tokens,
 the 16-bit save) on rank 0 of a fake 2-rank world (``memfit.replay.fake_world``).
 """
@@ -147,7 +147,7 @@ def deepspeed_spec(ctx: KitContext):
 
 
 def run_deepspeed(ctx: KitContext, rec) -> None:
-    from memfit.replay.child import ChildRun, launcher_env
+    from memfit.replay.deepspeed.child import ChildRun, launcher_env
 
     spec = deepspeed_spec(ctx)
     os.environ.update(launcher_env(spec))

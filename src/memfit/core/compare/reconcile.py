@@ -24,9 +24,10 @@ from memfit.core.compare.phases import (
     tensor_gpu_bytes,
     tensor_gpu_exact,
 )
+from memfit.core.compare.run import RecordedRun
 from memfit.core.compare.simcheck import check_snapshot
 from memfit.core.compare.timeline import build_timeline
-from memfit.core.compare.trace import BEFORE, UNKNOWN, KeyedReplay, TraceReplay, peak_in, replay_levels
+from memfit.core.compare.trace import BEFORE, UNKNOWN, KeyedReplay
 from memfit.core.compare.types import (
     Attribution,
     Cell,
@@ -40,85 +41,8 @@ from memfit.core.compare.types import (
     UnplannedAllocation,
 )
 from memfit.core.ledger_types import Device, Plan
-from memfit.core.records.types import MemorySnapshot, PhaseStats, RecordSet, SmiSample
+from memfit.core.records.types import MemorySnapshot, RecordSet
 from memfit.errors import MemfitError
-
-
-class _Run:
-    """Everything recorded for one rank, indexed by phase."""
-
-    def __init__(self, plan: Plan, records: RecordSet, rank: int) -> None:
-        self.plan, self.records, self.rank = plan, records, rank
-        self.notes: list[str] = []
-        self.stats = records.stats_for(rank)
-        self.snapshot = records.snapshot_for(rank)
-        self.occ: dict[str, list[PhaseStats]] = {}
-        for ph in (self.stats.phases if self.stats else ()):
-            self.occ.setdefault(ph.name, []).append(ph)
-        self.windows = {n: [(p.t_start_us, p.t_end_us) for p in ps if p.t_start_us is not None and p.t_end_us is not None]
-                        for n, ps in self.occ.items()}
-        self.ds = [ln for log in records.ds_logs for ln in log.lines if (ln.rank if ln.rank is not None else 0) == rank]
-        if records.ds_logs and not self.ds:
-            self.notes.append(f"the DeepSpeed log has no reports from rank {rank} (DeepSpeed prints them on rank 0 only)")
-        self.device, self.replay = self._trace()
-        self.smi = self._smi()
-
-    def _trace(self) -> tuple[int, TraceReplay | None]:
-        snap = self.snapshot
-        if snap is None or not snap.traces:
-            if snap is not None:
-                self.notes.append(f"{snap.path}: no device trace (history was not recorded): its segments are the "
-                                  "state at the dump only")
-            return 0, None
-        trace = max(snap.traces, key=lambda t: len(t.events))
-        if len(snap.traces) > 1:
-            self.notes.append(f"{snap.path}: traces for devices {[t.device for t in snap.traces]}; device {trace.device} "
-                              "(the most events) is compared")
-        replay = replay_levels(snap, trace.device)
-        self.notes.extend(replay.notes)
-        if not replay.consistent:
-            return trace.device, None
-        if self.windows and not any(e.time_us for e in replay.events):
-            self.notes.append(f"{snap.path}: trace entries carry no time_us (torch < 2.1): placed in no phase")
-        elif self.windows:
-            spans = [w for ws in self.windows.values() for w in ws]
-            lo, hi = min(w[0] for w in spans), max(w[1] for w in spans)
-            if not any(e.time_us is not None and lo <= e.time_us < hi for e in replay.events):
-                self.notes.append(f"{snap.path}: none of its trace entries falls inside the recorded phases "
-                                  "(its time_us and the stats file's clocks disagree): trace figures are shown for the "
-                                  "whole run only")
-        return trace.device, replay
-
-    def _smi(self) -> list[SmiSample]:
-        samples = [s for rec in self.records.smi for s in rec.samples]
-        if not samples:
-            return []
-        gpus = sorted({s.gpu for s in samples})
-        gpu = gpus[0] if len(gpus) == 1 else self.rank
-        if len(gpus) > 1:
-            self.notes.append(f"nvidia-smi lists GPUs {gpus}: GPU {gpu} is taken to be rank {self.rank}'s (local rank = GPU index)")
-        return [s for s in samples if s.gpu == gpu]
-
-    # ------------------------------------------------------------------ recorded figures per phase
-
-    def trace_window(self, t0: int, t1: int) -> tuple[int, int, int | None] | None:
-        """(peak live, peak reserved, event index at the live peak; -1: the level at entry)."""
-        r = self.replay
-        if r is None:
-            return None
-        times = [e.time_us for e in r.events]
-        i = next((k for k, t in enumerate(times) if t is not None and t >= t0), len(times))
-        j = next((k for k in range(i, len(times)) if times[k] is not None and times[k] >= t1), len(times))
-        live, at, res = peak_in(r, i, j)
-        return live, res, (at if at is not None else i - 1)
-
-    def smi_window(self, t0: int, t1: int) -> tuple[int, int] | None:
-        off = self.stats.utc_offset_s if self.stats else None
-        if off is None:
-            return None
-        lo, hi = t0 + off * 1_000_000, t1 + off * 1_000_000
-        inside = [s.used_bytes for s in self.smi if s.local_time_us is not None and lo <= s.local_time_us < hi]
-        return (max(inside), len(inside)) if inside else None
 
 
 def _fig(value: int | None, source: str, *, tol: int = 0, note: str = "") -> Figure | None:
@@ -130,7 +54,7 @@ def _maxfig(figs: list[Figure | None]) -> Figure | None:
     return max(real, key=lambda f: f.bytes) if real else None
 
 
-def _recorded(run: _Run, name: str) -> dict[str, list[Figure]]:
+def _recorded(run: RecordedRun, name: str) -> dict[str, list[Figure]]:
     out: dict[str, list[Figure]] = {q: [] for q in ("allocated", "reserved", "pinned", "nvidia_smi")}
     whole = name == WHOLE_RUN
     occ = [p for ps in run.occ.values() for p in ps] if whole else run.occ.get(name, [])
@@ -216,7 +140,7 @@ def _planned(plan: Plan, names: tuple[str, ...]) -> dict[str, Figure | None]:
     return out
 
 
-def _rows(plan: Plan, run: _Run) -> list[PhaseRow]:
+def _rows(plan: Plan, run: RecordedRun) -> list[PhaseRow]:
     names: list[str] = []
     seen: dict[str, int] = {}
     for n in [*run.occ, *(ln.phase for ln in run.ds if ln.phase)]:
@@ -246,7 +170,7 @@ def _key_name(keys: tuple[str, ...], inplan: list, gpu_items: dict) -> str:
     return f"{', '.join(keys)} (a memfit rule; not in the plan)"
 
 
-def _blocks_attribution(plan: Plan, run: _Run) -> Attribution | None:
+def _blocks_attribution(plan: Plan, run: RecordedRun) -> Attribution | None:
     """No trace (history off, or ``enabled="state"``): the blocks live at the dump, by their frames,
     against what the plan keeps at the end of the last recorded phase (its resident items)."""
     snap = run.snapshot
@@ -279,7 +203,7 @@ def _blocks_attribution(plan: Plan, run: _Run) -> Attribution | None:
                        notes=("no trace in the snapshot: the blocks live when it was taken, by their frames",))
 
 
-def _attribution(plan: Plan, run: _Run) -> Attribution | None:
+def _attribution(plan: Plan, run: RecordedRun) -> Attribution | None:
     r = run.replay
     if r is None:
         return _blocks_attribution(plan, run)
@@ -400,7 +324,7 @@ def reconcile(plan: Plan, records: RecordSet, *, rank: int | None = None, capaci
         rank = ranks[0]
     elif (records.stats or records.snapshots) and rank not in ranks:
         raise MemfitError(f"--rank {rank}: the records hold ranks {', '.join(map(str, ranks))}")
-    run = _Run(plan, records, rank)
+    run = RecordedRun(plan, records, rank)
     rows = _rows(plan, run)
     attribution = _attribution(plan, run)
     simulator = (check_snapshot(run.snapshot, rank=rank, device=run.device,

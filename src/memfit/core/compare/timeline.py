@@ -8,14 +8,10 @@ most ``POINTS_PER_COLUMN`` points per curve (the highest of each slice), so ever
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from memfit.core.compare.phases import WHOLE_RUN, covered, tensor_gpu_bytes
+from memfit.core.compare.run import RecordedRun
 from memfit.core.compare.types import Series, SeriesPoint, Timeline
 from memfit.core.ledger_types import Plan
-
-if TYPE_CHECKING:
-    from memfit.core.compare.reconcile import _Run
 
 POINTS_PER_COLUMN = 120
 
@@ -37,7 +33,7 @@ def _thin(points: list[tuple[float, int]], col: int) -> list[SeriesPoint]:
     return [SeriesPoint(x=x, bytes=b) for x, b in sorted(set(keep))]
 
 
-def build_timeline(plan: Plan, run: "_Run", capacity_bytes: int | None) -> Timeline | None:
+def build_timeline(plan: Plan, run: RecordedRun, capacity_bytes: int | None) -> Timeline | None:
     cols: list[tuple[str, int, int]] = sorted(((p.name, p.t_start_us, p.t_end_us) for ps in run.occ.values() for p in ps
                                                if p.t_start_us is not None and p.t_end_us is not None), key=lambda c: c[1])
     r = run.replay

@@ -1,4 +1,4 @@
-"""Plain-words findings: why a run fails or nearly fails, and what the numbers mean.
+"""Plain-words findings of a DeepSpeed run: why it fails or nearly fails, and what the numbers mean.
 
 Every finding is computed from the ledger (never recomputed from formulas of its own), so the
 numbers it quotes are the numbers the tables show.
@@ -7,7 +7,6 @@ numbers it quotes are the numbers the tables show.
 from __future__ import annotations
 
 from memfit.core.findings.common import _first_failure, _host_findings, _item, _phase, _tightest
-from memfit.core.findings.pytorch import framework_findings
 from memfit.core.findings.inputs import input_findings
 from memfit.core.ledger_types import Device, Finding, PhaseLedger, Verdict
 from memfit.core.scenario.types import Scenario
@@ -15,9 +14,7 @@ from memfit.core.units import fmt_both, fmt_bytes
 from memfit.core.verdict import gpu_figure
 
 
-def derive_findings(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: Verdict) -> tuple[Finding, ...]:
-    if sc.framework != "deepspeed":
-        return framework_findings(sc, phases, verdict)
+def deepspeed_findings(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: Verdict) -> tuple[Finding, ...]:
     out: list[Finding] = []
     ds = sc.deepspeed
     z = ds.zero

@@ -19,7 +19,7 @@ def _peak_item(phases: tuple[PhaseLedger, ...], key: str) -> int:
     return max((i.bytes for ph in phases for i in ph.items if i.key == key), default=0)
 
 
-def framework_findings(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: Verdict) -> tuple[Finding, ...]:
+def pytorch_findings(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: Verdict) -> tuple[Finding, ...]:
     out: list[Finding] = []
     failure = _first_failure(sc, phases, verdict)
     if failure is not None:

@@ -44,7 +44,7 @@ from memfit.replay.pytorch.attribution import _item, optimizer_state_tensors, qu
 
 
 class TorchChildRun:
-    """One non-DeepSpeed replay inside the child process (mirrors ``memfit.replay.child.ChildRun``)."""
+    """One non-DeepSpeed replay inside the child process (mirrors ``memfit.replay.deepspeed.child.ChildRun``)."""
 
     def __init__(self, spec: ReplaySpec, *, progress_path: str | None, command: str) -> None:
         self.spec = spec

@@ -3,12 +3,15 @@
 ``torch_scenario_of(measurement)`` rebuilds, with the pure core, the scenario a torch/DDP/FSDP replay
 ran (model config with the ``layers`` override, PEFT spec, training, quantization, DDP and FSDP
 settings, world size, the CPU accelerator, a random-init build); ``TORCH_ITEM_MAP`` lines up the
-sizes the replay read off its objects with the ledger items that mirror them. No torch here.
+sizes the replay read off its objects with the ledger items that mirror them, and ``compare_torch``
+compares them and the host peak per phase. No torch here.
 """
 
 from __future__ import annotations
 
+from memfit.core.ledger_types import Plan
 from memfit.core.scenario.types import Scenario
+from memfit.replay.comparison import Comparison, ItemComparison, PhaseComparison, tensor_host_peak
 from memfit.replay.measurement import Measurement
 
 TORCH_ITEM_MAP: dict[str, tuple[tuple[str, ...], str, str]] = {
@@ -54,3 +57,28 @@ def torch_scenario_of(m: Measurement) -> Scenario:
         quant=QuantSettings(**tup(spec.quantization)) if spec.quantization else QuantSettings(),
         ddp=DdpSettings(**tup(spec.ddp)), fsdp=FsdpSettings(**tup(spec.fsdp)),
     )
+
+
+def compare_torch(plan: Plan, m: Measurement) -> Comparison:
+    """A torch/DDP/FSDP replay (``memfit.replay.pytorch.child``): the sizes it read off its objects
+    (``TORCH_ITEM_MAP``) against the ledger items mirroring them, and the host peak per phase under
+    the names the plan uses. No pinned attribution: the CPU replays of these frameworks pin nothing."""
+    items = []
+    for rkey, (lkeys, phase, at) in TORCH_ITEM_MAP.items():
+        measured = m.items(at).get(rkey)
+        if measured is None:
+            continue
+        res = {i.key: i.bytes for i in plan.phase(phase).resident}
+        items.append(ItemComparison(key=rkey, at=at, ledger_keys=lkeys, measured_bytes=measured,
+                                    predicted_bytes=sum(res.get(k, 0) for k in lkeys), pinned_compared=False))
+    phases = []
+    for ph in plan.phases:
+        peak = m.peak(ph.name, "host_peak_bytes")
+        if peak is None:
+            continue
+        gpu = m.peak(ph.name, "device_peak_allocated_bytes")
+        phases.append(PhaseComparison(phase=ph.name, predicted_host_bytes=tensor_host_peak(plan, ph.name),
+                                      measured_host_bytes=peak,
+                                      predicted_gpu_bytes=ph.gpu_peak_bytes if gpu is not None else None,
+                                      measured_gpu_bytes=gpu))
+    return Comparison(case=m.spec.name, items=tuple(items), phases=tuple(phases), notes=tuple(m.substitutions))

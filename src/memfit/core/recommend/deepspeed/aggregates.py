@@ -232,7 +232,7 @@ class ScenarioAggregates:
         return self._cached(("zigather",), build)
 
     def host_load_bytes(self) -> int:
-        """``build.record_process``: the process's imports, tokenizer and dataset."""
+        """``deepspeed/build.record_process``: the process's imports, tokenizer and dataset."""
         from memfit.core.ledger import host_process
 
         sc = self.scenario

@@ -1,6 +1,6 @@
 """Fast per-phase peaks of a candidate: the exact ledger's recipes replayed on aggregates.
 
-``estimate_peaks(agg, cand)`` follows ``memfit.core.ledger.build.build_ledger`` recipe by recipe,
+``estimate_peaks(agg, cand)`` follows ``memfit.core.ledger.deepspeed.build.build_deepspeed_timeline`` recipe by recipe,
 in the same order, but where a recipe loops over parameters it takes the loop's precomputed peak
 and net change from ``ScenarioAggregates`` instead of walking the params, and the five phases up to
 the end of ``initialize`` are memoized per the settings they depend on. What stays per candidate is
@@ -155,8 +155,8 @@ def _initialize(agg: ScenarioAggregates, c: Candidate) -> tuple:
 
     # ---- load (load.record_load / record_load_zero_init), cast, move
     t.phase()
-    t.host(agg.host_load_bytes())  # build.record_process
-    cuda_host = host_process.cuda_part().bytes  # build.record_cuda_host
+    t.host(agg.host_load_bytes())  # ledger/deepspeed/build.record_process
+    cuda_host = host_process.cuda_part().bytes  # ledger/deepspeed/build.record_cuda_host
     if zero_init:
         t.loop(agg.zero_init_build_loop(remote), nb)  # modules built whole on the GPU, then partitioned
         if sc.load.from_checkpoint:

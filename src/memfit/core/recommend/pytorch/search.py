@@ -6,7 +6,7 @@ Fast estimate: every candidate runs the ledger's own recipes on a ``LeanTimeline
 only, no item snapshots) with the model-state view shared between candidates, so its peaks are the
 exact ledger's; ``tests/core/test_recommend.py`` checks them equal to ``make_plan`` on the
 candidate's scenario rebuilt from its inputs, to the byte. The best per signature are then confirmed
-by the exact ledger, as for DeepSpeed (``memfit.core.recommend.search``). The step time is a rough
+by the exact ledger, as for DeepSpeed (``memfit.core.recommend.deepspeed.search``). The step time is a rough
 FLOP/bandwidth estimate, to rank what fits (not a prediction).
 """
 
