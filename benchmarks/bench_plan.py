@@ -24,7 +24,9 @@ LLAMA70 = ["--model", "meta-llama/Meta-Llama-3-70B", "--gpus", "8xa100-80gb", "-
 
 def in_process(args: list[str], n: int = 20) -> list[float]:
     from memfit.core.plan import make_plan
-    from memfit.core.scenario.read import ScenarioInputs, build_scenario, read_scenario_file
+    from memfit.core.scenario.build import build_scenario
+    from memfit.core.scenario.inputs import ScenarioInputs
+    from memfit.core.scenario.read import read_scenario_file
 
     times = []
     for _ in range(n):
@@ -43,7 +45,9 @@ def in_process(args: list[str], n: int = 20) -> list[float]:
 def simulation_cost(args: list[str], n: int = 20) -> tuple[float, float, int]:
     """Best in-process ledger time with and without the allocator simulators, and the events simulated."""
     from memfit.core.ledger import build
-    from memfit.core.scenario.read import ScenarioInputs, build_scenario, read_scenario_file
+    from memfit.core.scenario.build import build_scenario
+    from memfit.core.scenario.inputs import ScenarioInputs
+    from memfit.core.scenario.read import read_scenario_file
 
     if args[0].endswith(".yaml"):
         inputs = read_scenario_file(args[0])

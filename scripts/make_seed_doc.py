@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from memfit.core.plan import make_plan  # noqa: E402
-from memfit.core.scenario.read import build_scenario, read_scenario_file  # noqa: E402
+from memfit.core.scenario.build import build_scenario
+from memfit.core.scenario.read import read_scenario_file  # noqa: E402
 from memfit.core.units import fmt_bytes  # noqa: E402
 from memfit.core.verdict import gpu_figure, host_figure  # noqa: E402
 

@@ -103,7 +103,7 @@ def test_malformed_yaml_and_json(tmp_path):
 
 
 def test_plan_does_not_import_heavy_libraries():
-    code = ("import sys; from memfit.core.scenario.read import build_scenario, read_scenario_file; "
+    code = ("import sys; from memfit.core.scenario.build import build_scenario; from memfit.core.scenario.read import read_scenario_file; "
             "from memfit.core.plan import make_plan; "
             f"make_plan(build_scenario(read_scenario_file({str(SEED)!r}))); "
             "print(sorted(m for m in ('torch','deepspeed','transformers','peft','huggingface_hub') if m in sys.modules))")

@@ -42,7 +42,8 @@ def test_encoder_decoder_target_length_and_task_heads(tmp_path):
     # the scenario carries the target length to the activation model (the ledger's step recipe passes
     # sc.train.target_len to estimate_activation_bytes: see the scenario API test below)
     from memfit.core.activations.analytic import estimate_activation_bytes
-    from memfit.core.scenario.read import ScenarioInputs, build_scenario
+    from memfit.core.scenario.build import build_scenario
+    from memfit.core.scenario.inputs import ScenarioInputs
 
     def activations(target):
         sc = build_scenario(ScenarioInputs(model=t5, seq_len=512, target_len=target))

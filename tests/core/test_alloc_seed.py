@@ -8,7 +8,9 @@ from memfit.core.alloc.non_pytorch import CUBLAS_WORKSPACE, non_pytorch_gpu
 from memfit.core.alloc.versions import resolve_torch_version
 from memfit.core.ledger.build import build_timeline
 from memfit.core.plan import make_plan
-from memfit.core.scenario.read import ScenarioInputs, build_scenario, merge_inputs, read_scenario_file
+from memfit.core.scenario.build import build_scenario
+from memfit.core.scenario.inputs import ScenarioInputs, merge_inputs
+from memfit.core.scenario.read import read_scenario_file
 
 MiB = 2**20
 

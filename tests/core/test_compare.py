@@ -22,7 +22,8 @@ from memfit.core.plan import make_plan
 from memfit.core.records import read_records
 from memfit.core.records.snapshot import parse_snapshot
 from memfit.core.records.types import StackFrame
-from memfit.core.scenario.read import build_scenario, read_scenario_file
+from memfit.core.scenario.build import build_scenario
+from memfit.core.scenario.read import read_scenario_file
 
 from conftest import FIXTURES, ROOT, SEED
 
@@ -197,8 +198,8 @@ def test_no_torch_and_rank_errors(seed):
 
     with pytest.raises(MemfitError, match="--rank 3"):
         reconcile(plan, read_records([RECORDS / "seed-synthetic"]), rank=3)
-    code = ("import sys; from memfit.core.plan import make_plan; from memfit.core.scenario.read import build_scenario, "
-            "read_scenario_file; from memfit.core.records import read_records; from memfit.core.compare import reconcile; "
+    code = ("import sys; from memfit.core.plan import make_plan; from memfit.core.scenario.build import build_scenario; "
+            "from memfit.core.scenario.read import read_scenario_file; from memfit.core.records import read_records; from memfit.core.compare import reconcile; "
             "from memfit.render.compare_out import reconciliation_to_dict; "
             f"rc = reconcile(make_plan(build_scenario(read_scenario_file({str(SEED)!r}))), "
             f"read_records([{str(RECORDS / 'seed-synthetic')!r}])); reconciliation_to_dict(rc); "

@@ -15,7 +15,9 @@ import pytest
 from memfit.core.frameworks.pytorch import TorchSettings
 from memfit.core.ledger_types import TORCH_PHASES
 from memfit.core.plan import make_plan
-from memfit.core.scenario.read import ScenarioInputs, build_scenario, read_scenario_file
+from memfit.core.scenario.build import build_scenario
+from memfit.core.scenario.inputs import ScenarioInputs
+from memfit.core.scenario.read import read_scenario_file
 from memfit.errors import MemfitError
 
 
@@ -146,7 +148,7 @@ def test_amp_casts_live_from_forward_to_backward():
 
 
 def test_plan_is_fast_and_imports_no_torch():
-    code = ("import sys, time; from memfit.core.scenario.read import ScenarioInputs, build_scenario; "
+    code = ("import sys, time; from memfit.core.scenario.build import build_scenario; from memfit.core.scenario.inputs import ScenarioInputs; "
             "from memfit.core.plan import make_plan; "
             "f = lambda: make_plan(build_scenario(ScenarioInputs(model='meta-llama/Meta-Llama-3-8B', peft_method='lora', "
             "quantization={'method': '4bit', 'quant_type': 'nf4', 'double_quant': True, 'compute_dtype': 'bf16'}, "

@@ -12,7 +12,9 @@ from memfit.core.ledger import host_process as hp
 from memfit.core.plan import make_plan
 from memfit.core.recommend.deepspeed.estimate import estimate_peaks
 from memfit.core.recommend.deepspeed.search import prepare
-from memfit.core.scenario.read import ScenarioInputs, build_scenario, read_scenario_file
+from memfit.core.scenario.build import build_scenario
+from memfit.core.scenario.inputs import ScenarioInputs
+from memfit.core.scenario.read import read_scenario_file
 
 
 def _host(plan, phase):

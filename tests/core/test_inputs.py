@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from memfit.core.scenario.read import ScenarioInputs, build_scenario
+from memfit.core.scenario.build import build_scenario
+from memfit.core.scenario.inputs import ScenarioInputs
 from memfit.errors import MemfitError
 
 

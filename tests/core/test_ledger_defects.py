@@ -15,7 +15,8 @@ from memfit.core.ledger_types import Device
 from memfit.core.plan import make_plan
 from memfit.core.recommend.deepspeed.estimate import estimate_peaks
 from memfit.core.recommend.deepspeed.search import prepare
-from memfit.core.scenario.read import ScenarioInputs, build_scenario
+from memfit.core.scenario.build import build_scenario
+from memfit.core.scenario.inputs import ScenarioInputs
 from memfit.errors import MemfitError
 
 ZERO2_OFFLOAD = {"fp16": {"enabled": True}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},

@@ -4,7 +4,8 @@ import dataclasses
 from math import ceil
 
 from memfit.core.plan import make_plan
-from memfit.core.scenario.read import ScenarioInputs, build_scenario
+from memfit.core.scenario.build import build_scenario
+from memfit.core.scenario.inputs import ScenarioInputs
 
 from conftest import EXAMPLES
 

@@ -31,7 +31,9 @@ from memfit.core.recommend.patch import (
 )
 from memfit.core.recommend.deepspeed.search import prepare
 from memfit.core.recommend.deepspeed.space import enumerate_candidates
-from memfit.core.scenario.read import ScenarioInputs, build_scenario, read_scenario_file
+from memfit.core.scenario.build import build_scenario
+from memfit.core.scenario.inputs import ScenarioInputs
+from memfit.core.scenario.read import read_scenario_file
 from memfit.errors import MemfitError
 
 DS = EXAMPLES / "deepspeed"

@@ -17,7 +17,9 @@ from conftest import SEED
 from memfit.core.ledger.context import ceil_div
 from memfit.core.ledger_types import Device, LedgerItem, TracedStep
 from memfit.core.plan import make_plan
-from memfit.core.scenario.read import ScenarioInputs, build_scenario, read_scenario_file
+from memfit.core.scenario.build import build_scenario
+from memfit.core.scenario.inputs import ScenarioInputs
+from memfit.core.scenario.read import read_scenario_file
 
 N_PART_SEED = 478_287_872
 """The seed's prefix encoder, partitioned over 2 ranks (docs/deepspeed-allocations.md section 7)."""
@@ -214,7 +216,8 @@ def test_zero2_buffer_only_when_rank0_partition_gets_a_gradient():
     (stage_1_and_2.py: it is created by the first copy). The fuzz test's seed 1362 crashed here."""
     from memfit.core.ledger.deepspeed.zero012 import grads_in_partition_numel
     from memfit.core.plan import make_plan
-    from memfit.core.scenario.read import ScenarioInputs, build_scenario
+    from memfit.core.scenario.build import build_scenario
+    from memfit.core.scenario.inputs import ScenarioInputs
 
     assert grads_in_partition_numel([4, 4, 4], 6) == 8
     assert grads_in_partition_numel([4, 4, 4], 6, [False, False, True]) == 0

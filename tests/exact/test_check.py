@@ -76,7 +76,8 @@ def test_check_a_live_qlora_model_outside_deepspeed(tmp_path):
     import memfit
     from memfit.core.frameworks.pytorch import QuantSettings
     from memfit.core.plan import make_plan
-    from memfit.core.scenario.read import ScenarioInputs, build_scenario
+    from memfit.core.scenario.build import build_scenario
+    from memfit.core.scenario.inputs import ScenarioInputs
     from memfit.replay.model_build import apply_peft
     from memfit.replay.pytorch.quantize import build_quantized_model
     from memfit.replay.deepspeed.record_fixtures import TINY_LLAMA

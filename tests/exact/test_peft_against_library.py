@@ -18,11 +18,9 @@ transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
 from memfit.core.model import ArchSpec, ModelShape  # noqa: E402
-from memfit.core.peft.params import (  # noqa: E402
-    LORA_DEFAULT_TARGET_MODULES,
-    MODEL_TYPES_WITHOUT_KV_HEADS_KEY,
-    apply_peft,
-)
+from memfit.core.peft.lora import LORA_DEFAULT_TARGET_MODULES  # noqa: E402
+from memfit.core.peft.params import apply_peft  # noqa: E402
+from memfit.core.peft.prompt_learning import MODEL_TYPES_WITHOUT_KV_HEADS_KEY  # noqa: E402
 from memfit.core.peft.parse import load_adapter_config  # noqa: E402
 from memfit.core.peft.spec import PeftSpec  # noqa: E402
 from memfit.errors import MemfitError  # noqa: E402

@@ -41,7 +41,8 @@ def _configs():
 def _scenario(cfg, q, tmp_path):
     import json
 
-    from memfit.core.scenario.read import ScenarioInputs, build_scenario
+    from memfit.core.scenario.build import build_scenario
+    from memfit.core.scenario.inputs import ScenarioInputs
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))

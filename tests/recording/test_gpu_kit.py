@@ -74,7 +74,9 @@ def test_checks_can_fail(tmp_path):
     (0.5 casts them to fp16 with the params; 0.19 moves them in fp32: +262,144 B), the pinned and
     reserved checks hold."""
     from memfit.replay.deepspeed.record_fixtures import SEED_PREFIX  # noqa: F401 - the kit's own imports work
-    from memfit.core.scenario.read import ScenarioInputs, build_scenario, merge_inputs, read_scenario_file
+    from memfit.core.scenario.build import build_scenario
+    from memfit.core.scenario.inputs import ScenarioInputs, merge_inputs
+    from memfit.core.scenario.read import read_scenario_file
     from memfit.replay.spec import spec_from_scenario
 
     case = tmp_path / "seed_full_24gb"

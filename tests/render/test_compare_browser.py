@@ -9,7 +9,8 @@ import pytest
 from memfit.core.compare import reconcile
 from memfit.core.plan import make_plan
 from memfit.core.records import read_records
-from memfit.core.scenario.read import build_scenario, read_scenario_file
+from memfit.core.scenario.build import build_scenario
+from memfit.core.scenario.read import read_scenario_file
 from memfit.render.charts import timeline_chart_svg
 from memfit.render.compare_out import html_sections
 from memfit.render.report import html_report

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from memfit.core.plan import make_plan
-from memfit.core.scenario.read import build_scenario, read_scenario_file
+from memfit.core.scenario.build import build_scenario
+from memfit.core.scenario.read import read_scenario_file
 from memfit.render.report import html_report, markdown_report
 
 from conftest import SEED

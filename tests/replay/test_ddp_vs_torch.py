@@ -112,7 +112,8 @@ def test_ddp_buckets_match_the_reducers(ddp, tmp_path):
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from memfit.core.ledger.pytorch.build import build_torch_timeline
-    from memfit.core.scenario.read import ScenarioInputs, build_scenario
+    from memfit.core.scenario.build import build_scenario
+    from memfit.core.scenario.inputs import ScenarioInputs
     from memfit.replay.model_build import build_model
     from memfit.replay.deepspeed.record_fixtures import TINY_LLAMA
     from memfit.replay.pytorch.ddp import bucket_bytes, wrap_ddp

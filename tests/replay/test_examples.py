@@ -21,7 +21,8 @@ import pytest
 from conftest import EXAMPLES, ROOT
 
 from memfit.core.plan import make_plan
-from memfit.core.scenario.read import build_scenario, read_scenario_file
+from memfit.core.scenario.build import build_scenario
+from memfit.core.scenario.read import read_scenario_file
 from memfit.replay.compare import compare, scenario_of
 from memfit.replay.measurement import load_fixture
 

@@ -1,4 +1,4 @@
-"""FSDP1's flat parameters in the core (``memfit.core.ledger.pytorch.fsdp.build_units``) against the
+"""FSDP1's flat parameters in the core (``memfit.core.ledger.pytorch.fsdp_units.build_units``) against the
 ``FlatParameter`` objects real ``FullyShardedDataParallel`` builds, in a fake world on this CPU.
 
 The replay fixtures run FSDP1 with W = 2 on a model whose sizes are all multiples of 4 elements, where
@@ -23,9 +23,10 @@ CASES = [(3, True), (4, True), (4, False)]
 
 
 def _memfit(cfg, W, use_orig, tmp_path):
-    from memfit.core.ledger.pytorch.fsdp import build_units
+    from memfit.core.ledger.pytorch.fsdp_units import build_units
     from memfit.core.ledger.pytorch.params import build_torch_model
-    from memfit.core.scenario.read import ScenarioInputs, build_scenario
+    from memfit.core.scenario.build import build_scenario
+    from memfit.core.scenario.inputs import ScenarioInputs
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))

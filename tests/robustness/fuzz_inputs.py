@@ -235,7 +235,8 @@ def _silent_keys(raw: dict, warnings: tuple[str, ...]) -> list[str]:
 def check(c: Case, workdir: Path) -> tuple[str, list[str]]:
     """``("planned" | "refused", problems)`` for one case."""
     from memfit.core.plan import make_plan
-    from memfit.core.scenario.read import ScenarioInputs, build_scenario, describe_scenario
+    from memfit.core.scenario.build import build_scenario, describe_scenario
+    from memfit.core.scenario.inputs import ScenarioInputs
     from memfit.render.json_out import plan_to_dict
 
     model = workdir / f"model-{c.seed}.json"

@@ -13,7 +13,10 @@ import yaml
 from clirun import assert_one_line_error, cli
 from conftest import EXAMPLES, FIXTURES, SEED
 from memfit.core.dsconfig import AutoContext, parse_deepspeed_config
-from memfit.core.scenario.read import ScenarioInputs, build_scenario, check_inputs, read_scenario_file
+from memfit.core.scenario.build import build_scenario
+from memfit.core.scenario.inputs import ScenarioInputs
+from memfit.core.scenario.read import read_scenario_file
+from memfit.core.scenario.validate import check_inputs
 from memfit.errors import MemfitError
 
 TINY = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,

@@ -36,7 +36,8 @@ def _ledger(cfg, extra, ckpt, tmp_path):
     from memfit.core.ledger.pytorch.params import build_torch_model
     from memfit.core.ledger.pytorch.step import GradSink, build_step_context
     from memfit.core.optimizers import resolve_optimizer
-    from memfit.core.scenario.read import ScenarioInputs, build_scenario
+    from memfit.core.scenario.build import build_scenario
+    from memfit.core.scenario.inputs import ScenarioInputs
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))

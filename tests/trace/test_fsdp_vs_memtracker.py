@@ -24,7 +24,8 @@ CASES = [(2, {}), (4, {}), (4, {"mixed_precision": "bf16"}), (3, {"sharding_stra
 
 
 def _ledger(tmp_path, W, fsdp):
-    from memfit.core.scenario.read import ScenarioInputs, build_scenario
+    from memfit.core.scenario.build import build_scenario
+    from memfit.core.scenario.inputs import ScenarioInputs
     from memfit.core.ledger.timeline import Timeline
     from memfit.core.ledger.pytorch.build import build_torch_ledger
     from memfit.replay.deepspeed.record_fixtures import TINY_LLAMA

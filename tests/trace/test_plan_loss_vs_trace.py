@@ -19,7 +19,8 @@ import json
 import pytest
 
 from memfit.core.plan import make_plan
-from memfit.core.scenario.read import ScenarioInputs, build_scenario
+from memfit.core.scenario.build import build_scenario
+from memfit.core.scenario.inputs import ScenarioInputs
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from memfit.core.activations.analytic import estimate_activation_bytes
-from memfit.core.scenario.read import build_scenario, read_scenario_file
+from memfit.core.scenario.build import build_scenario
+from memfit.core.scenario.read import read_scenario_file
 
 from conftest import FIXTURES, SEED
 

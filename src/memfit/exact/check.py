@@ -286,7 +286,7 @@ def _framework_scenario(sc, model, *, framework, precision, optim, grad_accum, d
     import torch
 
     from memfit.core.frameworks.resolve import resolve_framework_settings
-    from memfit.core.scenario.read import ScenarioInputs
+    from memfit.core.scenario.inputs import ScenarioInputs
 
     quant = None
     for mod in _bnb_modules(model):

@@ -11,7 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from memfit.core.model import ParamSpec
-from memfit.core.peft.params import ALL_LINEAR, resolve_task_type, trained_under_freeze, validate_peft_spec
+from memfit.core.peft.lora import ALL_LINEAR
+from memfit.core.peft.modules import resolve_task_type
+from memfit.core.peft.params import trained_under_freeze, validate_peft_spec
 from memfit.core.peft.spec import PeftSpec
 
 if TYPE_CHECKING:

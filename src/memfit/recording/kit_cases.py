@@ -121,7 +121,9 @@ def deepspeed_spec(ctx: KitContext):
             return ReplaySpec(name=ctx.case.name, model_config=TINY_GPTJ, layers=1, peft=SEED_PREFIX,
                               deepspeed_config=deepspeed_json(3, offload=True), world_size=2, seq_len=32, steps=2,
                               accelerator="cpu", threads=2, host_tracker=False)
-        from memfit.core.scenario.read import ScenarioInputs, build_scenario, merge_inputs, read_scenario_file
+        from memfit.core.scenario.build import build_scenario
+        from memfit.core.scenario.inputs import ScenarioInputs, merge_inputs
+        from memfit.core.scenario.read import read_scenario_file
 
         sc = build_scenario(merge_inputs(read_scenario_file(SEED_YAML), ScenarioInputs(ds_version="0.19")))
         cap = None

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from memfit.core.reading import parse_bool, parse_json, read_text
-from memfit.core.peft.params import ALL_LINEAR, validate_peft_spec
+from memfit.core.peft.lora import ALL_LINEAR
+from memfit.core.peft.params import validate_peft_spec
 from memfit.core.peft.spec import PeftSpec
 from memfit.errors import MemfitError
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from memfit.core.recommend.results import Recommendation, RecommendResult
 from memfit.core.recommend.deepspeed.space import Candidate
-from memfit.core.scenario.read import ScenarioInputs
+from memfit.core.scenario.inputs import ScenarioInputs
 from memfit.errors import MemfitError
 
 
@@ -38,7 +38,7 @@ def slug(c: Candidate) -> str:
 
 
 def scenario_document(inputs: ScenarioInputs, *, deepspeed_file: str, hardware: dict[str, Any]) -> dict[str, Any]:
-    """The scenario YAML mapping (``memfit.core.scenario.read`` keys) of a recommendation's inputs,
+    """The scenario YAML mapping (``memfit.core.scenario.inputs`` keys) of a recommendation's inputs,
     with the DeepSpeed config given by file name (relative to the YAML)."""
     model = inputs.model
     if model and Path(model).exists():

@@ -22,7 +22,7 @@ from typing import Any
 
 from memfit.core.recommend.deepspeed.space import Candidate
 from memfit.core.scenario.types import Scenario
-from memfit.core.scenario.read import ScenarioInputs
+from memfit.core.scenario.inputs import ScenarioInputs
 
 AUTO = "auto"
 NVME_PATH_PLACEHOLDER = "/local_nvme"

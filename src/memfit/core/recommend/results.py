@@ -1,5 +1,5 @@
 """What ``memfit recommend`` returns: each confirmed configuration (``Recommendation``) and the whole
-answer (``RecommendResult``), for DeepSpeed (``search``) and for the other frameworks (``pytorch.search``)
+answer (``RecommendResult``), for DeepSpeed (``deepspeed.search``) and for the other frameworks (``pytorch.search``)
 alike; the renderers and ``files`` read them.
 """
 
@@ -10,11 +10,25 @@ from typing import Any
 
 from memfit.core.hardware import Hardware
 from memfit.core.ledger_types import Plan
-from memfit.core.recommend.deepspeed.estimate import PhaseEstimate
 from memfit.core.recommend.patch import Change
 from memfit.core.recommend.deepspeed.space import Candidate
 from memfit.core.recommend.step_time import StepTime
-from memfit.core.scenario.read import ScenarioInputs
+from memfit.core.scenario.inputs import ScenarioInputs
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PhaseEstimate:
+    """One phase's peaks from the fast estimator."""
+
+    name: str
+    gpu_peak_bytes: int
+    """Per rank."""
+    cpu_peak_bytes: int
+    """Per process (pinned + pageable)."""
+    node_cpu_peak_bytes: int
+    """All ranks of one node (rank-0-only items once)."""
+    nvme_bytes: int
+    """Per rank, on NVMe."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

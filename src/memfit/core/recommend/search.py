@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from memfit.core.recommend.results import RecommendResult
-from memfit.core.scenario.read import ScenarioInputs, build_scenario
+from memfit.core.scenario.build import build_scenario
+from memfit.core.scenario.inputs import ScenarioInputs
 from memfit.errors import MemfitError
 
 Progress = Callable[[int, int], None]

@@ -159,7 +159,8 @@ def seed_case(root: str = ".") -> ReplaySpec:
     verbatim, W = 2 on the CPU accelerator."""
     import dataclasses
 
-    from memfit.core.scenario.read import build_scenario, read_scenario_file
+    from memfit.core.scenario.build import build_scenario
+    from memfit.core.scenario.read import read_scenario_file
     from memfit.replay.spec import spec_from_scenario
 
     inputs = dataclasses.replace(read_scenario_file(os.path.join(root, SEED_SCENARIO)), seq_len=16)

@@ -84,7 +84,7 @@ LAYERS = 4
 
 def case_inputs(name: str, config_dir: str):
     """The ``ScenarioInputs`` of case ``name`` (its config.json written under ``config_dir``)."""
-    from memfit.core.scenario.read import ScenarioInputs
+    from memfit.core.scenario.inputs import ScenarioInputs
 
     kw = dict(DEFAULTS)
     kw.update(CASES[name])
@@ -99,7 +99,7 @@ def case_inputs(name: str, config_dir: str):
 
 
 def case_spec(name: str, *, layers: int = LAYERS, launcher: str | None = None):
-    from memfit.core.scenario.read import build_scenario
+    from memfit.core.scenario.build import build_scenario
     from memfit.replay.spec import spec_from_scenario
 
     with tempfile.TemporaryDirectory() as d:
@@ -176,7 +176,8 @@ def example_spec(path: str, *, layers: int = 2):
     from memfit.core.catalog import resolve_model_config
     from memfit.core.frameworks.resolve import apply_input_files
     from memfit.core.hardware import parse_gpus
-    from memfit.core.scenario.read import build_scenario, read_scenario_file
+    from memfit.core.scenario.build import build_scenario
+    from memfit.core.scenario.read import read_scenario_file
     from memfit.replay.spec import spec_from_scenario
 
     inputs = apply_input_files(read_scenario_file(path))

@@ -1,7 +1,7 @@
 """FSDP: ``fully_shard`` (FSDP2, ``framework: fsdp2``) and ``FullyShardedDataParallel`` (FSDP1,
 ``framework: fsdp``), as accelerate 1.15 prepares them, in torch 2.13.
 
-Units (``FsdpSettings.wrap_policy``): ``transformer`` wraps each decoder block; accelerate's FSDP2
+Units (``FsdpSettings.wrap_policy``, built in ``fsdp_units``): ``transformer`` wraps each decoder block; accelerate's FSDP2
 prepare (``utils/fsdp_utils.py:fsdp2_prepare_model``) also shards the input embedding on its own
 (untied models) and the tail ``[final norm, output head]`` with ``reshard_after_forward=False``; the
 root takes what is left. ``size`` wraps a block if it has at least ``min_num_params`` (else all blocks
@@ -37,7 +37,6 @@ without it the whole flat shard. Numbers are rank 0's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
 from memfit.core.ledger.timeline import Timeline
 from memfit.core.ledger.pytorch.optim import STATES, TEMPS, record_clip_and_unscale, record_optimizer_step, trainer_groups
@@ -46,11 +45,11 @@ from memfit.core.ledger.pytorch.setup import (HOST_BUFFERS, HOST_LOADED, record_
                                           record_optimizer_construction)
 from memfit.core.ledger.pytorch.step import (ACT, CASTS, RECOMPUTE, GradSink, build_step_context, declare_step,
                                            end_forward, forward_stage, loss_backward_end, loss_backward_start,
-                                           record_save, record_workers)
+                                           record_workers)
 from memfit.core.ledger_types import Device
+from memfit.core.ledger.pytorch.fsdp_units import Piece, Unit, build_units, optimizer_params, shard_group_size, sharded_dims
 from memfit.core.optimizers import OptimizerModel
 from memfit.core.precision import DTYPE_BYTES
-from memfit.core.quant import STORAGE_BYTES, storage_elements
 from memfit.core.scenario.types import Scenario
 
 SHARDS = "fsdp.sharded_params"
@@ -67,146 +66,6 @@ SRC2 = "torch 2.13 distributed/fsdp/_fully_shard"
 SRC1 = "torch 2.13 distributed/fsdp/_flat_param.py"
 ACC = "accelerate 1.15 utils/fsdp_utils.py"
 
-
-@dataclass
-class Piece:
-    """What FSDP shards: one param (FSDP2) or one unit's flat parameter (FSDP1)."""
-
-    params: list[TParam]
-    numel: int
-    """Elements as FSDP sees them (a quantized weight: its packed storage's elements)."""
-    elem: int
-    """Element size of the sharded dtype."""
-    shard_numel: int
-    trainable: bool
-
-    @property
-    def shard_bytes(self) -> int:
-        return self.shard_numel * self.elem
-
-
-@dataclass
-class Unit:
-    name: str
-    stages: set[int]
-    pieces: list[Piece] = field(default_factory=list)
-    reshard_after_forward: bool = True
-
-    @property
-    def shard_bytes(self) -> int:
-        return sum(p.shard_bytes for p in self.pieces)
-
-
-def shard_group_size(sc: Scenario) -> int:
-    f = sc.fsdp
-    W = sc.world_size
-    if f.sharding_strategy == "NO_SHARD":
-        return 1
-    if f.sharding_strategy in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
-        return f.hsdp_shard_size or sc.hardware.gpus_per_node
-    return W
-
-
-def _sharded_dims(p: TParam, sc: Scenario) -> tuple[int, int, int]:
-    """(numel, dim0, element size) as FSDP sees a param (a quantized weight is its packed storage)."""
-    if p.quantized:
-        n = storage_elements(sc.quant, p.shape)
-        return n, n, STORAGE_BYTES[sc.quant.quant_storage] if sc.quant.method == "4bit" else 1
-    return p.numel, p.shape[0] if p.shape else 1, p.elem_bytes
-
-
-def build_units(sc: Scenario, m: TorchModel) -> list[Unit]:
-    f = sc.fsdp
-    fsdp2 = sc.framework == "fsdp2"
-    S = shard_group_size(sc)
-    L = m.stages - 2
-    by_stage: dict[int, list[TParam]] = {}
-    for p in m.params:
-        by_stage.setdefault(p.stage, []).append(p)
-    block_numel = [sum(p.numel for p in by_stage.get(s, [])) for s in range(1, L + 1)]
-    groups: list[tuple[str, set[int], bool]] = []
-    if f.wrap_policy == "transformer" or (f.wrap_policy == "size" and block_numel and min(block_numel) >= f.min_num_params):
-        groups = [(f"block {s}", {s}, f.sharding_strategy != "SHARD_GRAD_OP") for s in range(1, L + 1)]
-    elif f.wrap_policy == "size" and sum(block_numel) >= f.min_num_params:
-        groups = [("blocks", set(range(1, L + 1)), f.sharding_strategy != "SHARD_GRAD_OP")]
-    covered = set().union(*(g[1] for g in groups)) if groups else set()
-    units: list[Unit] = []
-    if fsdp2 and f.wrap_policy != "none":
-        emb = [p for p in by_stage.get(0, []) if len(p.shape) == 2 and not p.adapter and p.name != m.tied_embedding]
-        if emb and m.tied_embedding is None:
-            units.append(Unit("input embedding", {0}, reshard_after_forward=f.sharding_strategy != "SHARD_GRAD_OP"))
-    units += [Unit(n, st, reshard_after_forward=r) for n, st, r in groups]
-    if fsdp2 and f.wrap_policy != "none":
-        units.append(Unit("tail (final norm, output head)", {L + 1}, reshard_after_forward=False))
-    root = Unit("root", set(range(m.stages)) - covered, reshard_after_forward=False)
-    assigned: dict[str, Unit] = {}
-    for p in m.params:
-        u = None
-        for cand in units:
-            if p.stage in cand.stages:
-                if cand.name == "input embedding" and not (len(p.shape) == 2 and not p.adapter and p.stage == 0):
-                    continue
-                u = cand
-                break
-        assigned[p.name] = u or root
-    units.append(root)
-    for u in units:
-        ps = [p for p in m.params if assigned[p.name] is u]
-        if not ps:
-            continue
-        if fsdp2:
-            for p in ps:
-                n, d0, e = _sharded_dims(p, sc)
-                rows = -(-d0 // S)
-                u.pieces.append(Piece([p], n, e, rows * (n // d0 if d0 else 1), p.trainable))
-        else:
-            pieces_by_dtype = {}
-            for p in ps:
-                pieces_by_dtype.setdefault(_sharded_dims(p, sc)[2], []).append(p)
-            for e, group in pieces_by_dtype.items():
-                total = 0
-                align = 16 // e if f.use_orig_params else 0
-                for p in group:
-                    if align and total % align:
-                        total += align - total % align
-                    total += _sharded_dims(p, sc)[0]
-                if total % S:
-                    total += S - total % S
-                u.pieces.append(Piece(group, total, e, total // S, any(p.trainable for p in group)))
-    return [u for u in units if u.pieces]
-
-
-def _opt_params(sc: Scenario, units: list[Unit], S: int) -> list[TParam]:
-    """What the optimizer sees: pseudo-params of the local shard sizes (rank 0)."""
-    out: list[TParam] = []
-    fsdp2 = sc.framework == "fsdp2"
-    for u in units:
-        for pc in u.pieces:
-            if fsdp2:
-                p = pc.params[0]
-                if p.trainable:
-                    out.append(TParam(name=p.name, shape=(pc.shard_numel,), numel=pc.shard_numel, trainable=True,
-                                      adapter=p.adapter, load_dtype=p.load_dtype, dtype=p.dtype, stage=p.stage,
-                                      linear=p.linear, decay=p.decay))
-            elif sc.fsdp.use_orig_params:
-                start = 0
-                align = 16 // pc.elem
-                for p in pc.params:  # rank 0 holds [0, shard_numel) of the flat
-                    if align and start % align:
-                        start += align - start % align
-                    n = _sharded_dims(p, sc)[0]
-                    local = max(0, min(start + n, pc.shard_numel) - start)
-                    if p.trainable and local:
-                        out.append(TParam(name=p.name, shape=(local,), numel=local, trainable=True, adapter=p.adapter,
-                                          load_dtype=p.load_dtype, dtype=p.dtype, stage=p.stage, linear=p.linear,
-                                          decay=p.decay))
-                    start += n
-            elif pc.trainable:
-                p = pc.params[0]
-                out.append(TParam(name=f"{u.name}.flat_param", shape=(pc.shard_numel,), numel=pc.shard_numel,
-                                  trainable=True, adapter=False, load_dtype=p.dtype, dtype=p.dtype, stage=p.stage,
-                                  linear=False, decay=True))
-    return out
 
 
 class FsdpRun:
@@ -296,7 +155,7 @@ class FsdpRun:
         for u in self.units:
             full = []
             for pc in u.pieces:
-                nb = sum(p.nbytes if not p.quantized else _sharded_dims(p, sc)[0] * pc.elem for p in pc.params)
+                nb = sum(p.nbytes if not p.quantized else sharded_dims(p, sc)[0] * pc.elem for p in pc.params)
                 if not on_gpu_already and t.accelerator == "cuda":
                     if efficient:
                         t.alloc(FULL_ON_GPU, nb)  # full_tensor = sd[name].to(device) on rank 0 (empty elsewhere)
@@ -442,7 +301,7 @@ def build_fsdp_ledger(t: Timeline, sc: Scenario, m: TorchModel, opt: OptimizerMo
                         and not sc.quant.enabled)
     run.setup(where)
     order = {p.name: k for k, p in enumerate(m.params)}
-    opt_params = sorted(_opt_params(sc, run.units, run.S), key=lambda p: order.get(p.name, len(order)))
+    opt_params = sorted(optimizer_params(sc, run.units, run.S), key=lambda p: order.get(p.name, len(order)))
     sink = GradSink()
     c = build_step_context(sc, m, opt, sink)
     c.groups = trainer_groups(opt_params, split=sc.torch.trainer_param_groups)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from memfit.core.frameworks.pytorch import QuantSettings
 from memfit.core.ledger.context import is_adapter_param
-from memfit.core.peft.params import layer_kind
+from memfit.core.peft.modules import layer_kind
 from memfit.core.precision import DTYPE_BYTES, PrecisionModel, base_param_dtype, resolve_precision
 from memfit.core.quant import (QuantTensor, base_module, default_skips, quantized_tensors, shared_bytes,
                                should_convert)

@@ -25,7 +25,7 @@ from typing import Any
 from memfit.core.plan import make_plan
 from memfit.core.recommend.deepspeed.aggregates import ScenarioAggregates
 from memfit.core.recommend.confirm import _fast_exact_diff, _fits, _limits
-from memfit.core.recommend.deepspeed.estimate import PhaseEstimate, estimate_peaks, phase_names
+from memfit.core.recommend.deepspeed.estimate import estimate_peaks, phase_names
 from memfit.core.recommend.patch import (
     Change,
     candidate_inputs,
@@ -34,7 +34,7 @@ from memfit.core.recommend.patch import (
     describe_changes,
     patch_deepspeed_json,
 )
-from memfit.core.recommend.results import Recommendation, RecommendResult
+from memfit.core.recommend.results import PhaseEstimate, Recommendation, RecommendResult
 from memfit.core.recommend.script_diff import script_diff
 from memfit.core.recommend.deepspeed.space import (
     Candidate,
@@ -45,7 +45,8 @@ from memfit.core.recommend.deepspeed.space import (
 )
 from memfit.core.recommend.step_time import StepTime, estimate_step_time
 from memfit.core.scenario.types import Scenario
-from memfit.core.scenario.read import ScenarioInputs, build_scenario
+from memfit.core.scenario.build import build_scenario
+from memfit.core.scenario.inputs import ScenarioInputs
 from memfit.errors import MemfitError
 
 TIME_TOLERANCE = 0.01

@@ -21,11 +21,12 @@ from memfit.core.hardware import Hardware
 from memfit.core.ledger.lean_timeline import LeanTimeline
 from memfit.core.ledger.pytorch.build import build_torch_ledger
 from memfit.core.plan import make_plan
-from memfit.core.recommend.deepspeed.estimate import PhaseEstimate
 from memfit.core.recommend.patch import Change
+from memfit.core.recommend.results import PhaseEstimate
 from memfit.core.recommend.step_time import StepTime
 from memfit.core.scenario.types import Scenario
-from memfit.core.scenario.read import ScenarioInputs, build_scenario
+from memfit.core.scenario.build import build_scenario
+from memfit.core.scenario.inputs import ScenarioInputs
 from memfit.errors import MemfitError
 
 OPTIM_CHOICES = ("adamw_torch_fused", "adamw_bnb_8bit", "paged_adamw_8bit", "adafactor")
@@ -132,7 +133,6 @@ def fast_peaks(inputs: ScenarioInputs, sc: Scenario, c: TorchCandidate, cache: d
 def _scenario(inputs: ScenarioInputs, sc: Scenario, c: TorchCandidate, cache: dict) -> Scenario:
     """The candidate's scenario, without re-resolving the model (the only part that does not change)."""
     from memfit.core.frameworks.resolve import resolve_framework_settings
-    from memfit.core.scenario.types import LoadSettings
 
     ci = candidate_inputs(inputs, sc, c)
     fw = resolve_framework_settings(ci, sc.hardware, has_deepspeed_json=False)
@@ -239,7 +239,7 @@ def recommend_torch(inputs: ScenarioInputs, *, top: int = 5, headroom: float = 0
 
 
 def torch_scenario_document(rec, *, hardware: dict[str, Any]) -> dict[str, Any]:
-    """The scenario YAML of a non-DeepSpeed recommendation (``memfit.core.scenario.read`` keys)."""
+    """The scenario YAML of a non-DeepSpeed recommendation (``memfit.core.scenario.inputs`` keys)."""
     from pathlib import Path
 
     i = rec.scenario_inputs

@@ -1,0 +1,106 @@
+"""Mutations of the ledgers outside DeepSpeed: DDP, FSDP, bitsandbytes bases, optimizers, autocast."""
+
+from __future__ import annotations
+
+from mutations.model import Mutation
+from mutations.selections import DDP_TORCH, FSDP_TRACKER, FSDP1_FLAT, BNB, OPTIM, AMP
+
+FSDPU = "src/memfit/core/ledger/pytorch/fsdp_units.py"
+DDP_, FSDP_, QNT, OPT, TOPT, TSTEP, TPAR = (
+    "src/memfit/core/ledger/pytorch/ddp.py", "src/memfit/core/ledger/pytorch/fsdp.py", "src/memfit/core/quant.py",
+    "src/memfit/core/optimizers.py", "src/memfit/core/ledger/pytorch/optim.py", "src/memfit/core/ledger/pytorch/step.py",
+    "src/memfit/core/ledger/pytorch/params.py")
+
+FRAMEWORK_MUTATIONS: tuple[Mutation, ...] = (
+    # ---- DDP (torch/nn/parallel/distributed.py, reducer.cpp) -----------------------------------------------
+    Mutation("ddp-bucket-strict", "frameworks", DDP_, "        if size >= limits[min(li, len(limits) - 1)]:",
+             "        if size > limits[min(li, len(limits) - 1)]:", DDP_TORCH,
+             "a bucket closed only once it exceeds its limit (torch: once it reaches it)"),
+    Mutation("ddp-bucket-bytes-fp32", "frameworks", DDP_, "        size += p.numel * p.elem_bytes",
+             "        size += p.numel * 4", DDP_TORCH, "bucket limits counted at 4 bytes per element for every dtype"),
+    Mutation("ddp-first-bucket-2mib", "frameworks", DDP_, "FIRST_BUCKET_BYTES = 1024 * 1024",
+             "FIRST_BUCKET_BYTES = 2 * 1024 * 1024", DDP_TORCH,
+             "the first bucket's limit (_DEFAULT_FIRST_BUCKET_BYTES) at 2 MiB instead of 1 MiB"),
+    Mutation("ddp-rebuild-first-always", "frameworks", DDP_,
+             "first = FIRST_BUCKET_BYTES if self.sc.ddp.bucket_cap_mb == 25.0 else cap",
+             "first = FIRST_BUCKET_BYTES", DDP_TORCH, "a 1 MiB first bucket under a user's bucket_cap_mb"),
+    Mutation("ddp-initial-buckets-unreversed", "frameworks", DDP_, "        if initial:\n            self.buckets.reverse()",
+             "        if False:\n            self.buckets.reverse()", DDP_TORCH,
+             "the wrap's buckets allocated in assignment order (DDP hands the reducer the reversed list)"),
+    Mutation("ddp-grad-kept-beside-view", "frameworks", DDP_,
+             "            t.alloc(GRAD_TMP, n)  # AccumulateGrad's new .grad, copied into the bucket, replaced by the view\n"
+             "            t.free(GRAD_TMP, n)",
+             "            t.alloc(GRADS, n)", DDP_TORCH,
+             "gradient_as_bucket_view's .grad kept as a tensor of its own beside the bucket"),
+    # ---- FSDP (torch/distributed/fsdp) -----------------------------------------------------------------------
+    Mutation("fsdp2-shard-floor", "frameworks", FSDPU, "rows = -(-d0 // S)", "rows = d0 // S", FSDP_TRACKER,
+             "FSDP2 shards of floor(dim0/S) rows instead of torch.chunk's padded ceil(dim0/S)"),
+    Mutation("fsdp1-no-padding", "frameworks", FSDPU,
+             "                if total % S:\n                    total += S - total % S\n", "", FSDP1_FLAT,
+             "FSDP1's flat parameter not padded to a multiple of the shard count"),
+    Mutation("fsdp1-no-orig-params-alignment", "frameworks", FSDPU, "align = 16 // e if f.use_orig_params else 0",
+             "align = 0", FSDP1_FLAT, "use_orig_params' 16-byte alignment of each param in the flat parameter dropped"),
+    Mutation("fsdp2-mixed-precision-ignored", "frameworks", FSDP_,
+             'self.param_bytes = DTYPE_BYTES[mp] if mp != "none" else None', "self.param_bytes = None", FSDP_TRACKER,
+             "FSDP2's all-gathers in the params' dtype instead of MixedPrecisionPolicy.param_dtype"),
+    Mutation("fsdp-grad-shard-unsharded", "frameworks", FSDP_, "out = sum(n // self.S for n in rb)", "out = sum(rb)",
+             FSDP_TRACKER, "the reduce-scatter output booked at the unsharded gradients' size"),
+    # ---- bitsandbytes storage (functional.py quantize_4bit / int8_vectorwise_quant) --------------------------
+    Mutation("bnb4-absmax-per-128", "frameworks", QNT, "BLOCKSIZE_4BIT = 64", "BLOCKSIZE_4BIT = 128", BNB,
+             "4-bit absmax per 128 elements instead of per 64"),
+    Mutation("bnb4-one-code-per-byte", "frameworks", QNT, 'QuantTensor("weight", ((n + 1) // (s * 2)) * s)',
+             'QuantTensor("weight", ((n + 1) // s) * s)', BNB, "4-bit weights stored one code per byte"),
+    Mutation("bnb4-absmax-fp16", "frameworks", QNT, 'out.append(QuantTensor("absmax", blocks * 4))',
+             'out.append(QuantTensor("absmax", blocks * 2))', BNB, "4-bit absmax booked in 16 bits"),
+    Mutation("bnb4-nested-absmax-fp16", "frameworks", QNT,
+             'QuantTensor("nested_absmax", _ceil(blocks, NESTED_BLOCKSIZE) * 4)',
+             'QuantTensor("nested_absmax", _ceil(blocks, NESTED_BLOCKSIZE) * 2)', BNB,
+             "double quantization's absmax of the absmax booked in 16 bits"),
+    Mutation("bnb4-code-fp16", "frameworks", QNT, "CODE_4BIT_BYTES = 16 * 4", "CODE_4BIT_BYTES = 16 * 2", BNB,
+             "the 16-entry NF4/FP4 code table booked in 16 bits"),
+    Mutation("bnb8-scb-per-column", "frameworks", QNT, 'QuantTensor("SCB", shape[0] * 4)', 'QuantTensor("SCB", shape[1] * 4)',
+             BNB, "LLM.int8()'s SCB per input column instead of per output row"),
+    Mutation("bnb-conv1d-not-transposed", "frameworks", TPAR,
+             'quantized_tensors(q, tuple(p.shape)[::-1] if kind == "conv1d" else tuple(p.shape))',
+             "quantized_tensors(q, tuple(p.shape))", BNB,
+             "GPT-2's Conv1D weights quantized as stored (transformers quantizes their transpose)"),
+    # ---- optimizer states (torch 2.13, bitsandbytes 0.50.2, transformers' Adafactor) -------------------------
+    Mutation("bnb8-blocksize-2048", "frameworks", OPT, "BNB_BLOCKSIZE = 256", "BNB_BLOCKSIZE = 2048", OPTIM,
+             "8-bit optimizer absmax per 2048 elements instead of per 256"),
+    Mutation("bnb8-min-size-1024", "frameworks", OPT, "BNB_MIN_8BIT_SIZE = 4096", "BNB_MIN_8BIT_SIZE = 1024", OPTIM,
+             "8-bit states for params of 1024-4095 elements (bitsandbytes keeps fp32 below 4096)"),
+    Mutation("bnb8-states-2-bytes", "frameworks", OPT, 'return (StateTensor("state1", n, where), StateTensor("state2", n, where),',
+             'return (StateTensor("state1", n * 2, where), StateTensor("state2", n, where),', OPTIM,
+             "an 8-bit optimizer state booked at 2 bytes per element"),
+    Mutation("adamw-states-fp32", "frameworks", OPT, 'StateTensor("exp_avg", n * elem_bytes, "device")',
+             'StateTensor("exp_avg", n * 4, "device")', OPTIM,
+             "AdamW's exp_avg in fp32 for 16-bit params (torch.zeros_like keeps the param's dtype)"),
+    Mutation("adamw-step-fp64", "frameworks", OPT, 'StateTensor("step", 4, step_where)', 'StateTensor("step", 8, step_where)',
+             OPTIM, "AdamW's step counter booked as a 0-d fp64 tensor"),
+    Mutation("sgd-momentum-buffer-skipped", "frameworks", TOPT,
+             "        if opt.momentum and first:\n            t.alloc(STATES, grad_bytes(p))  # buf = grad.detach().clone()",
+             "        if False:\n            t.alloc(STATES, grad_bytes(p))  # buf = grad.detach().clone()", OPTIM,
+             "SGD's momentum buffers left out"),
+    Mutation("adafactor-col-unfactored-lead", "frameworks", TOPT,
+             "cols = (p.numel // (p.shape[-1] * p.shape[-2])) * p.shape[-1] if factored else 0",
+             "cols = p.shape[-1] if factored else 0", OPTIM,
+             "Adafactor's exp_avg_sq_col without the leading dims (shape[:-2] + shape[-1:])"),
+    Mutation("adamw-single-sqrt-kept", "frameworks", TOPT,
+             "        t.free(TEMPS, n)  # the sqrt dies once the division returns\n", "", OPTIM,
+             "the single-tensor AdamW's exp_avg_sq.sqrt() temporary kept to the end of the step"),
+    # ---- autocast's weight copies (aten/src/ATen/autocast_mode.cpp:cached_cast) ------------------------------
+    Mutation("amp-cast-4-bytes", "frameworks", TSTEP, "st.casts.append((p.numel * 2, needs_in and not is_bias,",
+             "st.casts.append((p.numel * 4, needs_in and not is_bias,", AMP, "autocast's 16-bit weight copies booked at 4 bytes"),
+    Mutation("amp-bias-cast-saved", "frameworks", TSTEP, "needs_in and not is_bias,", "needs_in,", AMP,
+             "a bias's cast kept for backward (autograd does not save it)"),
+    Mutation("amp-trained-cast-not-cached", "frameworks", TSTEP,
+             'p.trainable and p.dtype == "fp32"))\n    return StepContext(', "False))\n    return StepContext(", AMP,
+             "trained fp32 weights' casts not cached for the rest of the autocast region"),
+    Mutation("amp-lora-a-own-input", "frameworks", TSTEP,
+             '    if ".lora_A." in mod:\n        mod = mod.split(".lora_A.", 1)[0]\n', "", AMP,
+             "lora_A's cast saved as if its input needed a gradient"),
+    Mutation("amp-first-block-inputs-saved", "frameworks", TSTEP,
+             "needs_in = grad_into_first or p.stage != 1 or not (", "needs_in = True or not (", AMP,
+             "the first block's input projections' casts saved though no gradient flows into their input"),
+)
+"""The ledgers outside DeepSpeed: DDP, FSDP, bitsandbytes bases, optimizers, autocast."""

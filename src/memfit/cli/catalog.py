@@ -1,0 +1,48 @@
+"""``memfit models`` (the shipped model configs) and ``memfit zero-paper`` (the ZeRO paper's figures)."""
+
+from __future__ import annotations
+
+import typer
+
+from memfit.cli.app import app
+from memfit.cli.common import console
+
+
+@app.command()
+def models() -> None:
+    """List the shipped model configs (exact parameter counts, no download needed)."""
+    from rich.table import Table
+
+    from memfit.core.catalog import list_catalog
+
+    t = Table(title="Shipped model configs")
+    t.add_column("name")
+    t.add_column("type")
+    t.add_column("architecture")
+    t.add_column("aliases")
+    for e in list_catalog():
+        t.add_row(e.name, e.model_type, e.architecture, ", ".join(e.aliases))
+    console().print(t)
+
+
+@app.command("zero-paper")
+def zero_paper(json_out: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
+    """Reproduce the ZeRO paper's model-states figures (7.5B params, Adam, 64 GPUs) from memfit's ledger."""
+    from memfit.core.zero_paper import PAPER_GPUS, PAPER_PARAMS, zero_paper_table
+
+    rows = zero_paper_table()
+    if json_out:
+        import json
+
+        typer.echo(json.dumps([{"stage": r.stage, "bytes_per_gpu": r.bytes_per_gpu, "paper_gb": r.paper_gb} for r in rows], indent=2))
+        return
+    from rich.table import Table
+
+    t = Table(title=f"Model states per GPU: {PAPER_PARAMS:,} params, mixed-precision Adam, {PAPER_GPUS} GPUs (GB = 10^9 B)")
+    t.add_column("ZeRO stage")
+    t.add_column("memfit ledger (bytes)", justify="right")
+    t.add_column("memfit (GB)", justify="right")
+    t.add_column("paper (GB)", justify="right")
+    for r in rows:
+        t.add_row(str(r.stage), f"{r.bytes_per_gpu:,}", f"{r.bytes_per_gpu / 1e9:.2f}", f"{r.paper_gb:g}")
+    console().print(t)

@@ -1,0 +1,78 @@
+"""``memfit compare``: the plan against the records of a real run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from memfit.cli.app import app
+from memfit.cli.common import check_report_path, console, warn_inputs
+
+
+@app.command()
+def compare(
+    scenario: Path = typer.Argument(..., help="Scenario YAML of the run that was recorded (see examples/)."),
+    records: list[Path] = typer.Argument(..., help=(
+        "What the real run left: a memfit.record directory (stats.rank<R>.json, snapshot.rank<R>.pickle), a "
+        "torch.cuda.memory._dump_snapshot pickle (read without running anything in it), a JSON of "
+        "torch.cuda.memory_stats()/host_memory_stats() per phase, a log with DeepSpeed see_memory_usage lines, "
+        "or an nvidia-smi CSV (--query-gpu=timestamp,memory.used --format=csv). Several may be given.")),
+    rank: Optional[int] = typer.Option(None, "--rank", help="Which rank's records to compare (default: the lowest recorded)."),
+    report: Optional[Path] = typer.Option(None, "--report", help="Also write a report: .html (self-contained, the recording's chart under the plan's) or .md. Never overwrites."),
+    json_out: bool = typer.Option(False, "--json", help="Print the reconciliation as JSON (schema memfit.compare, version 1)."),
+) -> None:
+    """Reconcile the plan with what a real run recorded: per phase, planned vs recorded allocated,
+    reserved, pinned and nvidia-smi memory (GiB = 2^30 B; each recorded figure says its source), the
+    snapshot's allocations attributed to ledger items by their stack frames, the allocations the plan
+    does not have and the planned ones that never happened, and the allocator simulator's check of the
+    recorded alloc/free sequence. Record a run with memfit.record or memfit.integrations.MemfitCallback.
+
+    RECORDS are any of: a memfit.record directory (stats.rank<R>.json, snapshot.rank<R>.pickle); a
+    torch.cuda.memory._dump_snapshot pickle (read without running anything in it); a JSON of
+    torch.cuda.memory_stats()/host_memory_stats() per phase; a log with DeepSpeed see_memory_usage
+    lines ("memory_breakdown": true); an nvidia-smi CSV (--query-gpu=timestamp,memory.used --format=csv).
+    """
+    from memfit.core.compare import reconcile
+    from memfit.core.plan import make_plan
+    from memfit.core.records import read_records
+    from memfit.core.scenario.build import build_scenario
+    from memfit.core.scenario.read import read_scenario_file
+
+    sc = build_scenario(read_scenario_file(scenario))
+    warn_inputs(sc)
+    if report is not None:
+        check_report_path(report)
+    plan_result = make_plan(sc)
+    rc = reconcile(plan_result, read_records([str(r) for r in records]), rank=rank,
+                   capacity_bytes=sc.hardware.gpu.total_bytes)
+    if report is not None:
+        _write_compare_report(report, rc, plan_result, sc)
+    if json_out:
+        import json
+
+        from memfit.render.compare_out import reconciliation_to_dict
+
+        typer.echo(json.dumps(reconciliation_to_dict(rc), indent=2))
+        return
+    from memfit.render.compare_out import render_reconciliation
+
+    render_reconciliation(rc, console())
+
+
+def _write_compare_report(path: Path, rc, plan_result, sc) -> None:
+    from memfit.render.charts import timeline_chart_svg
+    from memfit.render.compare_out import html_sections, markdown_sections
+    from memfit.render.report import html_report, markdown_report
+
+    suffix = check_report_path(path)
+    title = f"memfit compare: {rc.scenario_name}"
+    svg = timeline_chart_svg(rc.timeline, f"Recorded, rank {rc.rank}: memory over the run (GPU, per rank)") if rc.timeline else None
+    if suffix == ".md":
+        out = markdown_report(plan_result, sc, title=title, markdown=markdown_sections(rc, svg))
+    else:
+        out = html_report(plan_result, sc, sections=html_sections(rc), title=title,
+                          figures=(("recording-chart", svg),) if svg else ())
+    path.write_text(out, encoding="utf-8")
+    console(stderr=True).print(f"report written to {path}")

@@ -1,0 +1,94 @@
+"""``memfit replay``: the real library run in a supervised child process, measured against the plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from memfit.cli.app import app
+from memfit.cli.common import console, warn_inputs
+from memfit.errors import MemfitError
+
+
+@app.command()
+def replay(
+    scenario: Path = typer.Argument(..., help="Scenario YAML file to replay (see examples/)."),
+    layers: Optional[int] = typer.Option(None, min=1, help="Build this many transformer blocks instead of the config's (same shapes, scaled down)."),
+    world_size: Optional[int] = typer.Option(None, min=1, help="Ranks W (rank 0 is measured, see --launcher); default: the scenario's GPU count."),
+    launcher: str = typer.Option("fake", help="fake (one process plays rank 0 of W on a fake process group) or torchrun (W real processes on this host: gloo on cpu, nccl on cuda, one GPU each)."),
+    accelerator: str = typer.Option("cpu", help="cpu (DeepSpeed's CPU accelerator; runs anywhere) or cuda."),
+    emulate: Optional[str] = typer.Option(None, help="cuda: cap the GPU at this capacity, e.g. rtx3090 or 24GiB."),
+    steps: int = typer.Option(2, min=1, help="Training steps to run."),
+    seq_len: Optional[int] = typer.Option(None, help="Override the scenario's sequence length."),
+    timeout: float = typer.Option(1800, help="Seconds before the replay is stopped (a finite number > 0)."),
+    save_fixture: Optional[Path] = typer.Option(None, "--save-fixture", help="Write the measurement as a JSON fixture (never overwrites)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+) -> None:
+    """Run the real deepspeed.initialize (or, for framework torch/ddp/fsdp/fsdp2, the plain torch
+    loop) and training steps for a scenario in a supervised child process, measure memory per
+    phase, and compare with the plan (byte for byte where the allocations are deterministic)."""
+    from memfit.core.scenario.build import build_scenario
+    from memfit.core.scenario.inputs import ScenarioInputs, merge_inputs
+    from memfit.core.scenario.read import read_scenario_file
+    from memfit.replay.compare import compare_replay
+    from memfit.replay.measurement import save_fixture as write_fixture
+    from memfit.replay.runner import run_replay
+    from memfit.replay.spec import spec_from_scenario
+    from memfit.render.replay_out import comparison_to_dict, render_comparison
+
+    import math
+
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise MemfitError(f"--timeout must be a finite number of seconds > 0, got {timeout}")
+    inputs = merge_inputs(read_scenario_file(scenario), ScenarioInputs(seq_len=seq_len))
+    sc = build_scenario(inputs)
+    warn_inputs(sc)
+    if save_fixture is not None:
+        import os
+
+        if os.path.lexists(save_fixture):
+            raise MemfitError(f"{save_fixture} exists; memfit never overwrites a file you have (choose another path)")
+        if not save_fixture.parent.is_dir():
+            raise MemfitError(f"--save-fixture: {save_fixture.parent} is not a directory")
+    cap = None
+    if emulate:
+        cap = _emulated_capacity(emulate)
+    spec = spec_from_scenario(sc, layers=layers, steps=steps, accelerator=accelerator, world_size=world_size,
+                              emulate_capacity_bytes=cap, launcher=launcher)
+    from rich.text import Text
+
+    with console(stderr=True).status(Text(f"replaying {spec.name} ({accelerator}, {launcher}, rank 0 of "
+                                           f"{spec.world_size}" + (f", {layers} layers" if layers else "") + ")...")):
+        m = run_replay(spec, timeout_s=timeout)
+    if save_fixture is not None:
+        write_fixture(m, str(save_fixture))
+    result = compare_replay(m) if m.ok or m.phases else None
+    if json_out:
+        import json
+
+        typer.echo(json.dumps(comparison_to_dict(result, m), indent=2))
+    else:
+        render_comparison(result, m, console())
+    if not m.ok:
+        raise typer.Exit(1)
+
+
+def _emulate_help() -> str:
+    from memfit.core.hardware import GPU_PRESETS
+
+    return f"a GPU ({', '.join(sorted(GPU_PRESETS))}) or a size such as 24GiB"
+
+
+def _emulated_capacity(text: str) -> int:
+    """``--emulate``: a GPU preset or a size, each parsed as itself (a wrong name is named as such)."""
+    from memfit.core.hardware import GPU_ALIASES, GPU_PRESETS, parse_size
+
+    kind = text.strip().lower()
+    kind = GPU_ALIASES.get(kind, kind)
+    if kind in GPU_PRESETS:
+        return GPU_PRESETS[kind].total_bytes
+    if kind[:1].isdigit() or kind[:1] == ".":
+        return parse_size(text, what="--emulate")
+    raise MemfitError(f"--emulate: unknown GPU {text!r}; give {_emulate_help()}")

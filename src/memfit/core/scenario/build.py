@@ -1,0 +1,266 @@
+"""``build_scenario``: the checked inputs resolved into a typed ``Scenario`` (model, PEFT method,
+DeepSpeed config or the framework's settings, hardware, load, training, runtime), and
+``describe_scenario``, what a plan's JSON says of it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from memfit.core.scenario.inputs import ScenarioInputs
+from memfit.core.scenario.types import Scenario
+from memfit.core.scenario.validate import check_inputs, count_value, input_label, positive_int
+from memfit.errors import MemfitError
+
+
+def build_scenario(inputs: ScenarioInputs) -> Scenario:
+    """Resolve model, PEFT method, DeepSpeed config and hardware into a ``Scenario``."""
+    from memfit.core.catalog import resolve_model_config
+    from memfit.core.dsconfig import AutoContext, parse_deepspeed_config, read_deepspeed_json, trainer_defaults
+    from memfit.core.frameworks.resolve import apply_input_files, resolve_framework_settings
+    from memfit.core.hardware import Hardware, parse_gpus, parse_size
+    from memfit.core.peft.params import apply_peft
+    from memfit.core.peft.parse import load_adapter_config, parse_peft_options
+    from memfit.core.scenario.types import LoadSettings, Scenario, TrainSettings
+
+    inputs = apply_input_files(check_inputs(inputs))
+    if not inputs.model:
+        raise MemfitError("no model given: pass --model (e.g. --model kakaobrain/kogpt) or a scenario file")
+    source = resolve_model_config(inputs.model, trust_remote_code=bool(inputs.trust_remote_code))
+    base = _model_shape(source, inputs)
+    method = inputs.peft_method or "full"
+    if method.endswith(".json") or Path(method).is_file():
+        if inputs.peft_options:
+            raise MemfitError("PEFT options cannot be combined with an adapter_config.json")
+        spec = load_adapter_config(method)
+    else:
+        spec = parse_peft_options(method, **inputs.peft_options)
+    model = apply_peft(base, spec)
+
+    count, gpu = parse_gpus(inputs.gpus or "1xa100-80gb")
+    nodes = inputs.nodes if inputs.nodes is not None else 1
+    hw = Hardware(gpu=gpu, gpus_per_node=count, nodes=nodes,
+                  cpu_ram_bytes=parse_size(inputs.cpu_ram or "256GB", what="cpu_ram"),
+                  nvme_bytes=parse_size(inputs.nvme, what="nvme") if inputs.nvme else None)
+    has_ds_json = bool(inputs.deepspeed or inputs.deepspeed_inline)
+    if inputs.precision is not None:
+        modes = ("fp16", "bf16", "fp32") if has_ds_json or inputs.framework == "deepspeed" else \
+            ("fp16", "bf16", "fp32", "amp_fp16", "amp_bf16")
+        if inputs.precision not in modes:
+            raise MemfitError(f"{input_label('precision')} must be {', '.join(modes)}"
+                              + (" with DeepSpeed (amp_* are the torch/DDP/FSDP precision modes)"
+                                 if len(modes) == 3 else "") + f", got {inputs.precision!r}")
+    fw = resolve_framework_settings(inputs, hw, has_deepspeed_json=has_ds_json)
+    micro = inputs.micro_batch
+    if fw.framework == "deepspeed":
+        if inputs.precision is not None and inputs.precision not in ("fp16", "bf16", "fp32"):
+            raise MemfitError(f"{input_label('precision')} must be fp16, bf16 or fp32 under DeepSpeed, got "
+                              f"{inputs.precision!r}")
+        precision = inputs.precision or ("bf16" if gpu.bf16 else "fp16")
+        precision_why = (f"{input_label('precision')}" if inputs.precision else
+                         f"the default for the GPU ({gpu.name} {'supports' if gpu.bf16 else 'has no'} bf16; "
+                         "--precision chooses)")
+    else:  # the precision mode is the torch settings'; the stub DeepSpeed config only carries the batch
+        precision, precision_why = ("bf16" if gpu.bf16 else "fp16"), "unused outside DeepSpeed"
+    if inputs.deepspeed:
+        raw = read_deepspeed_json(inputs.deepspeed)
+    elif inputs.deepspeed_inline is not None:
+        raw = inputs.deepspeed_inline
+    else:  # no config: the one the flags describe, said in a finding
+        raw = {"train_micro_batch_size_per_gpu": micro or 1, "gradient_accumulation_steps": inputs.grad_accum or 1,
+               "zero_optimization": {"stage": 0}}
+        if precision != "fp32":
+            raw[precision] = {"enabled": True}
+    fills, sources = trainer_defaults(raw, precision=precision, precision_why=precision_why)
+    if micro is not None:
+        fills["micro_batch_size"] = micro
+    elif isinstance(raw.get("train_micro_batch_size_per_gpu"), str):  # "auto" without --micro-batch
+        fills["micro_batch_size"], sources["micro_batch_size"] = 1, "memfit's default (--micro-batch chooses)"
+    if inputs.grad_accum is not None:
+        fills["gradient_accumulation_steps"] = inputs.grad_accum
+    elif isinstance(raw.get("gradient_accumulation_steps"), str):
+        fills["gradient_accumulation_steps"] = 1
+        sources["gradient_accumulation_steps"] = "transformers' TrainingArguments default (--grad-accum chooses)"
+    if inputs.precision is not None and fw.framework == "deepspeed":
+        fills["precision"] = precision
+    ctx = AutoContext(world_size=hw.world_size, hidden_size=base.arch.hidden_size, sources=sources, **fills)
+    ds = parse_deepspeed_config(raw, context=ctx)
+    from memfit.core.dsconfig import resolve_auto
+
+    ds_json = resolve_auto(raw, ctx)
+    if not inputs.deepspeed and inputs.deepspeed_inline is None and fw.framework == "deepspeed":
+        from dataclasses import replace as _replace
+
+        ds = _replace(ds, notes=ds.notes + (
+            f"no DeepSpeed config given: memfit plans ZeRO stage 0, {precision} ({precision_why}), micro batch "
+            f"{raw['train_micro_batch_size_per_gpu']}, gradient accumulation {raw['gradient_accumulation_steps']}",))
+    if micro is None:
+        micro = ds.train_micro_batch_size_per_gpu
+    elif micro != ds.train_micro_batch_size_per_gpu:
+        raise MemfitError(f"micro_batch {micro} contradicts the DeepSpeed config's train_micro_batch_size_per_gpu "
+                          f"{ds.train_micro_batch_size_per_gpu}")
+    load = LoadSettings(dtype=inputs.load_dtype or "fp32", zero_init=bool(inputs.zero_init),
+                        low_cpu_mem_usage=True if inputs.low_cpu_mem_usage is None else inputs.low_cpu_mem_usage,
+                        checkpoint=_checkpoint_layout(inputs, source, model))
+    seq_len, batch_shape = _sequence_shape(inputs, micro, hw.world_size)
+    train = TrainSettings(
+        seq_len=seq_len,
+        micro_batch=micro,
+        gradient_checkpointing=bool(inputs.gradient_checkpointing),
+        model_parameters=inputs.model_parameters or "trainable",
+        attention=_attention(base, inputs.attention),
+        target_len=_target_len(base, inputs.target_len),
+        batch_shape=batch_shape,
+        dataloader_workers=count_value(inputs.dataloader_workers, "dataloader_workers"),
+        dataset_tokens=count_value(inputs.dataset_tokens, "dataset_tokens"),
+    )
+    return Scenario(name=inputs.name or f"{source.name} ({spec.method})", model_ref=source.name, model=model,
+                    peft=spec, deepspeed=ds, deepspeed_json=ds_json, hardware=hw, load=load, train=train,
+                    ds_version=str(inputs.ds_version or "0.19"), accelerator=inputs.accelerator or "cuda",
+                    runtime=runtime_settings(inputs),
+                    framework=fw.framework, torch=fw.torch, quant=fw.quant, ddp=fw.ddp, fsdp=fw.fsdp,
+                    input_notes=tuple(inputs.input_notes))
+
+
+def runtime_settings(inputs: ScenarioInputs):  # -> RuntimeSettings
+    """torch version, PYTORCH_CUDA_ALLOC_CONF (from the environment only when asked), CUDA version and
+    DeepSpeed's pinning backend, validated (a bad value is one MemfitError line)."""
+    import os
+
+    from memfit.core.alloc.versions import DEFAULT_TORCH, resolve_torch_version
+    from memfit.core.scenario.types import RuntimeSettings
+
+    if inputs.alloc_conf_from_env is not None and not isinstance(inputs.alloc_conf_from_env, bool):
+        raise MemfitError(f"alloc_conf_from_env must be true or false, got {inputs.alloc_conf_from_env!r}")
+    version = resolve_torch_version(inputs.torch_version or DEFAULT_TORCH)
+    conf, source = inputs.alloc_conf or "", ""
+    if inputs.alloc_conf_from_env:
+        if inputs.alloc_conf:
+            raise MemfitError("give the allocator config either as --alloc-conf or from the environment, not both")
+        for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF") if version.at_least("2.9") else ("PYTORCH_CUDA_ALLOC_CONF",):
+            if os.environ.get(var):
+                conf, source = os.environ[var], f"{var} from the environment"
+                break
+        else:
+            source = "asked to read PYTORCH_CUDA_ALLOC_CONF from the environment: not set, torch's defaults"
+    return RuntimeSettings(torch_version=version.name, alloc_conf=conf, alloc_conf_source=source,
+                           cuda_version=inputs.cuda_version, pin_memory_backend=inputs.pin_memory_backend or "torch")
+
+
+def _model_shape(source, inputs: ScenarioInputs):
+    """The pure builder's shapes, or, for a model_type transformers ships without a pure builder,
+    the meta build's (torch and transformers run: slower, and said so in the shape's notes)."""
+    from memfit.core.shapes import NoPureBuilder, build_model_shape
+
+    try:
+        return build_model_shape(source, task=inputs.task, trust_remote_code=bool(inputs.trust_remote_code))
+    except NoPureBuilder:
+        from memfit.core.families import TRANSFORMERS_MODEL_TYPES
+
+        if source.model_type not in TRANSFORMERS_MODEL_TYPES and not inputs.trust_remote_code:
+            raise
+        try:
+            from memfit.exact.meta_build import shape_from_meta_build
+        except ImportError as exc:
+            raise MemfitError(f"model_type {source.model_type!r} has no pure-Python builder and the exact path "
+                              "needs torch and transformers (pip install 'memfit[exact]')") from exc
+        return shape_from_meta_build(source, task=inputs.task, trust_remote_code=bool(inputs.trust_remote_code))
+
+
+def _attention(shape, requested: str | None) -> str:
+    """transformers' choice for the family (sdpa, or eager where sdpa is not supported), or the
+    requested one if the family supports it (the same one-line refusal as the exact path)."""
+    from memfit.core.families import FAMILIES
+    from memfit.core.families.attention import IMPLEMENTATIONS, resolve
+
+    if shape.arch.model_type in FAMILIES:
+        return resolve(shape.arch.model_type, requested)
+    if requested is not None and requested not in IMPLEMENTATIONS:
+        raise MemfitError(f"attention must be one of {', '.join(IMPLEMENTATIONS)}, got {requested!r}")
+    return requested or "sdpa"
+
+
+def _target_len(shape, value: Any) -> int | None:
+    if value is None:
+        return None
+    if not shape.arch.num_encoder_layers:
+        raise MemfitError(f"target_len applies to encoder-decoder models; {shape.architecture} has no decoder "
+                          "of its own (use seq_len)")
+    return positive_int(value, "target_len")
+
+
+def _sequence_shape(inputs: ScenarioInputs, micro: int, world: int):
+    """``(seq_len, batch_shape)``: the given seq_len, or the largest batch of a length distribution."""
+    from memfit.core.batch_shapes import longest_batch, read_lengths
+
+    if inputs.lengths is None:
+        if inputs.batching is not None:
+            raise MemfitError("batching needs a length distribution (--lengths FILE)")
+        return positive_int(inputs.seq_len if inputs.seq_len is not None else 2048, "seq_len"), None
+    if inputs.seq_len is not None:
+        raise MemfitError("give either seq_len or lengths (the plan then takes the largest batch's length)")
+    cap = None if inputs.max_seq_length is None else positive_int(inputs.max_seq_length, "max_seq_length")
+    shape = longest_batch(read_lengths(inputs.lengths), rule=inputs.batching or "pad-longest", micro_batch=micro,
+                          max_seq_length=cap, world_size=world)
+    return shape.seq_len, shape
+
+
+def describe_scenario(sc: Scenario) -> dict[str, Any]:
+    """The resolved scenario, for JSON output and fixtures."""
+    from memfit.core.alloc.versions import resolve_torch_version
+
+    z = sc.deepspeed.zero
+    return {
+        "name": sc.name,
+        "model": sc.model_ref,
+        "architecture": sc.model.architecture,
+        "peft": sc.peft.method,
+        "deepspeed_version": sc.ds_version,
+        "zero_stage": z.stage,
+        "precision": sc.deepspeed.precision,
+        "offload_optimizer": z.offload_optimizer.device,
+        "offload_param": z.offload_param.device,
+        "world_size": sc.world_size,
+        "gpus_per_node": sc.hardware.gpus_per_node,
+        "nodes": sc.hardware.nodes,
+        "gpu": sc.hardware.gpu.name,
+        "gpu_total_bytes": sc.hardware.gpu.total_bytes,
+        "cpu_ram_bytes": sc.hardware.cpu_ram_bytes,
+        "load_dtype": sc.load.dtype,
+        "zero_init": sc.load.zero_init,
+        "seq_len": sc.train.seq_len,
+        "task": sc.model.arch.task,
+        "target_len": sc.train.target_len,
+        "attention": sc.train.attention,
+        "batch_shape": None if sc.train.batch_shape is None else {
+            "rule": sc.train.batch_shape.rule, "micro_batch": sc.train.batch_shape.micro_batch,
+            "seq_len": sc.train.batch_shape.seq_len, "probability": sc.train.batch_shape.probability,
+            "batches_per_epoch": sc.train.batch_shape.batches_per_epoch},
+        "micro_batch": sc.train.micro_batch,
+        "gradient_checkpointing": sc.train.gradient_checkpointing,
+        "accelerator": sc.accelerator,
+        "torch_version": sc.runtime.torch_version,
+        "alloc_conf": sc.runtime.alloc_conf,
+        "cuda_version": sc.runtime.cuda_version or resolve_torch_version(sc.runtime.torch_version).default_cuda,
+        "pin_memory_backend": sc.runtime.pin_memory_backend,
+        "framework": sc.framework,
+        **({} if sc.framework == "deepspeed" else {
+            "precision_mode": sc.torch.precision, "optim": sc.torch.optim,
+            "gradient_accumulation_steps": sc.torch.gradient_accumulation_steps}),
+        **({"quantization": sc.quant.method, "bnb_4bit_quant_type": sc.quant.quant_type,
+            "bnb_4bit_quant_storage": sc.quant.quant_storage} if sc.quant.enabled else {}),
+    }
+
+
+def _checkpoint_layout(inputs: ScenarioInputs, source, model):
+    """The checkpoint's shards (``memfit.core.checkpoint``): from the index file given, else from
+    ``max_shard_size`` or the saving transformers version's default."""
+    from memfit.core.checkpoint import checkpoint_key, layout_from_config, layout_from_index
+    from memfit.core.hardware import parse_size
+    from memfit.core.ledger.context import is_adapter_param
+
+    tensors = [(checkpoint_key(p.name), p.numel) for p in model.params if not is_adapter_param(p.name)]
+    if inputs.checkpoint_index:
+        return layout_from_index(inputs.checkpoint_index, tensors, source.config)
+    limit = parse_size(inputs.max_shard_size, what="max_shard_size") if inputs.max_shard_size else None
+    return layout_from_config(tensors, source.config, max_shard_size=limit)
