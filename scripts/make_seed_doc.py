@@ -23,6 +23,9 @@ from memfit.core.scenario.read import read_scenario_file  # noqa: E402
 from memfit.core.units import fmt_bytes  # noqa: E402
 from memfit.core.verdict import gpu_figure, host_figure  # noqa: E402
 
+LEVEL = {"fits": "fits", "at_risk": "at risk (fits on paper, within memfit's measured margin of a limit)",
+         "does_not_fit": "does not fit"}
+
 SEED = ROOT / "examples" / "kogpt-prefix-zero3-offload.yaml"
 TRACES = ROOT / "tests" / "fixtures" / "trace" / "seed_activations.json"
 SEQ_LENS = (256, 512, 1024, 2048)
@@ -200,7 +203,7 @@ def recommendations() -> list[str]:
     res = recommend(dataclasses.replace(read_scenario_file(SEED), ds_version="0.19"), top=3)
     out = [f"`memfit recommend examples/kogpt-prefix-zero3-offload.yaml --deepspeed-version 0.19` searched "
            f"{res.candidates_searched:,} configurations ({res.candidates_fitting:,} fit with "
-           f"{res.headroom:.0%} headroom on GPU and host); the best by estimated step time, each confirmed by the "
+           f"{res.headroom_words}); the best by estimated step time, each confirmed by the "
            "exact ledger:", "", "| rank | changes | GPU OOM-relevant / rank | host peak / node |", "|---:|---|---:|---:|"]
     for r in res.recommendations:
         g, h = peaks(r.plan)
@@ -278,7 +281,7 @@ def build() -> str:
         "| variant | host peak / node | phase | verdict |",
         "|---|---:|---|---|",
         *[f"| {label} | {gib(host_figure(peaks(p)[1]))} GiB | {peaks(p)[1].name} | "
-          + ("fits" if p.verdict.fits else f"**fails** in {p.verdict.failures[0].phase} ({p.verdict.failures[0].device})") + " |"
+          + (LEVEL[p.verdict.level] if p.verdict.fits else f"**fails** in {p.verdict.failures[0].phase} ({p.verdict.failures[0].device})") + " |"
           for label, p in (("as given (fp32 load, low_cpu_mem_usage)", plan),
                            ("from_pretrained without low_cpu_mem_usage (the 2022 default)", old_tf))],
         "",
@@ -303,7 +306,7 @@ def build() -> str:
         "",
         f"Highest GPU: {g.name} ({gib(gpu_figure(g))} GiB of {gib(sc.hardware.gpu.total_bytes)}); highest host: "
         f"{h.name} ({gib(host_figure(h))} GiB per node of {gib(sc.hardware.cpu_ram_bytes)}). "
-        f"Verdict: {'fits' if plan.verdict.fits else 'does not fit'}"
+        f"Verdict: {LEVEL[plan.verdict.level]}"
         + ("" if plan.verdict.fits else f" (first failure: {plan.verdict.failures[0].phase} on {plan.verdict.failures[0].device})")
         + ".",
         "",

@@ -36,11 +36,14 @@ def test_plan_seed_json_schema():
     assert set(d["peak"]) == {"gpu_bytes", "gpu_phase", "node_cpu_bytes", "cpu_phase", "gpu_oom_relevant_bytes",
                               "gpu_oom_relevant_phase", "gpu_reserved_bytes", "cpu_pinned_locked_bytes",
                               "node_cpu_locked_bytes", "node_cpu_locked_phase"}
-    assert d["schema_version"] == 2
+    assert d["schema_version"] == 3
     for k in ("gpu_allocated_bytes", "gpu_reserved_bytes", "gpu_oom_relevant_bytes", "gpu_nvidia_smi_bytes",
               "gpu_outside_pytorch_bytes", "cpu_pinned_requested_bytes", "cpu_pinned_locked_bytes"):
         assert all(isinstance(p[k], int) for p in d["phases"]), k
-    assert set(d["verdict"]) == {"fits", "failures", "gpu_figure", "host_figure"}
+    assert set(d["verdict"]) == {"fits", "level", "failures", "worst_failure", "risks", "margins", "gpu_figure",
+                                 "host_figure"}
+    assert d["verdict"]["level"] in ("fits", "at_risk", "does_not_fit")
+    assert set(d["verdict"]["margins"]) == {"gpu", "host", "host_reserve_bytes", "shared_gpu", "source"}
     assert all(set(f) == {"id", "severity", "message"} for f in d["findings"])
     for p in d["phases"]:
         for k in ("gpu_peak_bytes", "cpu_peak_bytes", "cpu_pinned_bytes", "node_cpu_peak_bytes"):

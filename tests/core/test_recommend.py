@@ -237,11 +237,22 @@ CHANGEABLE = ("zero_optimization.stage", "zero_optimization.offload_optimizer.",
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_recommendations_fit_per_the_exact_ledger_and_are_ranked(results, name):
+    from memfit.core.recommend.confirm import risk_ratio
+    from memfit.core.verdict import gpu_figure, host_figure
+
     r = results[name]
     assert r.recommendations, r.notes
     assert r.max_fast_exact_diff_bytes <= TOLERANCE_BYTES
-    times = [rec.step_time.total_s for rec in r.recommendations]
+    # ranked as the verdict judges them: those that fit with memfit's measured margin first, fastest
+    # first; then those at risk, least at risk first (core/recommend/confirm.py:rank_by_level)
+    levels = [rec.plan.verdict.level for rec in r.recommendations]
+    assert levels == sorted(levels, key=lambda lv: lv != "fits") and "does_not_fit" not in levels
+    times = [rec.step_time.total_s for rec in r.recommendations if rec.plan.verdict.level == "fits"]
     assert times == sorted(times)
+    risky = [rec for rec in r.recommendations if rec.plan.verdict.level == "at_risk"]
+    ratios = [risk_ratio(max(gpu_figure(p) for p in rec.plan.phases), max(host_figure(p) for p in rec.plan.phases),
+                         r.hardware) for rec in risky]
+    assert ratios == sorted(ratios)
     for rec in r.recommendations:
         assert rec.plan.verdict.fits
         for ph in rec.plan.phases:

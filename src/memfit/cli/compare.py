@@ -13,8 +13,8 @@ from memfit.cli.common import check_report_path, console, warn_inputs
 
 @app.command()
 def compare(
-    scenario: Path = typer.Argument(..., help="Scenario YAML of the run that was recorded (see examples/)."),
-    records: list[Path] = typer.Argument(..., help=(
+    scenario: Path = typer.Argument(..., help="Scenario YAML of the run that was recorded (see examples/), or a published-run case (tests/fixtures/public_runs/*.yaml), which carries its own measurements."),
+    records: Optional[list[Path]] = typer.Argument(None, help=(
         "What the real run left: a memfit.record directory (stats.rank<R>.json, snapshot.rank<R>.pickle), a "
         "torch.cuda.memory._dump_snapshot pickle (read without running anything in it), a JSON of "
         "torch.cuda.memory_stats()/host_memory_stats() per phase, a log with DeepSpeed see_memory_usage lines, "
@@ -33,6 +33,11 @@ def compare(
     torch.cuda.memory._dump_snapshot pickle (read without running anything in it); a JSON of
     torch.cuda.memory_stats()/host_memory_stats() per phase; a log with DeepSpeed see_memory_usage
     lines ("memory_breakdown": true); an nvidia-smi CSV (--query-gpu=timestamp,memory.used --format=csv).
+
+    Without RECORDS, SCENARIO is a published-run case (tests/fixtures/public_runs/<id>.yaml): its
+    measurements (allocated, reserved, nvidia-smi, host RSS, as published) against the plan of its
+    inline scenario, like for like over the phases each measurement covers, and the verdict against
+    the run's outcome.
     """
     from memfit.core.compare import reconcile
     from memfit.core.plan import make_plan
@@ -40,6 +45,9 @@ def compare(
     from memfit.core.scenario.build import build_scenario
     from memfit.core.scenario.read import read_scenario_file
 
+    if not records:
+        _compare_case(scenario, json_out=json_out)
+        return
     sc = build_scenario(read_scenario_file(scenario))
     warn_inputs(sc)
     if report is not None:
@@ -59,6 +67,34 @@ def compare(
     from memfit.render.compare_out import render_reconciliation
 
     render_reconciliation(rc, console())
+
+
+def _compare_case(path: Path, *, json_out: bool) -> None:
+    """A published-run case: its measurements against the plan of its inline scenario."""
+    from memfit.core.compare.public_run import compare_public_run
+    from memfit.core.records.public_run import read_public_run
+    from memfit.errors import MemfitError
+
+    try:
+        case = read_public_run(path)
+    except MemfitError as exc:
+        if "not a public-run case" not in str(exc):
+            raise
+        raise MemfitError(f"{path} is not a published-run case: give the records of the run after the scenario "
+                          "(a memfit.record directory, a snapshot, stats JSON, a DeepSpeed log or an nvidia-smi CSV)") from None
+    c = compare_public_run(case)
+    if c.error:
+        raise MemfitError(f"{path}: memfit cannot plan this case: {c.error}")
+    if json_out:
+        import json
+
+        from memfit.render.public_run_out import case_to_dict
+
+        typer.echo(json.dumps(case_to_dict(c), indent=2))
+        return
+    from memfit.render.public_run_out import render_case
+
+    render_case(c, console())
 
 
 def _write_compare_report(path: Path, rc, plan_result, sc) -> None:

@@ -18,7 +18,7 @@ def recommend(
     scenario: Path = typer.Argument(..., help="Scenario YAML file (see examples/): your model, DeepSpeed JSON, hardware."),
     top: int = typer.Option(5, "--top", help="Configurations to return."),
     out: Optional[Path] = typer.Option(None, "--out", help="Directory to write each configuration's DeepSpeed JSON, script diff and scenario file (never overwrites)."),
-    headroom: float = typer.Option(0.1, "--headroom", help="Fraction of GPU memory and of host RAM to keep free in every phase."),
+    headroom: Optional[float] = typer.Option(None, "--headroom", help="Fraction of GPU memory and of host RAM to keep free in every phase (default: the verdict's own margins, measured on published runs, and the OS reserve of the host's RAM)."),
     report: Optional[Path] = typer.Option(None, "--report", help="Also write a report (.html or .md): the recommendations, then your configuration's plan with its charts. Never overwrites."),
     json_out: bool = typer.Option(False, "--json", help="Print the recommendations as JSON."),
 ) -> None:
@@ -32,7 +32,7 @@ def recommend(
     from memfit.core.recommend import recommend as run_recommend
     from memfit.core.scenario.read import read_scenario_file
 
-    if not (math.isfinite(headroom) and 0 <= headroom < 1):
+    if headroom is not None and not (math.isfinite(headroom) and 0 <= headroom < 1):
         raise MemfitError(f"--headroom must be a fraction from 0 to below 1, got {headroom}")
     if top < 1:
         raise MemfitError(f"--top must be at least 1, got {top}")

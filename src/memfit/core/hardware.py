@@ -69,6 +69,10 @@ class Hardware:
     """Host RAM per node."""
     nvme_bytes: int | None = None
     """Free NVMe space per node for offload (None: not checked)."""
+    shared_gpu: bool = False
+    """Other processes (a display, other jobs) may hold memory on the cards: "fits" is at risk at best."""
+    host_reserve_bytes: int | None = None
+    """Host RAM per node kept for the OS and other processes (None: ``verdict.host_reserve_bytes``)."""
 
     def __post_init__(self) -> None:
         for name in ("gpus_per_node", "nodes", "cpu_ram_bytes"):

@@ -148,14 +148,55 @@ class Failure:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Risk:
+    """A phase that fits on paper but within memfit's margin of the limit (``core/verdict.py``)."""
+
+    phase: str
+    device: str
+    """``gpu`` (per rank) or ``cpu`` (per node)."""
+    needed_bytes: int
+    available_bytes: int
+    """The card's or the node's capacity."""
+    limit_bytes: int
+    """What ``needed_bytes`` may reach and still be called "fits": capacity / (1 + margin), minus the
+    host's reserve for the OS (host)."""
+    why: str
+    """The margin and the reserve that make it at risk, in words."""
+
+
+VERDICT_LEVELS = ("fits", "at_risk", "does_not_fit")
+"""The three levels of a verdict (issue 19): the run fits with memfit's measured error to spare; it
+fits on paper but within that error (or a reserve) of the limit; a phase exceeds the limit."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Verdict:
     fits: bool
+    """No phase exceeds the card or the host (``level`` is ``fits`` or ``at_risk``)."""
     failures: tuple[Failure, ...]
     """In run order; the first is where the run dies."""
     gpu_figure: str = ""
     """The GPU figure the verdict used, in words."""
     host_figure: str = ""
     """The host figure the verdict used, in words."""
+    level: str = "fits"
+    """``fits``, ``at_risk`` or ``does_not_fit`` (``VERDICT_LEVELS``)."""
+    risks: tuple[Risk, ...] = ()
+    """Phases within the margin of a limit, in run order (set whether or not a phase fails)."""
+    gpu_margin: float = 0.0
+    """The GPU margin: "fits" needs the verdict's GPU figure x (1 + gpu_margin) <= the card."""
+    host_margin: float = 0.0
+    host_reserve_bytes: int = 0
+    """Host RAM per node kept for the OS and system daemons."""
+    shared_gpu: bool = False
+    """Other processes may use the card (``--shared-gpu``): a GPU that fits is at risk at best."""
+    margin_source: str = ""
+    """Where the margins come from, in words (the public runs they were measured on)."""
+
+    @property
+    def worst(self) -> Failure | None:
+        """The failure furthest over its limit (needed / available), not only the first."""
+        return max(self.failures, key=lambda f: f.needed_bytes / max(f.available_bytes, 1), default=None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

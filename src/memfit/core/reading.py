@@ -125,9 +125,10 @@ def parse_json(text: str, *, what: str,
 
 # ------------------------------------------------------------------------------------------ YAML
 
-def parse_yaml(text: str, *, what: str) -> Any:
+def parse_yaml(text: str, *, what: str, dates_as_text: bool = False) -> Any:
     """YAML through a ``SafeLoader`` that refuses alias expansion past ``MAX_NODES`` values and any
-    tag outside the JSON types; then ``check_tree``."""
+    tag outside the JSON types; then ``check_tree``. ``dates_as_text``: a bare date (``2023-02-13``)
+    is kept as the string it is written as (documents that date their sources)."""
     import yaml
 
     class Loader(yaml.SafeLoader):  # one class per call: PyYAML keeps resolver state on the class
@@ -135,6 +136,9 @@ def parse_yaml(text: str, *, what: str) -> Any:
             node = super().compose_document()
             _check_expansion(node, what)
             return node
+
+    if dates_as_text:
+        Loader.add_constructor("tag:yaml.org,2002:timestamp", lambda loader, node: loader.construct_scalar(node))
 
     try:
         value = yaml.load(text, Loader=Loader)  # noqa: S506 (a SafeLoader subclass)

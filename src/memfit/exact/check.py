@@ -262,12 +262,20 @@ def _check(model: Any, ds_config: Mapping[str, Any] | str | None, *, gpus: str |
         for f in plan.findings:
             if f.severity in ("warning", "error"):
                 warnings.warn(f"memfit: {f.message}", MemfitWarning, stacklevel=2)
-    if raise_on_failure and not plan.verdict.fits:
-        fail = plan.verdict.failures[0]
-        dev = {"gpu": "GPU memory per rank", "cpu": "host RAM per node", "nvme": "NVMe"}[fail.device]
+    v = plan.verdict
+    devs = {"gpu": "GPU memory per rank", "cpu": "host RAM per node", "nvme": "NVMe"}
+    if warn and v.level == "at_risk":
+        r = max(v.risks, key=lambda r: r.needed_bytes / r.available_bytes)
+        warnings.warn(f"memfit: this run is at risk: phase {r.phase} needs {r.needed_bytes / 2**30:.2f} GiB of "
+                      f"{devs[r.device]} of {r.available_bytes / 2**30:.2f} GiB; fits needs at most "
+                      f"{r.limit_bytes / 2**30:.2f} GiB ({r.why})", MemfitWarning, stacklevel=2)
+    if raise_on_failure and not v.fits:
+        fail, worst = v.failures[0], v.worst
+        worse = (f"; worst: phase {worst.phase}, {worst.needed_bytes / 2**30:.2f} GiB of {devs[worst.device]}"
+                 if worst is not None and worst is not fail else "")
         raise MemfitCheckError(
-            f"memfit: this run will not fit: phase {fail.phase} needs {fail.needed_bytes / 2**30:.2f} GiB of {dev}, "
-            f"{fail.available_bytes / 2**30:.2f} GiB available", plan)
+            f"memfit: this run will not fit: phase {fail.phase} needs {fail.needed_bytes / 2**30:.2f} GiB of "
+            f"{devs[fail.device]}, {fail.available_bytes / 2**30:.2f} GiB available{worse}", plan)
     return plan
 
 

@@ -1,6 +1,7 @@
 """The stable JSON schema of ``memfit plan --json`` (documented in docs/json-schema.md).
 
-Schema version 2 (2 added the allocator figures; docs/json-schema.md lists the changes). Byte counts are
+Schema version 3 (2 added the allocator figures, 3 the verdict's three levels with their margins, the
+evaluation phases and the epoch simulation; docs/json-schema.md lists the changes). Byte counts are
 integers named ``*_bytes``; nothing is rounded.
 """
 
@@ -12,7 +13,7 @@ from memfit import __version__
 from memfit.core.ledger_types import PHASE_LABELS, Plan
 from memfit.core.verdict import gpu_figure, host_figure
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def plan_to_dict(plan: Plan, *, scenario: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -86,16 +87,32 @@ def plan_to_dict(plan: Plan, *, scenario: dict[str, Any] | None = None) -> dict[
             "node_cpu_locked_bytes": host_figure(host_verdict),
             "node_cpu_locked_phase": host_verdict.name,
         },
-        "verdict": {
-            "fits": plan.verdict.fits,
-            "gpu_figure": plan.verdict.gpu_figure,
-            "host_figure": plan.verdict.host_figure,
-            "failures": [
-                {"phase": f.phase, "device": f.device, "needed_bytes": f.needed_bytes,
-                 "available_bytes": f.available_bytes, "figure": f.figure}
-                for f in plan.verdict.failures
-            ],
-        },
+        "verdict": verdict_to_dict(plan.verdict),
         "findings": [{"id": f.id, "severity": f.severity, "message": f.message} for f in plan.findings],
         "notes": list(plan.notes),
+    }
+
+
+def verdict_to_dict(v) -> dict[str, Any]:  # noqa: ANN001
+    """The verdict as ``plan --json`` and ``recommend --json`` write it (schema 3: ``level``, ``risks``,
+    ``worst_failure``, ``margins``)."""
+    worst = v.worst
+    return {
+        "fits": v.fits,
+        "level": v.level,
+        "gpu_figure": v.gpu_figure,
+        "host_figure": v.host_figure,
+        "failures": [
+            {"phase": f.phase, "device": f.device, "needed_bytes": f.needed_bytes,
+             "available_bytes": f.available_bytes, "figure": f.figure}
+            for f in v.failures
+        ],
+        "worst_failure": None if worst is None else v.failures.index(worst),
+        "risks": [
+            {"phase": r.phase, "device": r.device, "needed_bytes": r.needed_bytes,
+             "available_bytes": r.available_bytes, "limit_bytes": r.limit_bytes, "why": r.why}
+            for r in v.risks
+        ],
+        "margins": {"gpu": v.gpu_margin, "host": v.host_margin, "host_reserve_bytes": v.host_reserve_bytes,
+                    "shared_gpu": v.shared_gpu, "source": v.margin_source},
     }

@@ -45,17 +45,23 @@ def diff_text(diff: str) -> Text:
     return out
 
 
+_LEVEL = {"fits": "fits", "at_risk": "at risk", "does_not_fit": "does not fit"}
+_LEVEL_STYLE = {"fits": "green", "at_risk": "yellow", "does_not_fit": "bold red"}
+
+
 def recommendation_table(result: RecommendResult) -> Table:
-    t = Table(title=f"Configurations that fit with {result.headroom:.0%} headroom, fastest first "
+    t = Table(title=f"Configurations that fit with {result.headroom_words}, fastest first "
                     "(GiB = 2^30 B; exact ledger)", title_justify="left", show_lines=True)
     t.add_column("#", justify="right", no_wrap=True)
     t.add_column("what changes", overflow="fold")
     t.add_column("GPU\n/rank", justify="right", no_wrap=True)
     t.add_column("host\n/node", justify="right", no_wrap=True)
     t.add_column("est.\nstep s", justify="right", no_wrap=True)
+    t.add_column("verdict", no_wrap=True)
     for rec in result.recommendations:
         t.add_row(str(rec.rank), _changes(rec), f"{rec.gpu_peak_bytes / GiB:,.2f}",
-                  f"{rec.node_cpu_peak_bytes / GiB:,.2f}", _seconds(rec.step_time.total_s))
+                  f"{rec.node_cpu_peak_bytes / GiB:,.2f}", _seconds(rec.step_time.total_s),
+                  Text(_LEVEL[rec.plan.verdict.level], style=_LEVEL_STYLE[rec.plan.verdict.level]))
     return t
 
 
@@ -70,9 +76,12 @@ def _baseline_text(result: RecommendResult) -> Text:
         f = v.failures[0]
         where = {"gpu": "GPU", "cpu": "host RAM", "nvme": "NVMe"}[f.device]
         return Text(line) + Text(f"does not fit ({where} in phase {f.phase})", style="bold red")
+    if result.headroom is None:
+        return Text(line) + Text(_LEVEL[v.level], style=_LEVEL_STYLE[v.level])
     if not result.baseline_fits_with_headroom:
-        return Text(line) + Text(f"fits, but with less than {result.headroom:.0%} headroom", style="yellow")
-    return Text(line) + Text(f"fits with {result.headroom:.0%} headroom", style="green")
+        return Text(line) + Text(f"fits, but not with {result.headroom_words}"
+                                 + (" (at risk)" if v.level == "at_risk" else ""), style="yellow")
+    return Text(line) + Text(f"fits with {result.headroom_words}", style="green")
 
 
 def render_recommendations(result: RecommendResult, console: Console, *, diffs: int = 3) -> None:
@@ -81,7 +90,7 @@ def render_recommendations(result: RecommendResult, console: Console, *, diffs: 
         _baseline_text(result), "\n",
         f"searched {result.candidates_searched:,} configurations in {result.search_seconds:.2f} s "
         f"({result.candidates_per_second:,.0f}/s); {result.candidates_fitting:,} fit every phase with "
-        f"{result.headroom:.0%} headroom (GPU <= {fmt_bytes(result.gpu_limit_bytes)}, host <= "
+        f"{result.headroom_words} (GPU <= {fmt_bytes(result.gpu_limit_bytes)}, host <= "
         f"{fmt_bytes(result.host_limit_bytes)} per node)")
     console.print(Panel(head, title=Text(f"memfit recommend: {result.scenario_name}"), title_align="left"))
     if not result.recommendations:
@@ -127,6 +136,7 @@ def recommendations_to_dict(result: RecommendResult) -> dict[str, Any]:
         "host_limit_bytes": result.host_limit_bytes,
         "baseline": {
             "fits": base.verdict.fits,
+            "level": base.verdict.level,
             "fits_with_headroom": result.baseline_fits_with_headroom,
             "gpu_peak_bytes": max(p.gpu_peak_bytes for p in base.phases),
             "node_cpu_peak_bytes": max(p.node_cpu_peak_bytes for p in base.phases),
@@ -145,6 +155,7 @@ def recommendations_to_dict(result: RecommendResult) -> dict[str, Any]:
                 "gpu_peak_bytes": rec.gpu_peak_bytes,
                 "node_cpu_peak_bytes": rec.node_cpu_peak_bytes,
                 "fits": rec.plan.verdict.fits,
+                "level": rec.plan.verdict.level,
                 "est_step": {"total_seconds": rec.step_time.total_s, "compute_seconds": rec.step_time.compute_s,
                              "communication_seconds": rec.step_time.communication_s,
                              "offload_seconds": rec.step_time.offload_s,

@@ -16,18 +16,17 @@ _CSS = """
 body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;color:#222;line-height:1.4}
 h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.6em}table{border-collapse:collapse;font-size:.85em;margin:.5em 0}
 td,th{border:1px solid #ccc;padding:3px 6px;vertical-align:top}th{background:#f4f4f4}td.n{text-align:right;font-variant-numeric:tabular-nums}
-.fail{color:#b00;font-weight:bold}.ok{color:#070;font-weight:bold}.error{color:#b00}.warning{color:#a60}.info{color:#036}
+.fail{color:#b00;font-weight:bold}.ok{color:#070;font-weight:bold}.risk{color:#a60;font-weight:bold}.error{color:#b00}.warning{color:#a60}.info{color:#036}
 pre{background:#f7f7f7;padding:.6em;white-space:pre-wrap}small{color:#666}
 """
 
 
-def _verdict(plan: Plan) -> tuple[str, bool]:
-    if plan.verdict.fits:
-        return "Fits: every phase stays within GPU and host memory.", True
-    f = plan.verdict.failures[0]
-    dev = {"gpu": "GPU memory per rank", "cpu": "host RAM per node", "nvme": "NVMe"}[f.device]
-    return (f"Does not fit: phase {f.phase} needs {fmt_bytes(f.needed_bytes)} of {dev}, "
-            f"{fmt_bytes(f.available_bytes)} available."), False
+def _verdict(plan: Plan) -> tuple[str, str]:
+    """The verdict's lines (``terminal.verdict_lines``) and the CSS class of its level."""
+    from memfit.render.terminal import verdict_lines
+
+    lines = verdict_lines(plan)
+    return " ".join(line.strip() for line, _ in lines), {"fits": "ok", "at_risk": "risk"}.get(plan.verdict.level, "fail")
 
 
 def rich_fragment(render, *, width: int = 110) -> tuple[str, str]:
@@ -54,7 +53,7 @@ def html_report(plan: Plan, sc: Scenario, *, sections: tuple[tuple[str, str], ..
                 figures: tuple[tuple[str, str], ...] = ()) -> str:
     """The plan's page; ``sections`` (heading, HTML) come first (a diagnosis, recommendations);
     ``figures`` (id, SVG) are drawn under the plan's charts (a recording over time)."""
-    verdict, ok = _verdict(plan)
+    verdict, level_class = _verdict(plan)
     extra = "".join(f"<h2>{escape(h)}</h2>{frag}" for h, frag in sections)
     hw = sc.hardware
     rows = "".join(
@@ -79,7 +78,7 @@ def html_report(plan: Plan, sc: Scenario, *, sections: tuple[tuple[str, str], ..
 {extra}
 <h2>The plan{": " + escape(plan.scenario_name) if title else ""}</h2>
 <pre>{escape(scenario_summary(sc).plain)}</pre>
-<p class="{'ok' if ok else 'fail'}" id="verdict">{escape(verdict)}</p>
+<p class="{level_class}" id="verdict">{escape(verdict)}</p>
 <h2>Memory over the run</h2>
 <figure id="gpu-chart">{phase_chart_svg(plan, "gpu", hw.gpu.total_bytes, f"GPU per rank ({hw.gpu.name})")}</figure>
 <figure id="host-chart">{phase_chart_svg(plan, "host", hw.cpu_ram_bytes, f"Host RAM per node ({hw.gpus_per_node} rank(s))")}</figure>

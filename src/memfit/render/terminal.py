@@ -124,16 +124,51 @@ def items_table(ph: PhaseLedger) -> Table:
     return t
 
 
-def verdict_text(plan: Plan) -> Text:
-    if plan.verdict.fits:
-        return Text("FITS: every phase stays within GPU and host memory"
-                    + (f" (compared: {plan.verdict.gpu_figure}; {plan.verdict.host_figure})" if plan.verdict.gpu_figure else "")
-                    + ".", style="bold green")
-    f = plan.verdict.failures[0]
-    dev = {"gpu": "GPU memory (per rank)", "cpu": "host RAM (per node)", "nvme": "NVMe"}[f.device]
-    return Text(f"DOES NOT FIT: phase {f.phase} needs {fmt_bytes(f.needed_bytes)} of {dev}, "
+_VDEV = {"gpu": "GPU memory (per rank)", "cpu": "host RAM (per node)", "nvme": "NVMe"}
+
+
+def verdict_lines(plan: Plan) -> tuple[tuple[str, str], ...]:
+    """The verdict in words, as (text, style) lines: the level, then the first and the worst failure
+    (or every risk), then the margins it used. The terminal and the reports print the same lines."""
+    v = plan.verdict
+    margins = (f"margins: {v.gpu_margin:.0%} of the GPU figure and {v.host_margin:.0%} of the host figure "
+               f"(memfit's measured error: {v.margin_source or 'see verdict_margin.json'}), "
+               f"{fmt_bytes(v.host_reserve_bytes, 'GB')} of host RAM kept for the OS"
+               + ("; the card is shared with other processes (--shared-gpu)" if v.shared_gpu else ""))
+    if v.level == "does_not_fit":
+        f = v.failures[0]
+        out = [(f"DOES NOT FIT: phase {f.phase} needs {fmt_bytes(f.needed_bytes)} of {_VDEV[f.device]}, "
                 f"{fmt_bytes(f.available_bytes)} available ({fmt_bytes(f.needed_bytes - f.available_bytes)} short)"
-                + (f"; compared: {f.figure}" if f.figure else "") + ".", style="bold red")
+                + (f"; compared: {f.figure}" if f.figure else "") + ".", "bold red")]
+        w = v.worst
+        if w is not None and w is not f:
+            out.append((f"Worst: phase {w.phase} needs {fmt_bytes(w.needed_bytes)} of {_VDEV[w.device]}, "
+                        f"{w.needed_bytes / w.available_bytes:.0%} of the {fmt_bytes(w.available_bytes)} available "
+                        f"({len(v.failures)} phase/device failures in all).", "red"))
+        return tuple(out)
+    compared = (f" (compared: {v.gpu_figure}; {v.host_figure})" if v.gpu_figure else "")
+    if v.level == "at_risk":
+        out = [("AT RISK: every phase fits on paper, but within memfit's margin of a limit" + compared + ".",
+                "bold yellow")]
+        for dev in ("gpu", "cpu"):
+            mine = [r for r in v.risks if r.device == dev]
+            if not mine:
+                continue
+            r = max(mine, key=lambda r: r.needed_bytes)
+            more = f" ({len(mine) - 1} other phase(s) too)" if len(mine) > 1 else ""
+            out.append((f"  phase {r.phase}: {fmt_bytes(r.needed_bytes)} of {fmt_bytes(r.available_bytes)} "
+                        f"{_VDEV[r.device]} ({r.needed_bytes / r.available_bytes:.0%}); fits needs <= "
+                        f"{fmt_bytes(r.limit_bytes)}: {r.why}{more}", "yellow"))
+        return (*out, (margins, "dim"))
+    return (("FITS: every phase stays within GPU and host memory, with memfit's margin to spare" + compared + ".",
+             "bold green"), (margins, "dim"))
+
+
+def verdict_text(plan: Plan) -> Text:
+    out = Text()
+    for i, (line, style) in enumerate(verdict_lines(plan)):
+        out.append(("\n" if i else "") + line, style=style)
+    return out
 
 
 def render_plan(plan: Plan, sc: Scenario, console: Console, *, all_items: bool = False) -> None:

@@ -6,7 +6,7 @@ numbers it quotes are the numbers the tables show.
 
 from __future__ import annotations
 
-from memfit.core.findings.common import _first_failure, _host_findings, _item, _phase, _tightest
+from memfit.core.findings.common import _first_failure, _risk_finding, _worst_failure, _host_findings, _item, _phase, _tightest
 from memfit.core.findings.inputs import input_findings
 from memfit.core.ledger_types import Device, Finding, PhaseLedger, Verdict
 from memfit.core.scenario.types import Scenario
@@ -25,9 +25,12 @@ def deepspeed_findings(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: V
     failure = _first_failure(sc, phases, verdict)
     if failure is not None:
         out.append(failure)
+        worst = _worst_failure(sc, phases, verdict)
+        if worst is not None:
+            out.append(worst)
 
     if first is None:
-        out.append(_tightest(sc, phases))
+        out.append(_risk_finding(sc, verdict) or _tightest(sc, phases))
 
     move = _phase(phases, "initialize.move")
     moved = _item(move, "move.params")

@@ -5,7 +5,7 @@ Every number quoted is read off the phase ledgers (never recomputed), like ``mem
 
 from __future__ import annotations
 
-from memfit.core.findings.common import _first_failure, _host_findings, _phase, _tightest
+from memfit.core.findings.common import _first_failure, _risk_finding, _worst_failure, _host_findings, _phase, _tightest
 from memfit.core.ledger_types import Finding, PhaseLedger, Verdict
 from memfit.core.scenario.types import Scenario
 from memfit.core.units import fmt_both, fmt_bytes
@@ -24,8 +24,11 @@ def pytorch_findings(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: Ver
     failure = _first_failure(sc, phases, verdict)
     if failure is not None:
         out.append(failure)
+        worst = _worst_failure(sc, phases, verdict)
+        if worst is not None:
+            out.append(worst)
     else:
-        out.append(_tightest(sc, phases))
+        out.append(_risk_finding(sc, verdict) or _tightest(sc, phases))
     step2 = _phase(phases, "step2.optimizer_step") or _phase(phases, "optimizer_step")
     ts = sc.torch
     if step2 is not None:

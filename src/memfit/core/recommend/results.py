@@ -68,7 +68,8 @@ class RecommendResult:
 
     scenario_name: str
     hardware: Hardware
-    headroom: float
+    headroom: float | None
+    """The ``--headroom`` fraction given; None: the verdict's measured margins (``verdict.fit_limits``)."""
     gpu_limit_bytes: int
     """``(1 - headroom) x`` the GPU's capacity: a candidate's GPU peak must stay at or under it."""
     host_limit_bytes: int
@@ -85,3 +86,5 @@ class RecommendResult:
     max_fast_exact_diff_bytes: int
     """Largest |fast - exact| over the confirmed candidates, phases and peaks (GPU, host, node, NVMe)."""
     notes: tuple[str, ...] = ()
+    headroom_words: str = ""
+    """What the candidates were kept under, in words (``confirm.headroom_words``)."""

@@ -16,14 +16,15 @@ Progress = Callable[[int, int], None]
 """``progress(done, total)``, called every few thousand candidates."""
 
 
-def recommend(inputs: ScenarioInputs, *, top: int = 5, headroom: float = 0.1,
+def recommend(inputs: ScenarioInputs, *, top: int = 5, headroom: float | None = None,
               progress: Progress | None = None) -> RecommendResult:
     """The ``top`` fastest configurations that fit every phase with ``headroom``, each confirmed by
     the exact ledger."""
     if top < 1:
         raise MemfitError(f"--top must be at least 1, got {top}")
-    if not 0 <= headroom < 1:
-        raise MemfitError(f"--headroom must be in [0, 1), got {headroom}")
+    from memfit.core.recommend.confirm import check_headroom
+
+    check_headroom(headroom)
     from memfit.core.frameworks.resolve import apply_input_files
 
     if build_scenario(apply_input_files(inputs)).framework != "deepspeed":

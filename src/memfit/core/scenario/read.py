@@ -50,6 +50,12 @@ def read_scenario_file(path: str | Path) -> ScenarioInputs:
     """Parse a scenario YAML (or JSON) file into inputs; paths inside are relative to it."""
     p = Path(path)
     raw = parse_yaml(read_text(p, what="scenario file"), what=f"scenario file {p}")
+    return read_scenario_mapping(raw, p)
+
+
+def read_scenario_mapping(raw: Any, p: Path) -> ScenarioInputs:
+    """A scenario mapping already parsed (e.g. the ``scenario:`` of a public-run case), read as if it
+    were the file ``p``: its relative paths resolve against ``p``'s folder, ``p``'s stem names it."""
     if not isinstance(raw, dict):
         raise MemfitError(f"{p}: expected a mapping of scenario keys, got {type(raw).__name__}")
     unknown = set(raw) - SCENARIO_KEYS

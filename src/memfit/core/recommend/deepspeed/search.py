@@ -24,7 +24,8 @@ from typing import Any
 
 from memfit.core.plan import make_plan
 from memfit.core.recommend.deepspeed.aggregates import ScenarioAggregates
-from memfit.core.recommend.confirm import _fast_exact_diff, _fits, _limits
+from memfit.core.recommend.confirm import (_fast_exact_diff, _fits, _limits, confirmation_order,
+                                           enough_fitting, headroom_words, rank_by_level)
 from memfit.core.recommend.deepspeed.estimate import estimate_peaks, phase_names
 from memfit.core.recommend.patch import (
     Change,
@@ -152,10 +153,11 @@ def prepare(inputs: ScenarioInputs) -> Prepared:
                     base=base, space=space, valid=valid)
 
 
-def search(prep: Prepared, *, headroom: float = 0.1, progress: Progress | None = None) -> SearchOutcome:
+def search(prep: Prepared, *, headroom: float | None = None, progress: Progress | None = None) -> SearchOutcome:
     """Every candidate through the fast estimator (see the module docstring)."""
-    if not 0 <= headroom < 1:
-        raise MemfitError(f"--headroom must be in [0, 1), got {headroom}")
+    from memfit.core.recommend.confirm import check_headroom
+
+    check_headroom(headroom)
     hw = prep.scenario.hardware
     gpu_limit, host_limit, nvme_limit = _limits(hw, headroom)
     R = hw.gpus_per_node
@@ -184,7 +186,9 @@ def search(prep: Prepared, *, headroom: float = 0.1, progress: Progress | None =
     for group in fitting.values():
         fastest = min(t.total_s for _, _, t, _ in group)
         near = [g for g in group if g[2].total_s <= fastest * (1 + TIME_TOLERANCE)]
-        c, peaks, step, _ = min(near, key=lambda g: (g[3], g[2].total_s))
+        # without --headroom, of equally fast variants the one the verdict calls "fits" (least at risk) wins
+        c, peaks, step, _ = min(near, key=lambda g: (g[3], g[2].total_s) if headroom is not None else
+                                (*_risk_key(g[1], hw), g[3], g[2].total_s))
         best.append(Scored(candidate=c, peaks=peaks, step_time=step, changes=describe_changes(base, c)))
     best.sort(key=lambda s: (s.step_time.total_s, len(s.changes)))
     kept: list[Scored] = []
@@ -192,6 +196,14 @@ def search(prep: Prepared, *, headroom: float = 0.1, progress: Progress | None =
         if not any(_dominates(k, s) for k in kept):
             kept.append(s)
     return SearchOutcome(best=tuple(kept), searched=n, fitting=sum(len(g) for g in fitting.values()), seconds=elapsed)
+
+
+def _risk_key(peaks, hw) -> tuple[bool, float]:  # noqa: ANN001
+    """(at risk, how far into the band): fits before at risk, the least at risk first."""
+    from memfit.core.recommend.confirm import risk_ratio
+
+    r = risk_ratio(max(p[0] for p in peaks), max(p[2] for p in peaks), hw)
+    return (r > 1.0, r if r > 1.0 else 0.0)
 
 
 def _dominates(a: Scored, b: Scored) -> bool:
@@ -205,7 +217,7 @@ def _dominates(a: Scored, b: Scored) -> bool:
             and peak(a, 0) <= peak(b, 0) * tol and peak(a, 2) <= peak(b, 2) * tol)
 
 
-def recommend_deepspeed(inputs: ScenarioInputs, *, top: int = 5, headroom: float = 0.1,
+def recommend_deepspeed(inputs: ScenarioInputs, *, top: int = 5, headroom: float | None = None,
                         progress: Progress | None = None) -> RecommendResult:
     """The ``top`` fastest configurations that fit every phase with ``headroom`` (see the module
     docstring), each confirmed by the exact ledger."""
@@ -218,8 +230,9 @@ def recommend_deepspeed(inputs: ScenarioInputs, *, top: int = 5, headroom: float
     notes: list[str] = []
     recs: list[Recommendation] = []
     max_diff = 0
-    for s in found.best[: top * CONFIRM_FACTOR]:
-        if len(recs) == top:
+    order = list(found.best) if headroom is not None else confirmation_order(list(found.best), hw, lambda s: s.peaks)
+    for s in order[: top * CONFIRM_FACTOR]:
+        if enough_fitting(recs, top):
             break
         c = s.candidate
         patched, patch_notes = patch_deepspeed_json(prep.raw_json, sc, base, c)
@@ -244,9 +257,10 @@ def recommend_deepspeed(inputs: ScenarioInputs, *, top: int = 5, headroom: float
             script_diff=script_diff(sc, prep.raw_json, base, c, model_ref=inputs.model or sc.model_ref,
                                     ds_name=Path(inputs.deepspeed).name if inputs.deepspeed else None),
             notes=patch_notes))
+    recs = list(rank_by_level(recs, top, hw))
     if not recs:
-        notes.append(f"no configuration in the search space fits every phase with {headroom:.0%} headroom; "
-                     "try --headroom 0, more GPUs or host RAM, a shorter sequence, or a PEFT method")
+        notes.append(f"no configuration in the search space fits every phase with {headroom_words(hw, headroom)}; "
+                     "try a smaller --headroom, more GPUs or host RAM, a shorter sequence, or a PEFT method")
     if sc.ds_version != "0.19":
         notes.append(f"configurations are for DeepSpeed {sc.ds_version}.x, as the scenario says; set "
                      "deepspeed_version: \"0.19\" for today's release")
@@ -257,4 +271,4 @@ def recommend_deepspeed(inputs: ScenarioInputs, *, top: int = 5, headroom: float
         baseline=baseline, baseline_fits_with_headroom=base_ok, baseline_step_time=base_time,
         recommendations=tuple(recs), candidates_searched=found.searched, candidates_fitting=found.fitting,
         search_seconds=found.seconds, candidates_per_second=found.candidates_per_second,
-        max_fast_exact_diff_bytes=max_diff, notes=tuple(notes))
+        max_fast_exact_diff_bytes=max_diff, notes=tuple(notes), headroom_words=headroom_words(hw, headroom))

@@ -176,9 +176,10 @@ def describe_changes(base: TorchCandidate, c: TorchCandidate) -> tuple[Change, .
     return tuple(out)
 
 
-def recommend_torch(inputs: ScenarioInputs, *, top: int = 5, headroom: float = 0.1, progress=None):
+def recommend_torch(inputs: ScenarioInputs, *, top: int = 5, headroom: float | None = None, progress=None):
     from memfit.core.frameworks.resolve import apply_input_files
-    from memfit.core.recommend.confirm import _fast_exact_diff, _fits, _limits
+    from memfit.core.recommend.confirm import (_fast_exact_diff, _fits, _limits, confirmation_order,
+                                               enough_fitting, headroom_words, rank_by_level, risk_ratio)
     from memfit.core.recommend.results import Recommendation, RecommendResult
 
     inputs = apply_input_files(inputs)
@@ -206,12 +207,19 @@ def recommend_torch(inputs: ScenarioInputs, *, top: int = 5, headroom: float = 0
     for group in fitting.values():
         fastest = min(s.total_s for _, _, s, _ in group)
         near = [g for g in group if g[2].total_s <= fastest * 1.01]
-        best.append(min(near, key=lambda g: (len(g[3]), g[2].total_s)))
+        # without --headroom, of equally fast variants the one the verdict calls "fits" (least at risk) wins
+        def risk(g) -> float:  # noqa: ANN001
+            r = risk_ratio(max(p[0] for p in g[1]), max(p[2] for p in g[1]), hw)
+            return r if r > 1.0 else 0.0
+        best.append(min(near, key=lambda g: (len(g[3]), g[2].total_s) if headroom is not None else
+                        (risk(g), len(g[3]), g[2].total_s)))
     best.sort(key=lambda g: (g[2].total_s, len(g[3])))
     baseline = make_plan(sc)
     recs, notes, max_diff = [], [], 0
+    if headroom is None:
+        best = confirmation_order(best, hw, lambda g: g[1])
     for c, peaks, step, changes in best[: top * 3]:
-        if len(recs) == top:
+        if enough_fitting(recs, top):
             break
         ci = candidate_inputs(inputs, sc, c)
         plan = make_plan(build_scenario(ci))
@@ -226,16 +234,17 @@ def recommend_torch(inputs: ScenarioInputs, *, top: int = 5, headroom: float = 0
                                             nvme_bytes=nv) for n, (g, h, nd, nv) in zip(names, peaks)),
             plan=plan, deepspeed_json={}, script_diff="", scenario_inputs=ci,
             notes=tuple(f"{ch.setting}: {ch.before} -> {ch.after}" for ch in changes)))
+    recs = list(rank_by_level(recs, top, hw))
     if not recs:
-        notes.append(f"no configuration in the search space fits every phase with {headroom:.0%} headroom; "
-                     "try --headroom 0, more GPUs, a shorter sequence, or a PEFT method")
+        notes.append(f"no configuration in the search space fits every phase with {headroom_words(hw, headroom)}; "
+                     "try a smaller --headroom, more GPUs, a shorter sequence, or a PEFT method")
     return RecommendResult(
         scenario_name=sc.name, hardware=hw, headroom=headroom, gpu_limit_bytes=gpu_limit, host_limit_bytes=host_limit,
         baseline=baseline, baseline_fits_with_headroom=_fits(baseline, hw, headroom),
         baseline_step_time=estimate_step_time(sc, base), recommendations=tuple(recs),
         candidates_searched=len(cands), candidates_fitting=sum(len(g) for g in fitting.values()),
         search_seconds=elapsed, candidates_per_second=len(cands) / elapsed if elapsed else 0.0,
-        max_fast_exact_diff_bytes=max_diff, notes=tuple(notes))
+        max_fast_exact_diff_bytes=max_diff, notes=tuple(notes), headroom_words=headroom_words(hw, headroom))
 
 
 def torch_scenario_document(rec, *, hardware: dict[str, Any]) -> dict[str, Any]:
