@@ -22,8 +22,12 @@ TRAINING_PHASES = ("forward", "backward", "accum.forward", "accum.backward", "op
                    "step2.forward", "step2.backward", "step2.optimizer_step")
 """The step phases every framework runs, in order: step 1, its later micro-steps, the steady state."""
 
+EVAL_PHASES = ("eval.forward", "eval.generate")
+"""The Trainer's evaluation between steps (only when the run evaluates): ``evaluate()``'s no-grad
+forward at the eval batch size, and ``generate()`` with its KV cache (``predict_with_generate``)."""
+
 PHASES = ("load", "initialize.cast", "initialize.move", "initialize.partition", "initialize.optimizer",
-          *TRAINING_PHASES, "save")
+          *TRAINING_PHASES, *EVAL_PHASES, "save")
 """Phase names in run order; replays mark the same boundaries. ``forward``/``backward``/
 ``optimizer_step`` are step 1 (its first micro-step); ``accum.*`` a later micro-step of step 1
 (only with gradient_accumulation_steps > 1); ``step2.*`` the steady state (step 2 on: the
@@ -39,10 +43,12 @@ PHASE_LABELS = {
     "step2.forward": "steady state (step 2+): forward",
     "step2.backward": "steady state (step 2+): backward",
     "step2.optimizer_step": "steady state (step 2+): optimizer step",
+    "eval.forward": "evaluation: forward without gradients",
+    "eval.generate": "evaluation: generate (KV cache)",
 }
 """Plain-words names of the step phases, for the terminal and reports (JSON keeps ``name``)."""
 
-TORCH_PHASES = ("load", "setup", *TRAINING_PHASES, "save")
+TORCH_PHASES = ("load", "setup", *TRAINING_PHASES, *EVAL_PHASES, "save")
 """Phase names of the frameworks without ``deepspeed.initialize`` (torch, ddp, fsdp, fsdp2), in run
 order (contract 1): ``setup`` is the DDP/FSDP wrap, the move to the GPU and the optimizer's
 construction; ``accum.*`` only with gradient accumulation; ``step2.*`` the steady state."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from memfit.core.findings.derive import derive_findings
 from memfit.core.ledger.build import build_timeline
+from memfit.core.ledger.evaluation import eval_notes
 from memfit.core.ledger_types import ParamCounts, Plan, TracedStep
 from memfit.core.scenario.types import Scenario
 from memfit.core.verdict import judge
@@ -38,7 +39,7 @@ def make_plan(sc: Scenario, traced: TracedStep | None = None) -> Plan:
         *timeline.granularity_notes,
         *sc.model.notes,
         *((sc.train.batch_shape.describe(),) if sc.train.batch_shape is not None else ()),
-    ) + tuple(sc.input_notes) + (build_notes(sc) if sc.framework != "deepspeed" else ())
+    ) + tuple(sc.input_notes) + (build_notes(sc) if sc.framework != "deepspeed" else ()) + eval_notes(sc)
     return Plan(scenario_name=sc.name, params=count_params(sc), phases=phases, verdict=verdict,
                 findings=derive_findings(sc, phases, verdict), notes=notes)
 

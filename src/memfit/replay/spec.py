@@ -191,6 +191,10 @@ class ReplaySpec:
     """``DdpSettings`` fields (framework ``ddp``)."""
     fsdp: dict[str, Any] = field(default_factory=dict, hash=False)
     """``FsdpSettings`` fields (framework ``fsdp``/``fsdp2``)."""
+    evaluation: dict[str, Any] = field(default_factory=dict, hash=False)
+    """``EvalSettings`` fields (framework ``torch``): after the steps, ``eval.forward`` runs the real
+    ``Seq2SeqTrainer.evaluate()`` on one batch and, with ``generate``, ``eval.generate`` runs it with
+    ``predict_with_generate`` (``model.generate`` then the loss); empty: no evaluation."""
     fault: str | None = None
     """Harness self-test only: ``PHASE:KIND`` injects a failure when PHASE starts; KIND is
     ``raise`` (RuntimeError), ``oom`` (an impossible allocation on the device), ``kill``
@@ -226,6 +230,9 @@ class ReplaySpec:
             )
         if self.attention not in ("sdpa", "eager"):
             raise MemfitError(f"replay spec: attention must be 'sdpa' or 'eager', got {self.attention!r}")
+        if self.evaluation and self.framework != "torch":
+            raise MemfitError("replay spec: evaluation is replayed for framework torch only (the Trainer's "
+                              "evaluate() in one process)")
         if self.save not in SAVE_MODES:
             raise MemfitError(f"replay spec: save must be one of {', '.join(SAVE_MODES)}, got {self.save!r}")
         if self.zero_init and self.zero_stage != 3:
@@ -299,6 +306,9 @@ def spec_from_scenario(
         from memfit.core.catalog import resolve_model_config
 
         model_config = resolve_model_config(scenario.model_ref).config_dict()
+    if scenario.eval.enabled:
+        overrides = {"evaluation": _plain({k: v for k, v in dataclasses.asdict(scenario.eval).items() if k != "source"}),
+                     **overrides}
     if scenario.framework != "deepspeed":
         overrides = {"framework": scenario.framework, "training": _plain(dataclasses.asdict(scenario.torch)),
                      "quantization": _plain(dataclasses.asdict(scenario.quant)) if scenario.quant.enabled else {},

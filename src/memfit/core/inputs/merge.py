@@ -60,6 +60,9 @@ def merge_input_files(inputs):
     else:
         take("seq_len", "seq_len")
     take("load_dtype", "load_dtype", what="load dtype")
+    for name in ("eval_strategy", "eval_batch", "eval_generate", "generation_max_length", "num_beams", "eval_steps",
+                 "empty_cache_steps"):
+        take(name, name)
     take("quantization", "quantization")
     if "deepspeed" in v:
         if inputs.deepspeed_inline is not None:

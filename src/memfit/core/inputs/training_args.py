@@ -32,7 +32,11 @@ MEMORY_KEYS = {"per_device_train_batch_size", "gradient_accumulation_steps", "gr
                "activation_checkpointing", "bf16", "fp16", "optim", "optim_args", "weight_decay", "max_grad_norm",
                "fsdp", "fsdp_config", "deepspeed", "ddp_find_unused_parameters", "ddp_bucket_cap_mb",
                "ddp_broadcast_buffers", "ddp_static_graph", "max_length", "max_seq_length", "packing",
-               "model_init_kwargs", "torch_dtype", "use_cpu", "gradient_checkpointing_kwargs"}
+               "model_init_kwargs", "torch_dtype", "use_cpu", "gradient_checkpointing_kwargs",
+               # evaluation and the epoch (core/scenario/run_settings.py)
+               "eval_strategy", "evaluation_strategy", "per_device_eval_batch_size", "predict_with_generate",
+               "generation_max_length", "generation_num_beams", "eval_steps", "torch_empty_cache_steps",
+               "group_by_length"}
 TRAINER_OPTIM_ALIASES = {"adamw_8bit": "adamw_8bit"}
 
 
@@ -117,6 +121,7 @@ def read_training_args(path: str) -> Sourced:
         out.set("fsdp", _fsdp_settings(fsdp, fcfg, version, path), origin("fsdp_config"))
         if as_bool(fcfg.get("activation_checkpointing", False), origin("fsdp_config.activation_checkpointing")):
             out.values["gradient_checkpointing"] = True
+    _eval_keys(raw, out, origin)
     ddp = {}
     if raw.get("ddp_find_unused_parameters") is not None:
         ddp["find_unused_parameters"] = as_bool(raw["ddp_find_unused_parameters"], origin("ddp_find_unused_parameters"))
@@ -132,6 +137,26 @@ def read_training_args(path: str) -> Sourced:
                                                    f"({', '.join(ignored[:6])}{', ...' if len(ignored) > 6 else ''})"
                                                    if ignored else ""))
     return out
+
+
+def _eval_keys(raw: dict[str, Any], out: Sourced, origin) -> None:  # noqa: ANN001
+    """Evaluation and the empty_cache cadence (transformers 5.24 ``training_args.py`` /
+    ``Seq2SeqTrainingArguments``; ``evaluation_strategy`` is the name before 4.46)."""
+    key = "eval_strategy" if "eval_strategy" in raw else "evaluation_strategy" if "evaluation_strategy" in raw else None
+    if key is not None:
+        value = raw[key]
+        strategy = "no" if value is False else str(value).lower().replace("intervalstrategy.", "")
+        if strategy not in ("no", "steps", "epoch"):
+            raise MemfitError(f"{origin(key)} must be no, steps or epoch, got {value!r}")
+        out.set("eval_strategy", strategy, origin(key))
+    for k, name in (("per_device_eval_batch_size", "eval_batch"), ("generation_max_length", "generation_max_length"),
+                    ("generation_num_beams", "num_beams"), ("eval_steps", "eval_steps"),
+                    ("torch_empty_cache_steps", "empty_cache_steps")):
+        if raw.get(k) is not None:
+            out.set(name, as_int(raw[k], origin(k)), origin(k))
+    if raw.get("predict_with_generate") is not None:
+        out.set("eval_generate", as_bool(raw["predict_with_generate"], origin("predict_with_generate")),
+                origin("predict_with_generate"))
 
 
 def _fsdp_settings(fsdp: Any, fcfg: dict[str, Any], version: int, path: str) -> dict[str, Any]:

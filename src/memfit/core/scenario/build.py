@@ -41,7 +41,9 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
     nodes = inputs.nodes if inputs.nodes is not None else 1
     hw = Hardware(gpu=gpu, gpus_per_node=count, nodes=nodes,
                   cpu_ram_bytes=parse_size(inputs.cpu_ram or "256GB", what="cpu_ram"),
-                  nvme_bytes=parse_size(inputs.nvme, what="nvme") if inputs.nvme else None)
+                  nvme_bytes=parse_size(inputs.nvme, what="nvme") if inputs.nvme else None,
+                  shared_gpu=bool(inputs.shared_gpu),
+                  host_reserve_bytes=parse_size(inputs.host_reserve, what="host_reserve") if inputs.host_reserve else None)
     has_ds_json = bool(inputs.deepspeed or inputs.deepspeed_inline)
     if inputs.precision is not None:
         modes = ("fp16", "bf16", "fp32") if has_ds_json or inputs.framework == "deepspeed" else \
@@ -114,12 +116,16 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
         dataloader_workers=count_value(inputs.dataloader_workers, "dataloader_workers"),
         dataset_tokens=count_value(inputs.dataset_tokens, "dataset_tokens"),
     )
+    from memfit.core.scenario.run_settings import epoch_settings, eval_settings
+
+    ev = eval_settings(inputs, train, model)
+    epoch = epoch_settings(inputs, train)
     return Scenario(name=inputs.name or f"{source.name} ({spec.method})", model_ref=source.name, model=model,
                     peft=spec, deepspeed=ds, deepspeed_json=ds_json, hardware=hw, load=load, train=train,
                     ds_version=str(inputs.ds_version or "0.19"), accelerator=inputs.accelerator or "cuda",
                     runtime=runtime_settings(inputs),
                     framework=fw.framework, torch=fw.torch, quant=fw.quant, ddp=fw.ddp, fsdp=fw.fsdp,
-                    input_notes=tuple(inputs.input_notes))
+                    eval=ev, epoch=epoch, input_notes=tuple(inputs.input_notes))
 
 
 def runtime_settings(inputs: ScenarioInputs):  # -> RuntimeSettings

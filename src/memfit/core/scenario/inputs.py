@@ -29,13 +29,18 @@ SCENARIO_KEYS = {"name", "model", "peft", "deepspeed", "deepspeed_version", "har
         "trust_remote_code", "accelerator", "runtime",
         # outside DeepSpeed (memfit.core.frameworks.pytorch; memfit.core.frameworks.resolve)
         "framework", "precision", "optim", "optim_args", "quantization", "ddp", "fsdp", "training_args",
-        "accelerate_config", "bnb_config"}
+        "accelerate_config", "bnb_config",
+        # evaluation during training (core/ledger/evaluation.py)
+        "eval"}
 RUNTIME_KEYS = {"torch_version", "alloc_conf", "cuda_version", "pin_memory_backend", "alloc_conf_from_env"}
-HARDWARE_KEYS = {"gpus", "nodes", "cpu_ram", "nvme"}
+HARDWARE_KEYS = {"gpus", "nodes", "cpu_ram", "nvme", "shared_gpu", "host_reserve"}
+EVAL_KEYS = {"strategy", "batch", "seq_len", "generate", "max_new_tokens", "generation_max_length", "num_beams", "steps"}
 LOAD_KEYS = {"dtype", "zero_init", "low_cpu_mem_usage", "checkpoint_index", "max_shard_size"}
 TRAIN_KEYS = {"seq_len", "micro_batch", "gradient_checkpointing", "model_parameters", "attention", "dataloader_workers",
           "dataset_tokens", "task", "target_len", "lengths", "batching", "max_seq_length", "precision", "grad_accum",
-          "gradient_accumulation_steps", "max_grad_norm", "weight_decay"}
+          "gradient_accumulation_steps", "max_grad_norm", "weight_decay",
+          # the epoch simulation (core/epoch/)
+          "epoch", "epoch_steps", "empty_cache_steps"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,6 +122,33 @@ class ScenarioInputs:
     """Path to an accelerate config YAML."""
     bnb_config: str | None = None
     """Path to a BitsAndBytesConfig JSON."""
+    # -- the verdict's hardware margins (core/verdict.py) --------------------------------------
+    shared_gpu: bool | None = None
+    """Other processes may use the cards: a GPU that fits is at risk at best."""
+    host_reserve: str | None = None
+    """Host RAM per node kept for the OS and other processes (default: verdict.host_reserve_bytes)."""
+    # -- evaluation (core/ledger/evaluation.py) ---------------------------------------------------
+    eval_strategy: str | None = None
+    """``eval_strategy``: no (default), steps, epoch."""
+    eval_batch: int | None = None
+    """``per_device_eval_batch_size`` (default 8)."""
+    eval_seq_len: int | None = None
+    """Tokens of an eval input / generation prompt (default: seq_len)."""
+    eval_generate: bool | None = None
+    """``predict_with_generate``."""
+    max_new_tokens: int | None = None
+    generation_max_length: int | None = None
+    """``generation_max_length``: the whole output (encoder-decoders) or prompt + new tokens."""
+    num_beams: int | None = None
+    """``generation_num_beams`` (default 1)."""
+    eval_steps: int | None = None
+    # -- the epoch simulation (core/epoch/) -------------------------------------------------------
+    epoch: bool | None = None
+    """Simulate an epoch of steps of varying shapes (on by default with ``lengths``)."""
+    epoch_steps: int | None = None
+    """Optimizer steps to simulate (default: one epoch, at most 1,000)."""
+    empty_cache_steps: int | None = None
+    """``torch_empty_cache_steps``."""
     input_notes: tuple[str, ...] = ()
     """What memfit resolved or ignored while reading the input files (shown in the plan's notes)."""
 

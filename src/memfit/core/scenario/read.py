@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from memfit.core.reading import parse_yaml, read_text
-from memfit.core.scenario.inputs import (HARDWARE_KEYS, LOAD_KEYS, RUNTIME_KEYS, SCENARIO_KEYS, TRAIN_KEYS,
-                                         ScenarioInputs)
+from memfit.core.scenario.inputs import (EVAL_KEYS, HARDWARE_KEYS, LOAD_KEYS, RUNTIME_KEYS, SCENARIO_KEYS,
+                                         TRAIN_KEYS, ScenarioInputs)
 from memfit.errors import MemfitError
 
 
@@ -70,6 +70,7 @@ def read_scenario_mapping(raw: Any, p: Path) -> ScenarioInputs:
     load = _section(raw.get("load"), "load", LOAD_KEYS, p)
     train = _section(raw.get("train"), "train", TRAIN_KEYS, p)
     rt = _section(raw.get("runtime"), "runtime", RUNTIME_KEYS, p)
+    ev = _section(raw.get("eval"), "eval", EVAL_KEYS, p)
     peft = raw.get("peft")
     method, options = None, {}
     if isinstance(peft, str):
@@ -151,4 +152,10 @@ def read_scenario_mapping(raw: Any, p: Path) -> ScenarioInputs:
         alloc_conf_from_env=rt.get("alloc_conf_from_env"),
         cuda_version=None if rt.get("cuda_version") is None else str(rt["cuda_version"]),
         pin_memory_backend=rt.get("pin_memory_backend"),
+        shared_gpu=hw.get("shared_gpu"), host_reserve=_scalar_text(hw.get("host_reserve")),
+        eval_strategy="no" if ev.get("strategy") is False else _scalar_text(ev.get("strategy")), eval_batch=ev.get("batch"), eval_seq_len=ev.get("seq_len"),
+        eval_generate=ev.get("generate"), max_new_tokens=ev.get("max_new_tokens"),
+        generation_max_length=ev.get("generation_max_length"), num_beams=ev.get("num_beams"),
+        eval_steps=ev.get("steps"),
+        epoch=train.get("epoch"), epoch_steps=train.get("epoch_steps"), empty_cache_steps=train.get("empty_cache_steps"),
     )

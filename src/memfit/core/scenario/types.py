@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from memfit.core.batch_shapes import BatchShape
+from memfit.core.batch_shapes import BatchShape, LengthDistribution
 from memfit.core.checkpoint import CheckpointLayout
 from memfit.core.frameworks.deepspeed import DeepSpeedSettings
 from memfit.core.frameworks.pytorch import FRAMEWORKS, DdpSettings, FsdpSettings, QuantSettings, TorchSettings
@@ -90,6 +90,68 @@ class TrainSettings:
             raise MemfitError(f"target_len must be >= 1, got {self.target_len}")
 
 
+EVAL_STRATEGIES = ("no", "steps", "epoch")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EvalSettings:
+    """The Trainer's evaluation during training (``Trainer.evaluate`` at ``eval_strategy``), and its
+    generation (``Seq2SeqTrainer`` with ``predict_with_generate``): ``core/ledger/evaluation.py``."""
+
+    strategy: str = "no"
+    """``eval_strategy``: ``no`` (no evaluation phases), ``steps`` (every ``steps``) or ``epoch``."""
+    batch: int = 8
+    """``per_device_eval_batch_size`` (transformers' default 8)."""
+    seq_len: int | None = None
+    """Tokens of an eval input (None: the training seq_len); the prompt length of ``generate``."""
+    generate: bool = False
+    """``predict_with_generate``: ``prediction_step`` calls ``model.generate``."""
+    max_new_tokens: int | None = None
+    """Tokens generated (``generation_max_length`` for an encoder-decoder, whose decoder starts empty;
+    for a decoder-only model ``generation_max_length`` minus the prompt)."""
+    num_beams: int = 1
+    """``generation_num_beams`` (``num_beams`` of the generation config; 1: greedy)."""
+    steps: int | None = None
+    """``eval_steps``: optimizer steps between evaluations (``strategy`` steps)."""
+    source: str = ""
+    """Where the settings came from, in words."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.strategy != "no"
+
+    def __post_init__(self) -> None:
+        if self.strategy not in EVAL_STRATEGIES:
+            raise MemfitError(f"eval_strategy must be one of {', '.join(EVAL_STRATEGIES)}, got {self.strategy!r}")
+        if self.batch < 1 or self.num_beams < 1:
+            raise MemfitError(f"eval batch and num_beams must be >= 1, got {self.batch} and {self.num_beams}")
+        if self.generate and not self.max_new_tokens:
+            raise MemfitError("predict_with_generate needs the length to generate: generation_max_length or "
+                              "max_new_tokens")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EpochSettings:
+    """The epoch simulation (``core/epoch/``): many steps of the batch shapes the data gives, through one
+    CUDA caching allocator whose cache carries from step to step."""
+
+    simulate: bool = False
+    lengths: LengthDistribution | None = None
+    """Token counts of the samples (``--lengths``); None with ``simulate``: ``default_lengths``."""
+    default_lengths: bool = False
+    """No distribution was given: memfit's stated default (``core/epoch/shapes.py:default_distribution``)."""
+    rule: str = "pad-longest"
+    """``pad-longest``, ``bucket`` (group_by_length) or ``pack``."""
+    max_seq_length: int | None = None
+    steps: int | None = None
+    """Optimizer steps to simulate (None: one epoch, at most ``core/epoch/simulate.MAX_STEPS``)."""
+    empty_cache_steps: int | None = None
+    """``torch_empty_cache_steps``: ``torch.cuda.empty_cache()`` after the forward of every step whose
+    global step is a multiple of it (``Trainer.training_step``)."""
+    seed: int = 0
+    """Of the sampler's shuffle (the epoch is one draw of the batch order)."""
+
+
 PIN_MEMORY_BACKENDS = ("torch", "native")
 
 
@@ -155,6 +217,8 @@ class Scenario:
     """bitsandbytes quantization of the base model (any framework)."""
     ddp: DdpSettings = DdpSettings()
     fsdp: FsdpSettings = FsdpSettings()
+    eval: EvalSettings = EvalSettings()
+    epoch: EpochSettings = EpochSettings()
     input_notes: tuple[str, ...] = field(default=(), hash=False, compare=False)
     """What memfit resolved or ignored while reading the input files (TrainingArguments, ...)."""
 

@@ -17,7 +17,9 @@ Run by ``python -m memfit.replay.child`` (which dispatches here) under the same 
    ``clip_grad_norm_``, ``step``, ``update``, ``zero_grad(set_to_none=True)``). Step 1's first
    micro-step is ``forward``/``backward``, its later ones ``accum.*``; every micro-step of the later
    steps is ``step2.*`` (the phase's peak is the worst of them).
-4. ``save``: ``save_pretrained`` (a PEFT model saves its adapter).
+4. with ``spec.evaluation``: ``eval.forward`` and ``eval.generate``, the real ``Seq2SeqTrainer.evaluate()``
+   (``memfit.replay.pytorch.evaluation``);
+5. ``save``: ``save_pretrained`` (a PEFT model saves its adapter).
 
 Sizes read off the objects (``AttributedItem`` keys): ``model.params`` (after load; the params that
 are not bitsandbytes-quantized), ``torch.grads``
@@ -213,6 +215,11 @@ class TorchChildRun:
                 rebuilt = bucket_bytes(wrapped, "rebuilt_bucket_sizes") or bucket_bytes(wrapped, "bucket_sizes")
                 self.items.append(AttributedItem(key="ddp.buckets", at="step", bytes=rebuilt, count=0, device="cpu"))
             wrapped.zero_grad(set_to_none=True)
+        # ---- evaluation (framework torch: the Trainer's own evaluate())
+        if spec.evaluation and spec.evaluation.get("strategy", "no") != "no":
+            from memfit.replay.pytorch.evaluation import run_evaluation
+
+            run_evaluation(recorder, model, spec, vocab=vocab, device=dev)
         # ---- save
         if spec.save != "never":
             recorder.enter("save")

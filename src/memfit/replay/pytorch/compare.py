@@ -33,7 +33,7 @@ def torch_scenario_of(m: Measurement) -> Scenario:
     from memfit.core.frameworks.pytorch import DdpSettings, FsdpSettings, QuantSettings, TorchSettings
     from memfit.core.hardware import GpuSpec, Hardware
     from memfit.core.peft.params import apply_peft
-    from memfit.core.scenario.types import LoadSettings, TrainSettings
+    from memfit.core.scenario.types import EvalSettings, LoadSettings, TrainSettings
     from memfit.core.shapes import build_model_shape
     from memfit.replay.spec import override_layers
 
@@ -56,6 +56,7 @@ def torch_scenario_of(m: Measurement) -> Scenario:
         accelerator=spec.accelerator, framework=spec.framework, torch=TorchSettings(**tup(spec.training)),
         quant=QuantSettings(**tup(spec.quantization)) if spec.quantization else QuantSettings(),
         ddp=DdpSettings(**tup(spec.ddp)), fsdp=FsdpSettings(**tup(spec.fsdp)),
+        eval=EvalSettings(**spec.evaluation) if getattr(spec, "evaluation", None) else EvalSettings(),
     )
 
 

@@ -290,7 +290,19 @@ class _Step:
             self.carry_over()
         self.pass_(complete=True, persistent_available=True, micro=1 if ga > 1 else 0, boundary=True, prefix="step2.")
         self.optimizer_step("step2.optimizer_step", "steady-state optimizer step (states already exist)")
+        self.evaluate()
         self.save()
+
+    def evaluate(self) -> None:
+        """The Trainer's evaluation between steps (``core/ledger/evaluation.py``): ZeRO-3 gathers the
+        params module by module as in a training forward (the coordinator's highest gathered bytes of
+        the steady-state forward, an estimate); stages 0-2 hold them whole."""
+        from memfit.core.ledger.evaluation import record_evaluation
+
+        gathered = self.gather_expected[1] if self.stage3 and hasattr(self, "gather_expected") else 0
+        record_evaluation(self.t, self.sc, dtype_bytes=self.nb, logits_bytes=self.nb, gathered_bytes=gathered,
+                          gathered_formula=f"the coordinator's highest gathered bytes in a steady-state forward: "
+                                           f"{gathered:,} B", gathered_source=f"{PCO}:fetch_sub_module/release_sub_module")
 
     def pass_(self, *, complete: bool, persistent_available: bool, micro: int, boundary: bool, prefix: str) -> None:
         """Forward and backward of one micro-step (the forward phase is already open)."""

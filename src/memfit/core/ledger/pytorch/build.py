@@ -56,5 +56,8 @@ def build_torch_timeline(sc: Scenario, *, tracker=None, timeline: Timeline | Non
         sink = GradSink()
     c = build_step_context(sc, m, opt, sink)
     record_steps(t, c)
+    from memfit.core.ledger.evaluation import record_evaluation
+
+    record_evaluation(t, sc, dtype_bytes=c.stream_bytes, logits_bytes=c.logits_bytes)
     record_save(t, c)
     return t

@@ -249,6 +249,20 @@ class FsdpRun:
         free_each(self.t, UNSHARDED, self.unit_unsharded(self.units[i]))
         self.unsharded_live.discard(i)
 
+    def eval_gathered(self) -> tuple[int, str]:
+        """Unsharded params while an evaluation forward runs (an estimate): under FULL_SHARD and
+        HYBRID_SHARD the largest unit and the next one (prefetched, or FSDP2's all-gather output kept
+        for overlap); SHARD_GRAD_OP keeps every unit unsharded after its forward (no backward comes
+        to reshard it); NO_SHARD has nothing to gather."""
+        sizes = [sum(self.unit_unsharded(u)) for u in self.units]
+        strategy = self.sc.fsdp.sharding_strategy
+        if self.S == 1 or strategy == "NO_SHARD" or not sizes:
+            return 0, "nothing gathered (one shard)"
+        if strategy == "SHARD_GRAD_OP":
+            return sum(sizes), f"every unit unsharded ({len(sizes)} units, SHARD_GRAD_OP)"
+        pair = max((a + b for a, b in zip(sizes, sizes[1:])), default=sizes[0])
+        return pair, f"the two largest consecutive units unsharded: {pair:,} B"
+
     def unit_of_stage(self, s: int) -> list[int]:
         return [i for i, u in enumerate(self.units) if s in u.stages]
 
@@ -333,6 +347,12 @@ def build_fsdp_ledger(t: Timeline, sc: Scenario, m: TorchModel, opt: OptimizerMo
         _fsdp_forward(run, c, "step2.forward")
         _fsdp_backward(run, c, "step2.backward", first_micro=True)
     _fsdp_opt(run, c, opt_params, "step2.optimizer_step", first=False, host=host_opt)
+    from memfit.core.ledger.evaluation import record_evaluation
+
+    gathered, how = run.eval_gathered()
+    record_evaluation(t, sc, dtype_bytes=c.stream_bytes, logits_bytes=c.logits_bytes, gathered_bytes=gathered,
+                      gathered_formula=how, gathered_source=f"{SRC2 if run.fsdp2 else SRC1}: unshard in the forward "
+                                                            "pre-hook, reshard after forward (FULL_SHARD)")
     _fsdp_save(run)
 
 

@@ -129,6 +129,10 @@ class StepContext:
     """Tensors alive only while the loss runs: the fp32 copy of 16-bit logits, the shifted labels."""
     loss_backward: tuple[int, ...] = ()
     """Tensors alive at the start of backward: nll_loss's and log_softmax's gradients (logits-sized)."""
+    stream_bytes: int = 4
+    """Element size of the residual stream (the activations' dtype)."""
+    logits_bytes: int = 4
+    """Element size of the logits (16-bit where the head's matmul runs in 16 bits)."""
 
 
 def _leaf(p: TParam) -> str:
@@ -215,7 +219,7 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
         st.casts.append((p.numel * 2, needs_in and not is_bias, p.trainable and p.dtype == "fp32"))
     return StepContext(sc=sc, m=m, opt=opt, sink=sink, stages=stages, act_formula=est.formula, tokens=t_tok,
                        groups=trainer_groups(m.params, split=sc.torch.trainer_param_groups),
-                       loss_forward=loss_fwd, loss_backward=loss_bwd)
+                       loss_forward=loss_fwd, loss_backward=loss_bwd, stream_bytes=D, logits_bytes=LD)
 
 
 def declare_step(t: Timeline, c: StepContext) -> None:

@@ -25,22 +25,23 @@ from operator import add
 from memfit.core.ledger.context import DTYPE_BYTES, optimizer_offload
 from memfit.core.alloc.non_pytorch import non_pytorch_for
 from memfit.core.ledger import host_process
-from memfit.core.ledger_types import PHASES
+from memfit.core.ledger_types import EVAL_PHASES, PHASES
 from memfit.core.ledger.deepspeed.step_segments import GradSpec
 from memfit.core.recommend.deepspeed.aggregates import ScenarioAggregates
 from memfit.core.recommend.deepspeed.estimate_initialize import initialize_phases, overlap_given
 from memfit.core.recommend.deepspeed.space import Candidate
 from memfit.core.recommend.results import PhaseEstimate
 
-PHASE_NAMES = PHASES
-"""Every phase, in run order, as the exact ledger names them (``phase_names`` gives a candidate's)."""
+PHASE_NAMES = tuple(p for p in PHASES if p not in EVAL_PHASES)
+"""Every phase, in run order, as the exact ledger names them (``phase_names`` gives a candidate's);
+the evaluation phases are not estimated (the exact ledger's confirmation checks them)."""
 
 
 def phase_names(c: Candidate) -> tuple[str, ...]:
     """The phases the exact ledger emits for ``c``: ``accum.*`` only with gradient accumulation."""
     if c.grad_accum > 1:
-        return PHASES
-    return tuple(p for p in PHASES if not p.startswith("accum."))
+        return PHASE_NAMES
+    return tuple(p for p in PHASE_NAMES if not p.startswith("accum."))
 
 
 def estimate_peaks(agg: ScenarioAggregates, c: Candidate) -> tuple[tuple[int, int, int, int], ...]:
