@@ -22,6 +22,10 @@ TRAINING_PHASES = ("forward", "backward", "accum.forward", "accum.backward", "op
                    "step2.forward", "step2.backward", "step2.optimizer_step")
 """The step phases every framework runs, in order: step 1, its later micro-steps, the steady state."""
 
+EPOCH_PHASES = ("epoch.forward", "epoch.backward", "epoch.optimizer_step")
+"""The epoch simulation's peak step, as phases the verdict judges (only with an epoch simulation)."""
+
+
 EVAL_PHASES = ("eval.forward", "eval.generate")
 """The Trainer's evaluation between steps (only when the run evaluates): ``evaluate()``'s no-grad
 forward at the eval batch size, and ``generate()`` with its KV cache (``predict_with_generate``)."""
@@ -43,6 +47,9 @@ PHASE_LABELS = {
     "step2.forward": "steady state (step 2+): forward",
     "step2.backward": "steady state (step 2+): backward",
     "step2.optimizer_step": "steady state (step 2+): optimizer step",
+    "epoch.forward": "the epoch's peak step: forward",
+    "epoch.backward": "the epoch's peak step: backward",
+    "epoch.optimizer_step": "the epoch's peak step: optimizer step",
     "eval.forward": "evaluation: forward without gradients",
     "eval.generate": "evaluation: generate (KV cache)",
 }
@@ -53,7 +60,7 @@ TORCH_PHASES = ("load", "setup", *TRAINING_PHASES, *EVAL_PHASES, "save")
 order (contract 1): ``setup`` is the DDP/FSDP wrap, the move to the GPU and the optimizer's
 construction; ``accum.*`` only with gradient accumulation; ``step2.*`` the steady state."""
 
-ALL_PHASES = tuple(dict.fromkeys(PHASES + TORCH_PHASES))
+ALL_PHASES = tuple(dict.fromkeys(PHASES + TORCH_PHASES + EPOCH_PHASES))
 """Every phase name any ledger or replay uses."""
 
 
@@ -223,6 +230,53 @@ class ParamCounts:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class EpochSummary:
+    """An epoch of steady-state steps of varying batch shapes through one CUDA caching allocator
+    (``core/epoch/simulate.py``). Bytes per rank; percentiles over the optimizer steps."""
+
+    steps: int
+    """Optimizer steps in the simulated epoch."""
+    simulated: int
+    """Of them, run through the allocator simulator."""
+    from_memo: int
+    """Of them, a step already simulated from the same allocator state at the same length."""
+    approximated: int
+    """Of them, past the event budget: the figures of the last simulated step of the same length."""
+    per_epoch: int
+    """Optimizer steps of a whole epoch on one rank (the distribution's samples)."""
+    lengths_source: str
+    """Where the batch lengths came from (a file, or memfit's stated default)."""
+    rule: str
+    quantum: int
+    """Batch lengths rounded up to a multiple of this (1: not rounded)."""
+    distinct_lengths: int
+    reserved_p50_bytes: int = 0
+    reserved_p99_bytes: int = 0
+    reserved_max_bytes: int = 0
+    oom_relevant_p50_bytes: int = 0
+    oom_relevant_p99_bytes: int = 0
+    oom_relevant_max_bytes: int = 0
+    allocated_max_bytes: int = 0
+    peak_step: int = 0
+    """1-based step of the epoch with the highest OOM-relevant figure (the first such)."""
+    peak_seq_len: int = 0
+    peak_micro_batch: int = 0
+    peak_shape_steps: int = 0
+    """Steps of the simulated epoch with the peak step's batch shape."""
+    peak_phase_figures: tuple[tuple[int, int, int], ...] = ()
+    """(reserved, OOM-relevant, allocated) of the peak step's forward, backward, optimizer step."""
+    template_lengths: tuple[int, ...] = ()
+    """The lengths the step template was fitted on."""
+    outside_bytes: int = 0
+    """GPU memory outside PyTorch during the steps (in the OOM-relevant and nvidia-smi figures)."""
+    eval_figures: tuple[int, int, int] | None = None
+    """(reserved, OOM-relevant, allocated) peak of the evaluations run inside the epoch."""
+    notes: tuple[str, ...] = ()
+    error: str = ""
+    """Why the epoch could not be simulated (then nothing else is set)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Plan:
     """The whole answer for one scenario."""
 
@@ -233,6 +287,8 @@ class Plan:
     findings: tuple[Finding, ...]
     notes: tuple[str, ...] = ()
     """What is estimated rather than exact, and why."""
+    epoch: EpochSummary | None = None
+    """The epoch simulation (``--lengths`` / ``--epoch``), None without one."""
 
     def phase(self, name: str) -> PhaseLedger:
         for p in self.phases:

@@ -29,6 +29,13 @@ def make_plan(sc: Scenario, traced: TracedStep | None = None) -> Plan:
     the traced step memory instead of the analytic estimate."""
     timeline = build_timeline(sc, traced)
     phases = timeline.phases()
+    epoch = None
+    if sc.epoch.simulate:
+        from memfit.core.epoch.simulate import epoch_phases, simulate_epoch
+
+        epoch = simulate_epoch(sc, timeline)
+        if epoch is not None:
+            phases = _with_epoch(phases, epoch_phases(sc, epoch, phases))
     verdict = judge(phases, sc.hardware)
     notes = (
         traced.note if traced is not None else
@@ -40,8 +47,19 @@ def make_plan(sc: Scenario, traced: TracedStep | None = None) -> Plan:
         *sc.model.notes,
         *((sc.train.batch_shape.describe(),) if sc.train.batch_shape is not None else ()),
     ) + tuple(sc.input_notes) + (build_notes(sc) if sc.framework != "deepspeed" else ()) + eval_notes(sc)
+    if epoch is not None:
+        from memfit.core.epoch.words import epoch_notes
+
+        notes += epoch_notes(epoch)
     return Plan(scenario_name=sc.name, params=count_params(sc), phases=phases, verdict=verdict,
-                findings=derive_findings(sc, phases, verdict), notes=notes)
+                findings=derive_findings(sc, phases, verdict), notes=notes, epoch=epoch)
+
+
+def _with_epoch(phases, extra):  # noqa: ANN001
+    """The epoch's phases after the steady state (before evaluation and save)."""
+    names = [p.name for p in phases]
+    at = names.index("step2.optimizer_step") + 1 if "step2.optimizer_step" in names else len(phases)
+    return tuple(phases[:at]) + tuple(extra) + tuple(phases[at:])
 
 
 def allocator_note(sc: Scenario) -> str:

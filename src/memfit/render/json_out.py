@@ -88,6 +88,7 @@ def plan_to_dict(plan: Plan, *, scenario: dict[str, Any] | None = None) -> dict[
             "node_cpu_locked_phase": host_verdict.name,
         },
         "verdict": verdict_to_dict(plan.verdict),
+        "epoch": epoch_to_dict(plan.epoch),
         "findings": [{"id": f.id, "severity": f.severity, "message": f.message} for f in plan.findings],
         "notes": list(plan.notes),
     }
@@ -116,3 +117,19 @@ def verdict_to_dict(v) -> dict[str, Any]:  # noqa: ANN001
         "margins": {"gpu": v.gpu_margin, "host": v.host_margin, "host_reserve_bytes": v.host_reserve_bytes,
                     "shared_gpu": v.shared_gpu, "source": v.margin_source},
     }
+
+
+def epoch_to_dict(e) -> dict[str, Any] | None:  # noqa: ANN001
+    """The epoch simulation (schema 3), None without one."""
+    if e is None:
+        return None
+    from dataclasses import asdict
+
+    d = asdict(e)
+    d["peak_phase_figures"] = [dict(zip(("gpu_reserved_bytes", "gpu_oom_relevant_bytes", "gpu_allocated_bytes"), f))
+                               for f in e.peak_phase_figures]
+    d["eval_figures"] = None if e.eval_figures is None else dict(
+        zip(("gpu_reserved_bytes", "gpu_oom_relevant_bytes", "gpu_allocated_bytes"), e.eval_figures))
+    d["template_lengths"] = list(e.template_lengths)
+    d["notes"] = list(e.notes)
+    return d

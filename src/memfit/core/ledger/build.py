@@ -26,6 +26,19 @@ def build_timeline(sc: Scenario, traced: TracedStep | None = None) -> Timeline:
     return build_deepspeed_timeline(sc, traced, tracker=memory_tracker(sc))
 
 
+def build_events_timeline(sc: Scenario, model_cache: dict | None = None) -> Timeline:
+    """The same recipes without the allocator simulators: only the event log and the requested
+    peaks (the epoch simulation's step template, ``core/epoch/template.py``); ``model_cache`` shares
+    the torch frameworks' model-state view between builds of one model."""
+    if sc.framework != "deepspeed":
+        from memfit.core.ledger.pytorch.build import build_torch_timeline
+
+        return build_torch_timeline(sc, model_cache=model_cache)
+    from memfit.core.ledger.deepspeed.build import build_deepspeed_timeline
+
+    return build_deepspeed_timeline(sc)
+
+
 def memory_tracker(sc: Scenario):  # -> MemoryTracker | None
     """The allocator simulators for this scenario's torch version, PYTORCH_CUDA_ALLOC_CONF, card and
     DeepSpeed pinning backend (None on DeepSpeed's CPU accelerator: nothing to simulate)."""

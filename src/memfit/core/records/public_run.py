@@ -149,7 +149,8 @@ def read_corpus(folder: str | Path) -> tuple[PublicRun, ...]:
 
 def window_phases(window: tuple[str, ...], phases: tuple[str, ...]) -> tuple[str, ...]:
     """The plan's phases a ``phases_covered`` window spans (in run order). The Trainer's ``train()``
-    window (``training``) holds its evaluations too (``eval.*``)."""
+    window (``training``) holds its evaluations too (``eval.*``) and, with an epoch simulation, its
+    peak step (``epoch.*``, also in ``steady-state``)."""
     from memfit.core.ledger_types import TRAINING_PHASES
 
     steps = set(TRAINING_PHASES)
@@ -161,11 +162,11 @@ def window_phases(window: tuple[str, ...], phases: tuple[str, ...]) -> tuple[str
             if w == "whole-run+save":
                 return True
             if w == "training":
-                return name in steps or name.startswith("eval.")
+                return name in steps or name.startswith(("eval.", "epoch."))
             if w == "first-step":
                 return name in steps and not name.startswith("step2.")
             if w == "steady-state":
-                return name.startswith("step2.")
+                return name.startswith(("step2.", "epoch."))
             if w == "initialize":
                 return name.startswith("initialize.") or name == "setup"
             return name == "load"
