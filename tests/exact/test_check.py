@@ -109,7 +109,7 @@ def test_check_ddp_and_fsdp2_without_a_deepspeed_config(prefix_model):
 
     ddp = memfit.check(prefix_model, framework="ddp", precision="amp_bf16", gpus="2x24GiB", cpu_ram="64GiB",
                        seq_len=64, warn=False)
-    assert [p.name for p in ddp.phases] == [p for p in TORCH_PHASES if not p.startswith("accum.")]
+    assert [p.name for p in ddp.phases] == [p for p in TORCH_PHASES if not p.startswith(("accum.", "eval."))]
     assert any(i.key.startswith("ddp.bucket") for i in ddp.phase("backward").items)
     fsdp = memfit.check(prefix_model, framework="fsdp2", precision="bf16", gpus="2x24GiB", cpu_ram="64GiB",
                         seq_len=64, warn=False)
@@ -144,3 +144,22 @@ def test_check_reads_a_live_lora_config_and_says_when_it_cannot():
         check(model)
     with pytest.warns(memfit.MemfitWarning, match="adapter's settings could not be read.*layers_to_transform"):
         check(live(layers_to_transform=[0]))
+
+
+def test_check_warns_when_the_run_is_at_risk(prefix_model):
+    """A card whose capacity is above the plan's GPU peak but within memfit's measured margin of it
+    (core/verdict_margin.json): the check passes, with an "at risk" warning naming the phase."""
+    import math
+    import warnings
+
+    import memfit
+    from memfit.core.verdict import gpu_figure, margins
+
+    plan = memfit.check(prefix_model, DS, gpus="2x24GiB", cpu_ram="64GiB", seq_len=64, warn=False)
+    peak = max(gpu_figure(p) for p in plan.phases)
+    mib = math.ceil(peak * (1 + margins()["gpu"]["margin"] / 2) / 2**20)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        risky = memfit.check(prefix_model, DS, gpus=f"2x{mib}MiB", cpu_ram="64GiB", seq_len=64)
+    assert risky.verdict.level == "at_risk" and risky.verdict.fits
+    assert any("at risk" in str(w.message) for w in seen if issubclass(w.category, memfit.MemfitWarning))
