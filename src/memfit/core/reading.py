@@ -162,6 +162,9 @@ def _check_expansion(root: Any, what: str) -> None:
     from yaml.nodes import MappingNode, SequenceNode
 
     size: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    """Nodes whose children are being counted: meeting one again below itself is a cycle (an alias
+    inside the very node it names, ``&a [*a]``), which would expand without end."""
     stack: list[tuple[Any, bool]] = [(root, False)]
     while stack:
         node, done = stack.pop()
@@ -175,14 +178,24 @@ def _check_expansion(root: Any, what: str) -> None:
             size[id(node)] = 1
             continue
         if done:
+            open_nodes.discard(id(node))
             total = 1 + sum(size.get(id(c), 0) for c in children)
             if total > MAX_NODES:
                 raise MemfitError(f"{what}: YAML aliases expand it to over {MAX_NODES:,} values; memfit refuses "
                                   "(an alias bomb?)")
             size[id(node)] = total
         else:
+            if id(node) in open_nodes:
+                raise MemfitError(f"{what}: a YAML alias refers to a node that contains it (line "
+                                  f"{node.start_mark.line + 1}), which expands without end; memfit refuses")
+            open_nodes.add(id(node))
             stack.append((node, True))
-            stack.extend((c, False) for c in children if id(c) not in size)
+            for c in children:
+                if id(c) in open_nodes:
+                    raise MemfitError(f"{what}: a YAML alias refers to a node that contains it (line "
+                                      f"{c.start_mark.line + 1}), which expands without end; memfit refuses")
+                if id(c) not in size:
+                    stack.append((c, False))
 
 
 # ------------------------------------------------------------------------------------ the trees
