@@ -52,7 +52,7 @@ def test_bnb_config_matches_transformers(tmp_path, raw):
     p = tmp_path / "bnb.json"
     cfg = transformers.BitsAndBytesConfig(**raw)
     cfg.to_json_file(str(p))  # what a user saves
-    mine = read_bnb_config(str(p)).values["quantization"]
+    mine = _mapping(read_bnb_config(str(p)).values, "quantization")
     names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.uint8: "uint8"}
     assert mine["method"] == ("4bit" if cfg.load_in_4bit else "8bit")
     if cfg.load_in_4bit:
@@ -92,5 +92,11 @@ def test_accelerate_config_matches_accelerate(tmp_path, raw):
                                  else "fsdp"}[dt]
     if dt == "FSDP":
         fc = theirs.fsdp_config
-        assert mine["fsdp"]["cpu_offload"] == bool(fc["fsdp_offload_params"])
-        assert mine["fsdp"]["cpu_ram_efficient_loading"] == bool(fc["fsdp_cpu_ram_efficient_loading"])
+        fsdp = _mapping(mine, "fsdp")
+        assert fsdp["cpu_offload"] == bool(fc["fsdp_offload_params"])
+        assert fsdp["cpu_ram_efficient_loading"] == bool(fc["fsdp_cpu_ram_efficient_loading"])
+
+
+def _mapping(values: dict, name: str) -> dict:
+    """The ``<name>.<key>`` settings a reader gives, as one mapping."""
+    return {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith(name + ".")}
