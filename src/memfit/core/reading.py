@@ -101,7 +101,7 @@ def _show(p: Path) -> str:
 
 def parse_json(text: str, *, what: str,
                object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None,
-               allow_non_finite: bool = False) -> Any:
+               allow_non_finite: bool = False, max_nodes: int = MAX_NODES) -> Any:
     """Strict JSON (no NaN/Infinity) checked by ``check_tree``. ``allow_non_finite``: Python's
     NaN/Infinity extension is read (transformers writes and reads it in config.json; the fields
     memfit uses are then checked by name where they are read)."""
@@ -119,7 +119,7 @@ def parse_json(text: str, *, what: str,
         if isinstance(e, MemfitError):
             raise
         raise MemfitError(f"{what}: {str(e).splitlines()[0]}") from None
-    check_tree(value, what=what, finite=not allow_non_finite)
+    check_tree(value, what=what, finite=not allow_non_finite, max_nodes=max_nodes)
     return value
 
 
@@ -200,7 +200,7 @@ def _check_expansion(root: Any, what: str) -> None:
 
 # ------------------------------------------------------------------------------------ the trees
 
-def check_tree(value: Any, *, what: str, finite: bool = True) -> None:
+def check_tree(value: Any, *, what: str, finite: bool = True, max_nodes: int = MAX_NODES) -> None:
     """A JSON-typed tree: dict (string keys), list, str, int, float (finite unless ``finite`` is
     False), bool, None; at most ``MAX_DEPTH`` deep and ``MAX_NODES`` values. Iterative: no recursion
     limit to hit."""
@@ -209,8 +209,8 @@ def check_tree(value: Any, *, what: str, finite: bool = True) -> None:
     while stack:
         v, where, depth = stack.pop()
         count += 1
-        if count > MAX_NODES:
-            raise MemfitError(f"{what} holds over {MAX_NODES:,} values; memfit refuses")
+        if count > max_nodes:
+            raise MemfitError(f"{what} holds over {max_nodes:,} values; memfit refuses")
         if depth > MAX_DEPTH:
             raise MemfitError(f"{what} is nested over {MAX_DEPTH} levels deep (at {where or 'the top'}); memfit "
                               "refuses")
