@@ -103,7 +103,12 @@ def resolve_framework_settings(inputs, hw: Hardware, *, has_deepspeed_json: bool
         raise MemfitError("bitsandbytes quantization with full fine-tuning: a quantized base cannot be fully "
                           "fine-tuned (its weights get no gradient); use a PEFT method such as LoRA (QLoRA)")
     ddp = _settings(DdpSettings, inputs.ddp, _DDP_KEYS, "ddp")
-    fsdp = _settings(FsdpSettings, inputs.fsdp, _FSDP_KEYS, "fsdp")
+    fsdp_raw = inputs.fsdp
+    if isinstance(fsdp_raw, Mapping) and any(str(k).startswith("fsdp_") for k in fsdp_raw):  # accelerate's names
+        from memfit.core.inputs.accelerate_config import fsdp_from_accelerate_keys
+
+        fsdp_raw = fsdp_from_accelerate_keys(dict(fsdp_raw), "fsdp", framework=inputs.framework)
+    fsdp = _settings(FsdpSettings, fsdp_raw, _FSDP_KEYS, "fsdp")
     fw = inputs.framework
     torch_only = [k for k, v in (("optim", inputs.optim), ("ddp", inputs.ddp), ("fsdp", inputs.fsdp)) if v is not None]
     if inputs.precision is not None and not (inputs.precision in ("fp16", "bf16", "fp32") and

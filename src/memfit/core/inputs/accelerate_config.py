@@ -99,6 +99,29 @@ def read_accelerate_config(path: str) -> Sourced:
     return out
 
 
+def fsdp_from_accelerate_keys(raw: dict[str, Any], where: str, *, framework: str | None) -> dict[str, Any]:
+    """FSDP settings given with accelerate's ``fsdp_config`` names (``fsdp_sharding_strategy``,
+    ``fsdp_offload_params``, ...; a ``memfit.check(fsdp=...)`` or a scenario's ``fsdp:``) as memfit's
+    names; keys already in memfit's names are kept (and win)."""
+    theirs = {k: v for k, v in raw.items() if str(k).startswith("fsdp_")}
+    check_keys(theirs, ACCELERATE_FSDP_KEYS, where, refuse=True, library="accelerate's fsdp_config")
+    fc = {k[5:]: v for k, v in theirs.items()}
+    version = as_int(fc.get("version", 2 if framework == "fsdp2" else 1), f"{where}: fsdp_version", maximum=2)
+    if framework in ("fsdp", "fsdp2") and (version == 2) != (framework == "fsdp2"):
+        raise MemfitError(f"{where}: fsdp_version = {version} contradicts framework {framework}")
+    out = {k: v for k, v in _fsdp(fc, version, where.split(":")[0]).items() if k in {
+        "sharding_strategy": "sharding_strategy" if "sharding_strategy" in fc or "reshard_after_forward" in fc else "",
+        "backward_prefetch": "backward_prefetch" if "backward_prefetch" in fc else "",
+        "forward_prefetch": "forward_prefetch" if "forward_prefetch" in fc else "",
+        "use_orig_params": "use_orig_params" if "use_orig_params" in fc else "",
+        "cpu_offload": "cpu_offload" if "offload_params" in fc else "",
+        "wrap_policy": "wrap_policy" if "auto_wrap_policy" in fc else "",
+        "min_num_params": "min_num_params" if "min_num_params" in fc else "",
+        "cpu_ram_efficient_loading": "cpu_ram_efficient_loading" if "cpu_ram_efficient_loading" in fc else "",
+    }.values()}
+    return {**out, **{k: v for k, v in raw.items() if not str(k).startswith("fsdp_")}}
+
+
 def _fsdp(fc: dict[str, Any], version: int, path: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
 
