@@ -1,0 +1,50 @@
+"""The key lists memfit checks input files against (``memfit.core.inputs.keys``) are the libraries' own,
+read here from the installed transformers, accelerate and (when installed) TRL: a release that adds,
+renames or drops a key fails this test until the list follows it."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import pytest
+
+from memfit.core.inputs import keys
+
+transformers = pytest.importorskip("transformers")
+
+
+def test_training_arguments_keys_are_transformers():
+    assert keys.TRAINING_ARGS_KEYS == {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
+    assert not keys.LEGACY_TRAINING_ARGS_KEYS & keys.TRAINING_ARGS_KEYS  # older releases' only
+
+
+def test_sft_config_keys_are_trls():
+    trl = pytest.importorskip("trl", reason="TRL is not installed here; its 1.16 list was read from its release")
+    ta = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
+    assert keys.SFT_CONFIG_KEYS == {f.name for f in dataclasses.fields(trl.SFTConfig)} - ta
+    assert not keys.LEGACY_SFT_KEYS & keys.SFT_CONFIG_KEYS
+
+
+def test_accelerate_keys_are_accelerates():
+    pytest.importorskip("accelerate")
+    from accelerate.commands.config.config_args import ClusterConfig
+    from accelerate.commands.launch import launch_command_parser
+    from accelerate.utils import DistributedType, PrecisionType
+
+    assert keys.ACCELERATE_KEYS == {f.name for f in dataclasses.fields(ClusterConfig)}
+    groups = {g.title: {a.dest for a in g._group_actions} for g in launch_command_parser()._action_groups}
+    assert keys.ACCELERATE_FSDP_KEYS == groups["FSDP Arguments"]
+    assert keys.ACCELERATE_DEEPSPEED_KEYS == groups["DeepSpeed Arguments"]
+    assert set(keys.ACCELERATE_DISTRIBUTED_TYPES) == {d.value for d in DistributedType}
+    assert set(keys.ACCELERATE_MIXED_PRECISION) == {p.value for p in PrecisionType}
+
+
+def test_bitsandbytes_config_keys_are_transformers():
+    cfg = transformers.BitsAndBytesConfig
+    params = set(inspect.signature(cfg.__init__).parameters) - {"self", "kwargs"}
+    assert keys.BNB_CONFIG_KEYS == params | set(cfg(load_in_4bit=True).to_dict())
+    for storage in keys.BNB_QUANT_STORAGE:
+        cfg(load_in_4bit=True, bnb_4bit_quant_storage=storage)  # accepted
+    with pytest.raises(ValueError):
+        cfg(load_in_4bit=True, bnb_4bit_quant_storage="int4")
