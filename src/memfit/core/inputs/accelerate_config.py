@@ -68,6 +68,10 @@ def read_accelerate_config(path: str) -> Sourced:
     if raw.get("use_cpu") is not None and as_bool(raw["use_cpu"], o("use_cpu")):
         out.set("accelerator", "cpu", o("use_cpu"))
     framework = _MODELLED[dt]
+    for section, used_by in (("fsdp_config", "FSDP"), ("deepspeed_config", "DEEPSPEED")):
+        if raw.get(section) and dt != used_by:
+            out.warnings.append(f"{o(section)} is not used: distributed_type is {dt}, and accelerate reads it for "
+                                f"{used_by} only")
     if dt == "FSDP":
         fc = as_mapping(raw.get("fsdp_config") or {}, o("fsdp_config"))
         check_keys({k if k.startswith("fsdp") else f"fsdp_{k}": v for k, v in fc.items()}, ACCELERATE_FSDP_KEYS,

@@ -231,7 +231,10 @@ def relative_path(value: str, beside: str) -> str:
     ``deepspeed_config_file``): as written if absolute or if it exists from the current directory
     (where the training script runs), else beside the file that names it."""
     p = Path(value)
-    if p.is_absolute() or p.exists():
+    try:
+        if p.is_absolute() or p.exists():
+            return value
+    except (OSError, ValueError):  # a name too long, a NUL byte: the reader that opens it says so
         return value
     return str(Path(beside).parent / value)
 

@@ -79,7 +79,7 @@ def check_inputs(inputs: ScenarioInputs) -> ScenarioInputs:
         if typing.get_origin(hint) in (typing.Union, types.UnionType):  # X | None
             hint = next(t for t in typing.get_args(hint) if t is not type(None))
         kind = typing.get_origin(hint) or hint
-        label = input_label(f.name)
+        label = inputs.origins.get(f.name) or input_label(f.name)
         if kind is bool:
             changes[f.name] = parse_bool(value, what=label)
         elif kind is int:
@@ -94,7 +94,8 @@ def check_inputs(inputs: ScenarioInputs) -> ScenarioInputs:
     for name, valid in _choices().items():
         value = getattr(inputs, name)
         if value is not None and value not in valid:
-            raise MemfitError(f"{input_label(name)}: invalid value {value!r:.60}; valid: {', '.join(valid)}")
+            raise MemfitError(f"{inputs.origins.get(name) or input_label(name)}: invalid value {value!r:.60}; valid: "
+                              f"{', '.join(valid)}")
     return replace(inputs, **changes) if changes else inputs
 
 
