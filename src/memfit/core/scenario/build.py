@@ -24,6 +24,7 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
     from memfit.core.scenario.types import LoadSettings, Scenario, TrainSettings
 
     inputs = apply_input_files(check_inputs(inputs))
+    _transformers_release(inputs)
     if not inputs.model:
         raise MemfitError("no model given: pass --model (e.g. --model kakaobrain/kogpt) or a scenario file")
     source = resolve_model_config(inputs.model, trust_remote_code=bool(inputs.trust_remote_code))
@@ -151,19 +152,23 @@ def _said(inputs: ScenarioInputs, name: str) -> str:
     return inputs.origins.get(name) or input_label(name)
 
 
+def _transformers_release(inputs: ScenarioInputs) -> tuple[int, int]:
+    """``(major, minor)`` of ``transformers_version`` (``4.2``, ``4.46.3``, ``5.24.0.dev0``)."""
+    version = inputs.transformers_version or "5.24"
+    parts = version.strip().split(".")
+    if not (len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit() and len(version) <= 32):
+        raise MemfitError(f"{_said(inputs, 'transformers_version')}: invalid value {version!r:.40}; valid: a release "
+                          "such as 4.2 or 5.24")
+    return int(parts[0]), int(parts[1])
+
+
 def _old_trainer_batch_keys(raw: dict, inputs: ScenarioInputs, micro: int | None) -> dict:
     """transformers before 4.6 (``integrations.py: init_deepspeed``, 4.2.0-4.5.1) refuses
     ``train_batch_size``, ``train_micro_batch_size_per_gpu`` and ``gradient_accumulation_steps`` in the
     DeepSpeed config and writes the last two from its arguments (``per_device_train_batch_size``,
     ``gradient_accumulation_steps``); 4.6 introduced "auto" instead."""
     version = inputs.transformers_version
-    if version is None:
-        return raw
-    parts = version.split(".")
-    if not (len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit()):
-        raise MemfitError(f"{_said(inputs, 'transformers_version')}: invalid value {version!r}; valid: a release such "
-                          "as 4.2 or 5.24")
-    if (int(parts[0]), int(parts[1])) >= (4, 6):
+    if version is None or _transformers_release(inputs) >= (4, 6):
         return raw
     written = [k for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
                if k in raw]
