@@ -27,6 +27,14 @@ transformers = pytest.importorskip("transformers")
 _AMP = {"bf16": "amp_bf16", "fp16": "amp_fp16", "no": "fp32"}
 
 
+def _build(**kw):
+    """The scenario, where the library accepts the files: a refusal is a wrong answer (a failed comparison)."""
+    try:
+        return build_scenario(ScenarioInputs(model="gpt2", **kw))
+    except MemfitError as e:
+        pytest.fail(f"memfit refused what the library accepts: {e}")
+
+
 @pytest.mark.parametrize("ta,accelerate_mp", [({"bf16": True}, "no"), ({}, "fp16"), ({"fp16": True}, "bf16"),
                                               ({}, "no"), ({"bf16": False}, "bf16"), ({"fp16": True}, None)])
 def test_mixed_precision_follows_training_arguments_then_accelerate(tmp_path, monkeypatch, ta, accelerate_mp):
@@ -42,8 +50,7 @@ def test_mixed_precision_follows_training_arguments_then_accelerate(tmp_path, mo
         acc = tmp_path / "acc.yaml"
         acc.write_text(yaml.safe_dump({"compute_environment": "LOCAL_MACHINE", "distributed_type": "MULTI_GPU",
                                        "mixed_precision": accelerate_mp, "num_machines": 1, "num_processes": 2}))
-    sc = build_scenario(ScenarioInputs(model="gpt2", gpus="2xa100-80gb", training_args=str(p),
-                                       accelerate_config=str(acc) if acc else None))
+    sc = _build(gpus="2xa100-80gb", training_args=str(p), accelerate_config=str(acc) if acc else None)
     assert sc.torch.precision == _AMP[theirs.mixed_precision]
 
 
@@ -74,8 +81,7 @@ def test_training_arguments_fill_deepspeed_auto_as_the_trainer_does(tmp_path, ta
     theirs = _trainer_fills(ta, DS_AUTO, tmp_path)
     p = tmp_path / "ta.json"
     p.write_text(json.dumps({"output_dir": "o", "deepspeed": str(ds), **ta}))
-    sc = build_scenario(ScenarioInputs(model="gpt2", gpus="1xa100-80gb", training_args=str(p)))
-    mine = sc.deepspeed_json
+    mine = _build(gpus="1xa100-80gb", training_args=str(p)).deepspeed_json
     for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
                 "gradient_clipping"):
         assert mine[key] == theirs[key], key
@@ -123,7 +129,7 @@ def test_bitsandbytes_ignores_an_unknown_key_and_memfit_warns(tmp_path, caplog):
     assert cfg.bnb_4bit_quant_type == "fp4"  # the misspelled key did nothing
     p = tmp_path / "bnb.json"
     p.write_text(json.dumps({"load_in_4bit": True, "bnb_4bit_quant_tpye": "nf4"}))
-    sc = build_scenario(ScenarioInputs(model="gpt2", peft_method="lora", gpus="1xrtx4090", bnb_config=str(p)))
+    sc = _build(peft_method="lora", gpus="1xrtx4090", bnb_config=str(p))
     assert sc.quant.quant_type == "fp4"
     assert any("did you mean 'bnb_4bit_quant_type'" in w for w in sc.input_warnings)
 
@@ -137,3 +143,23 @@ def test_bitsandbytes_config_types_are_refused_by_both(tmp_path, bad):
     p.write_text(json.dumps({"load_in_4bit": True, **bad}))
     with pytest.raises(MemfitError, match="invalid value"):
         build_scenario(ScenarioInputs(model="gpt2", peft_method="lora", gpus="1xrtx4090", bnb_config=str(p)))
+
+
+_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "uint8": "uint8"}
+
+
+@pytest.mark.parametrize("raw", [{"load_in_4bit": True}, {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4"},
+                                 {"load_in_4bit": True, "bnb_4bit_compute_dtype": "bfloat16",
+                                  "bnb_4bit_use_double_quant": True}, {"load_in_8bit": True}])
+def test_a_hand_written_bnb_config_takes_bitsandbytes_config_defaults(tmp_path, raw):
+    """A BitsAndBytesConfig JSON written by hand (only the keys the user cares about): every key it leaves out
+    takes the value BitsAndBytesConfig(**raw) gives it."""
+    theirs = transformers.BitsAndBytesConfig(**raw)
+    p = tmp_path / "bnb.json"
+    p.write_text(json.dumps(raw))
+    q = _build(peft_method="lora", gpus="1xrtx4090", bnb_config=str(p)).quant
+    assert q.method == ("4bit" if theirs.load_in_4bit else "8bit")
+    if theirs.load_in_4bit:
+        assert (q.quant_type, q.double_quant) == (theirs.bnb_4bit_quant_type, theirs.bnb_4bit_use_double_quant)
+        assert q.compute_dtype == _DTYPES[str(theirs.bnb_4bit_compute_dtype).removeprefix("torch.")]
+        assert q.quant_storage == _DTYPES[str(theirs.bnb_4bit_quant_storage).removeprefix("torch.")]
