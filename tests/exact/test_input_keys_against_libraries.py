@@ -17,6 +17,8 @@ transformers = pytest.importorskip("transformers")
 def test_training_arguments_keys_are_transformers():
     assert keys.TRAINING_ARGS_KEYS == {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
     assert not keys.LEGACY_TRAINING_ARGS_KEYS & keys.TRAINING_ARGS_KEYS  # older releases' only
+    seq2seq = {f.name for f in dataclasses.fields(transformers.Seq2SeqTrainingArguments)}
+    assert keys.SEQ2SEQ_TRAINING_ARGS_KEYS == seq2seq - keys.TRAINING_ARGS_KEYS
 
 
 def test_sft_config_keys_are_trls():

@@ -30,7 +30,8 @@ import yaml
 
 from fuzz_inputs import JUNK, _byte_problems, _typo
 from memfit.core.inputs.keys import (ACCELERATE_DEEPSPEED_KEYS, ACCELERATE_FSDP_KEYS, ACCELERATE_KEYS, BNB_CONFIG_KEYS,
-                                     LEGACY_SFT_KEYS, LEGACY_TRAINING_ARGS_KEYS, SFT_CONFIG_KEYS, TRAINING_ARGS_KEYS)
+                                     LEGACY_SFT_KEYS, LEGACY_TRAINING_ARGS_KEYS, SEQ2SEQ_TRAINING_ARGS_KEYS,
+                                     SFT_CONFIG_KEYS, TRAINING_ARGS_KEYS)
 from memfit.core.inputs.training_args import NOT_MODELLED
 from memfit.errors import MemfitError
 
@@ -228,7 +229,8 @@ def _silent_keys(files: dict, warnings: tuple[str, ...]) -> list[str]:
     out: list[str] = []
     ta = files.get("training_args", (None, {}))[1]
     if isinstance(ta, dict):
-        known = TRAINING_ARGS_KEYS | LEGACY_TRAINING_ARGS_KEYS | SFT_CONFIG_KEYS | LEGACY_SFT_KEYS
+        known = TRAINING_ARGS_KEYS | SEQ2SEQ_TRAINING_ARGS_KEYS | LEGACY_TRAINING_ARGS_KEYS | SFT_CONFIG_KEYS | \
+            LEGACY_SFT_KEYS
         out += [f"training_args.{k}" for k in ta if k not in known]  # transformers refuses them: so must memfit
         out += [f"training_args.{k} (not modelled, not warned)" for k, v in ta.items()
                 if k in NOT_MODELLED and v not in (None, False, 0, "", [], {}) and k != "gradient_checkpointing_kwargs"

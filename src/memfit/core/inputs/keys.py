@@ -35,6 +35,10 @@ TRAINING_ARGS_KEYS = frozenset({
 """``dataclasses.fields(transformers.TrainingArguments)``, transformers 5.24. ``TrainingArguments(**d)``
 and ``HfArgumentParser.parse_json_file`` refuse any other key."""
 
+SEQ2SEQ_TRAINING_ARGS_KEYS = frozenset({"generation_config", "generation_max_length", "generation_num_beams",
+                                        "predict_with_generate", "sortish_sampler"})
+"""``Seq2SeqTrainingArguments``' fields beyond ``TrainingArguments``' (transformers 5.24)."""
+
 LEGACY_TRAINING_ARGS_KEYS = frozenset({
     "_n_gpu", "adafactor", "dispatch_batches", "evaluation_strategy", "fp16_backend", "fp16_opt_level",
     "fsdp_min_num_params", "fsdp_transformer_layer_cls_to_wrap", "group_by_length", "half_precision_backend",

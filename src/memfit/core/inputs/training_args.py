@@ -32,7 +32,8 @@ from typing import Any
 from memfit.core.frameworks.pytorch import OPTIMIZERS
 from memfit.core.inputs.common import (Sourced, as_bool, as_choice, as_float, as_int, as_mapping, check_keys,
                                        dtype_name, read_mapping)
-from memfit.core.inputs.keys import LEGACY_SFT_KEYS, LEGACY_TRAINING_ARGS_KEYS, SFT_CONFIG_KEYS, TRAINING_ARGS_KEYS
+from memfit.core.inputs.keys import (LEGACY_SFT_KEYS, LEGACY_TRAINING_ARGS_KEYS, SEQ2SEQ_TRAINING_ARGS_KEYS,
+                                     SFT_CONFIG_KEYS, TRAINING_ARGS_KEYS)
 from memfit.errors import MemfitError
 
 SFT_KEYS = SFT_CONFIG_KEYS | LEGACY_SFT_KEYS
@@ -73,8 +74,9 @@ def read_training_args(path: str) -> Sourced:
     out = Sourced(layer="training_args")
     kind = _kind(raw)
     sft = kind == "SFTConfig"
-    check_keys(raw, TRAINING_ARGS_KEYS | LEGACY_TRAINING_ARGS_KEYS | SFT_KEYS, path, refuse=True,
-               library="transformers' TrainingArguments" + (" / TRL's SFTConfig" if sft else ""))
+    check_keys(raw, TRAINING_ARGS_KEYS | SEQ2SEQ_TRAINING_ARGS_KEYS | LEGACY_TRAINING_ARGS_KEYS | SFT_KEYS, path,
+               refuse=True, library="transformers' TrainingArguments/Seq2SeqTrainingArguments"
+               + (" / TRL's SFTConfig" if sft else ""))
 
     def where(key: str) -> str:
         return f"{path}: {key}" if key in raw else f"{path}: {key} ({kind} default)"

@@ -49,7 +49,12 @@ _YAML_KEY = {**{k: f"hardware.{k}" for k in HARDWARE_KEYS}, **{k: f"train.{k}" f
              "load_dtype": "load.dtype", "zero_init": "load.zero_init", "low_cpu_mem_usage": "load.low_cpu_mem_usage",
              "checkpoint_index": "load.checkpoint_index", "max_shard_size": "load.max_shard_size",
              "peft_method": "peft.method", "peft_options": "peft", "ds_version": "deepspeed_version",
-             "deepspeed_inline": "deepspeed"}
+             "deepspeed_inline": "deepspeed",
+             **{f: f"eval.{k}" for f, k in (("eval_strategy", "strategy"), ("eval_batch", "batch"),
+                                            ("eval_seq_len", "seq_len"), ("eval_generate", "generate"),
+                                            ("max_new_tokens", "max_new_tokens"),
+                                            ("generation_max_length", "generation_max_length"),
+                                            ("num_beams", "num_beams"), ("eval_steps", "steps"))}}
 _FLAG = {"peft_method": "--peft", "ds_version": "--deepspeed-version", "deepspeed_inline": "--deepspeed"}
 
 
@@ -112,7 +117,7 @@ def _choices() -> dict[str, tuple[str, ...]]:
     return {"precision": PRECISION_MODES, "framework": FRAMEWORKS, "optim": OPTIMIZERS, "load_dtype": DTYPES,
             "model_parameters": ("trainable", "all"), "attention": IMPLEMENTATIONS, "task": TASKS,
             "batching": BATCHING_RULES, "accelerator": ("cuda", "cpu"), "pin_memory_backend": PIN_MEMORY_BACKENDS,
-            "ds_version": DS_VERSIONS}
+            "ds_version": DS_VERSIONS, "eval_strategy": ("no", "steps", "epoch")}
 
 
 _MAY_BE_ZERO = {"dataloader_workers": 0, "dataset_tokens": 0}
