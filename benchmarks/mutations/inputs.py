@@ -35,4 +35,11 @@ INPUT_MUTATIONS: tuple[Mutation, ...] = (
     Mutation("acc-fsdp-version-default-2", "inputs", ACC, 'version = as_int(fc.get("version", 1), o("fsdp_config.fsdp_version"), maximum=2)',
              'version = as_int(fc.get("version", 2), o("fsdp_config.fsdp_version"), maximum=2)', INPUTS_LIBRARY,
              "an accelerate fsdp_config without fsdp_version read as FSDP2 (accelerate 1.15: FSDP1)"),
+    Mutation("ta-unread-key-types-unchecked", "inputs", TA, "    if kinds is None or _admits(value, kinds):",
+             "    if True:", ("tests/robustness/test_input_file_reproductions.py",),
+             "a TrainingArguments key memfit does not read taken whatever its type ({\"num_train_epochs\": {}}; "
+             "the Trainer fails on it mid-run)"),
+    Mutation("ta-number-strings-refused", "inputs", TA, '        if "float" in kinds and len(text) <= 64:',
+             '        if False:', ("tests/robustness/test_input_file_reproductions.py",),
+             "a number written as a string (\"2e-5\", which PyYAML leaves a string and argparse converts) refused for a float field"),
 )

@@ -21,6 +21,42 @@ def test_training_arguments_keys_are_transformers():
     assert keys.SEQ2SEQ_TRAINING_ARGS_KEYS == seq2seq - keys.TRAINING_ARGS_KEYS
 
 
+def _json_kinds(annotation) -> tuple[str, ...] | None:
+    """What JSON a dataclass annotation admits; None for an object type (not checked)."""
+    import enum
+    import types
+    import typing
+
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    kinds: set[str] = set()
+    for arm in typing.get_args(annotation) if union else (annotation,):
+        origin = typing.get_origin(arm) or arm
+        if arm is type(None):
+            kinds.add("null")
+        elif origin is typing.Literal:
+            kinds |= {"bool" if isinstance(v, bool) else type(v).__name__ for v in typing.get_args(arm)}
+        elif origin in (bool, int, dict, list):
+            kinds.add(origin.__name__)
+        elif origin is float:
+            kinds |= {"float", "int"}
+        elif origin is str or (isinstance(origin, type) and issubclass(origin, enum.Enum)):
+            kinds.add("str")
+        else:
+            return None
+    return tuple(sorted(kinds))
+
+
+def test_training_arguments_types_are_transformers_annotations():
+    """The JSON types memfit admits for a TrainingArguments key it does not read (a wrong one is refused,
+    where the Trainer would fail mid-run) are read from transformers' own annotations."""
+    import typing
+
+    hints = typing.get_type_hints(transformers.Seq2SeqTrainingArguments)
+    derived = {f.name: _json_kinds(hints[f.name]) for f in dataclasses.fields(transformers.Seq2SeqTrainingArguments)}
+    assert keys.TRAINING_ARGS_TYPES == {k: v for k, v in derived.items() if v is not None}
+    assert {k for k, v in derived.items() if v is None} == {"generation_config", "parallelism_config"}
+
+
 def test_sft_config_keys_are_trls():
     trl = pytest.importorskip("trl", reason="TRL is not installed here; its 1.16 list was read from its release")
     ta = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}

@@ -58,6 +58,9 @@ def test_a_misspelled_accelerate_key_is_a_warning_with_the_key_meant(tmp_path, t
 
 @pytest.mark.parametrize("kind,data,fragment", [
     ("--training-args", {"weight_decay": "x"}, "weight_decay: invalid value 'x'"),
+    ("--training-args", {"num_train_epochs": {}}, "num_train_epochs: invalid value {}; valid: a number"),
+    ("--training-args", {"push_to_hub": "no thanks"}, "push_to_hub: invalid value 'no thanks'; valid: true or false"),
+    ("--training-args", {"seed": 1.5}, "seed: invalid value 1.5; valid: a whole number"),
     ("--training-args", {"per_device_train_batch_size": "9" * 400}, "per_device_train_batch_size: invalid value"),
     ("--training-args", {"gradient_accumulation_steps": {}}, "gradient_accumulation_steps: invalid value {}"),
     ("--training-args", {"fsdp": "full_shard", "fsdp_config": [1]}, "fsdp_config: invalid value [1]"),
@@ -93,9 +96,11 @@ def test_a_wrong_type_or_value_is_one_line(tmp_path, kind, data, fragment):
 
 
 def test_a_training_args_key_memfit_ignores_is_named(tmp_path):
-    """{"num_train_epochs": {}}: a key that changes no memory is read as such and named, never a traceback."""
+    """A key that changes no memory, of the type transformers gives it, is read as such and named (of a
+    wrong type, ``{"num_train_epochs": {}}``, it is refused above: the Trainer would fail on it mid-run)."""
     p = tmp_path / "ta.json"
-    p.write_text(json.dumps({"num_train_epochs": {}, "output_dir": "o"}))
+    # numbers as strings too, as argparse converts a string default (TRL's YAML config; PyYAML reads 2e-5 as one)
+    p.write_text(json.dumps({"num_train_epochs": "3", "learning_rate": "2e-5", "output_dir": "o"}))
     r = cli("plan", "--model", "gpt2", "--training-args", str(p), "--json")
     assert r.rc == 0, r.err
     assert any("num_train_epochs" in n and "change no memory" in n for n in json.loads(r.out)["notes"])

@@ -39,6 +39,51 @@ SEQ2SEQ_TRAINING_ARGS_KEYS = frozenset({"generation_config", "generation_max_len
                                         "predict_with_generate", "sortish_sampler"})
 """``Seq2SeqTrainingArguments``' fields beyond ``TrainingArguments``' (transformers 5.24)."""
 
+TRAINING_ARGS_TYPES: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys((
+        "auto_find_batch_size", "average_tokens_across_devices", "batch_eval_metrics", "bf16", "bf16_full_eval",
+        "dataloader_drop_last", "dataloader_in_order", "dataloader_persistent_workers", "dataloader_pin_memory",
+        "do_eval", "do_predict", "do_train", "enable_jit_checkpoint", "eval_do_concat_batches", "eval_on_start",
+        "eval_use_gather_object", "fp16", "fp16_full_eval", "full_determinism", "hub_always_push", "ignore_data_skip",
+        "load_best_model_at_end", "log_on_each_node", "logging_first_step", "logging_nan_inf_filter",
+        "predict_with_generate", "prediction_loss_only", "push_to_hub", "remove_unused_columns",
+        "restore_callback_states_from_checkpoint", "save_on_each_node", "save_only_model", "skip_memory_metrics",
+        "sortish_sampler", "torch_compile", "use_cache", "use_cpu", "use_liger_kernel"), ("bool",)),
+    **dict.fromkeys((
+        "activation_checkpointing", "ddp_broadcast_buffers", "ddp_find_unused_parameters", "ddp_static_graph",
+        "disable_tqdm", "gradient_checkpointing", "greater_is_better", "hub_private_repo", "tf32"), ("bool", "null")),
+    **dict.fromkeys((
+        "dataloader_num_workers", "ddp_timeout", "gradient_accumulation_steps", "local_rank", "max_steps",
+        "per_device_eval_batch_size", "per_device_train_batch_size", "seed"), ("int",)),
+    **dict.fromkeys((
+        "data_seed", "dataloader_prefetch_factor", "ddp_bucket_cap_mb", "eval_accumulation_steps",
+        "generation_max_length", "generation_num_beams", "save_total_limit", "torch_empty_cache_steps"),
+        ("int", "null")),
+    **dict.fromkeys((
+        "adam_beta1", "adam_beta2", "adam_epsilon", "eval_delay", "label_smoothing_factor", "learning_rate",
+        "logging_steps", "max_grad_norm", "num_train_epochs", "save_steps", "warmup_steps", "weight_decay"),
+        ("float", "int")),
+    **dict.fromkeys(("eval_steps", "neftune_noise_alpha"), ("float", "int", "null")),
+    **dict.fromkeys((
+        "eval_strategy", "hub_strategy", "length_column_name", "log_level", "log_level_replica", "logging_strategy",
+        "lr_scheduler_type", "optim", "project", "save_strategy", "train_sampling_strategy"), ("str",)),
+    **dict.fromkeys((
+        "dataloader_multiprocessing_context", "ddp_backend", "fsdp", "hub_model_id", "hub_revision", "hub_token",
+        "metric_for_best_model", "optim_args", "output_dir", "resume_from_checkpoint", "run_name",
+        "torch_compile_backend", "torch_compile_mode", "trackio_bucket_id", "trackio_space_id"), ("null", "str")),
+    **dict.fromkeys((
+        "accelerator_config", "activation_checkpointing_kwargs", "deepspeed", "fsdp_config",
+        "gradient_checkpointing_kwargs", "lr_scheduler_kwargs"), ("dict", "null", "str")),
+    **dict.fromkeys(("optim_target_modules", "report_to"), ("list", "null", "str")),
+    "liger_kernel_config": ("dict", "null"), "include_num_input_tokens_seen": ("bool", "str"),
+    "trackio_static_space_id": ("bool", "null", "str"), "include_for_metrics": ("list",),
+    "label_names": ("list", "null"), "debug": ("list", "str"),
+}
+"""What JSON each ``Seq2SeqTrainingArguments`` field's annotation admits (transformers 5.24; ``float``
+admits ``int``, an ``Enum`` its string value; ``generation_config`` and ``parallelism_config`` are
+objects, left out). The dataclass itself checks none of them, and the Trainer fails later, mid-run, on a
+wrong one (``{"num_train_epochs": {}}``): memfit refuses it up front (``training_args._field_types``)."""
+
 LEGACY_TRAINING_ARGS_KEYS = frozenset({
     "_n_gpu", "adafactor", "dispatch_batches", "evaluation_strategy", "fp16_backend", "fp16_opt_level",
     "fsdp_min_num_params", "fsdp_transformer_layer_cls_to_wrap", "group_by_length", "half_precision_backend",

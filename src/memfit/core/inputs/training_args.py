@@ -26,6 +26,7 @@ changes memory in a way memfit does not model is a warning.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ from memfit.core.frameworks.pytorch import OPTIMIZERS
 from memfit.core.inputs.common import (Sourced, as_bool, as_choice, as_float, as_int, as_mapping, check_keys,
                                        dtype_name, read_mapping)
 from memfit.core.inputs.keys import (LEGACY_SFT_KEYS, LEGACY_TRAINING_ARGS_KEYS, SEQ2SEQ_TRAINING_ARGS_KEYS,
-                                     SFT_CONFIG_KEYS, TRAINING_ARGS_KEYS)
+                                     SFT_CONFIG_KEYS, TRAINING_ARGS_KEYS, TRAINING_ARGS_TYPES)
 from memfit.errors import MemfitError
 
 SFT_KEYS = SFT_CONFIG_KEYS | LEGACY_SFT_KEYS
@@ -135,6 +136,8 @@ def read_training_args(path: str) -> Sourced:
         if raw.get(key) is not None and as_bool(raw[key], where(key)):
             give("accelerator", "cpu", key)
     legacy = sorted(k for k in raw if k in LEGACY_TRAINING_ARGS_KEYS | LEGACY_SFT_KEYS)
+    for key in sorted(set(raw) - READ_KEYS):
+        _field_type(key, raw[key], where(key))
     for key in sorted(set(raw) & set(NOT_MODELLED)):
         value = raw[key]
         if value in (None, False, 0, "", [], {}) or (key == "gradient_checkpointing_kwargs" and not ckpt):
@@ -244,6 +247,46 @@ def relative_path(value: str, beside: str) -> str:
 _FSDP1_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD", "_HYBRID_SHARD_ZERO2")
 _WRAP = {"TRANSFORMER_BASED_WRAP": "transformer", "SIZE_BASED_WRAP": "size", "NO_WRAP": "none"}
 _PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
+
+
+_KIND_WORDS = {"bool": "true or false", "int": "a whole number", "float": "a number", "str": "a string",
+               "dict": "a mapping", "list": "a list", "null": "null"}
+
+
+def _field_type(key: str, value: Any, where: str) -> None:
+    """A key memfit does not read still has the type transformers' annotation gives it
+    (``keys.TRAINING_ARGS_TYPES``), or the Trainer fails on it mid-run: refused here. Strings are read
+    as argparse (and TRL's YAML parser) reads them: "true"/"false", digits, a number."""
+    kinds = TRAINING_ARGS_TYPES.get(key)
+    if kinds is None or _admits(value, kinds):
+        return
+    words = [_KIND_WORDS[k] for k in kinds if not (k == "int" and "float" in kinds)]
+    raise MemfitError(f"{where}: invalid value {value!r:.60}; valid: {' or '.join(words)} "
+                      "(transformers' TrainingArguments type)")
+
+
+def _admits(value: Any, kinds: tuple[str, ...]) -> bool:
+    if value is None:
+        return "null" in kinds
+    if isinstance(value, bool):
+        return "bool" in kinds
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if "str" in kinds or ("bool" in kinds and text in ("true", "false")):
+            return True
+        if "float" in kinds and len(text) <= 64:
+            try:
+                return math.isfinite(float(text))
+            except ValueError:
+                return False
+        return "int" in kinds and len(text) <= 30 and text.lstrip("-").isdigit()
+    if isinstance(value, int):
+        return "int" in kinds or "float" in kinds
+    if isinstance(value, float):
+        return ("float" in kinds and math.isfinite(value)) or ("int" in kinds and value.is_integer())
+    if isinstance(value, dict):
+        return "dict" in kinds
+    return isinstance(value, list) and "list" in kinds
 
 
 def _eval_keys(raw: dict[str, Any], out: Sourced, origin) -> None:  # noqa: ANN001
