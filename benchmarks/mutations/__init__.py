@@ -6,12 +6,13 @@ from __future__ import annotations
 from mutations.allocators import ALLOCATOR_MUTATIONS
 from mutations.deepspeed import MUTATIONS, UNOBSERVABLE_MUTATIONS
 from mutations.frameworks import FRAMEWORK_MUTATIONS
+from mutations.inputs import INPUT_MUTATIONS
 from mutations.model import Mutation
 
-__all__ = ["ALLOCATOR_MUTATIONS", "FRAMEWORK_MUTATIONS", "KNOWN_FAILING", "MUST_BE_CAUGHT", "MUTATIONS",
+__all__ = ["ALLOCATOR_MUTATIONS", "FRAMEWORK_MUTATIONS", "INPUT_MUTATIONS", "KNOWN_FAILING", "MUST_BE_CAUGHT", "MUTATIONS",
            "NOT_MUTATED", "SCORED", "UNOBSERVABLE_MUTATIONS", "Mutation"]
 
-SCORED: tuple[Mutation, ...] = MUTATIONS + ALLOCATOR_MUTATIONS + FRAMEWORK_MUTATIONS
+SCORED: tuple[Mutation, ...] = MUTATIONS + ALLOCATOR_MUTATIONS + FRAMEWORK_MUTATIONS + INPUT_MUTATIONS
 """Every scored mutation, in the order the script runs them."""
 
 KNOWN_FAILING: tuple[str, ...] = ()
