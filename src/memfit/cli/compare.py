@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from memfit.cli.app import app
-from memfit.cli.common import check_report_path, console, scenario_command, show_assumptions, warn_inputs
+from memfit.cli.common import check_report_path, console, scenario_command, show_assumptions, warn_inputs, write_new_file
 from memfit.errors import MemfitError
 
 
@@ -117,5 +117,5 @@ def _write_compare_report(path: Path, rc, plan_result, sc) -> None:
     else:
         out = html_report(plan_result, sc, sections=html_sections(rc), title=title,
                           figures=(("recording-chart", svg),) if svg else ())
-    path.write_text(out, encoding="utf-8")
+    write_new_file(path, out, what="--report")
     console(stderr=True).print(f"report written to {path}")

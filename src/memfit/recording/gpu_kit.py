@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from memfit.core.writing import write_file
 from memfit.recording.kit_cases import BY_NAME, CASES
 
 SMI_QUERY = ["--query-gpu=timestamp,index,memory.used", "--format=csv", "-lms", "100"]
@@ -88,7 +89,7 @@ def _write_markdown(out: Path, summary: dict[str, Any]) -> None:
                      f"{(r.get('error') or r.get('note') or '').replace('|', '/')[:160]} |")
     lines += ["", "Compare a case with its plan: `memfit compare <scenario> OUT/<case>` (the DeepSpeed cases' scenario is "
               "rebuilt from case.json by tests/cuda/test_cuda_fixtures.py).", ""]
-    (out / "summary.md").write_text("\n".join(lines), encoding="utf-8")
+    write_file(out / "summary.md", "\n".join(lines), what="gpu kit")
 
 
 def run_kit(out: Path, *, dry: bool, only: list[str] | None = None, budget_s: float = 450.0,
@@ -148,7 +149,7 @@ def run_kit(out: Path, *, dry: bool, only: list[str] | None = None, budget_s: fl
         print(f"{name}: {status} ({time.perf_counter() - start:.1f} s)", flush=True)
     summary = {"kit": "memfit.gpu_kit", "version": 1, "dry_run": dry, "device": device, "versions": versions,
                "wall_s": round(time.perf_counter() - t0, 1), "budget_s": budget_s, "cases": rows}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    write_file(out / "summary.json", json.dumps(summary, indent=1) + "\n", what="gpu kit")
     _write_markdown(out, summary)
     return summary
 

@@ -123,6 +123,26 @@ class FrameReader:
                     self._by_func.setdefault(r.function, []).append(r)
         self._order = {id(r): (0 if r in self.ledger else 1) for r in (*self.ledger, *self.extra)}
         self._memo: dict[int, tuple[tuple[str, ...] | None, tuple[StackFrame, ...]]] = {}
+        self._shorts: dict[int, tuple[StackFrame, str]] = {}
+        self._sites: dict[int, tuple[str, tuple[StackFrame, ...]]] = {}
+
+    def short(self, frame: StackFrame) -> str:
+        """``frame.short()``, computed once per frame object (a snapshot's stacks share their frames)."""
+        hit = self._shorts.get(id(frame))
+        if hit is not None and hit[0] is frame:
+            return hit[1]
+        text = frame.short()
+        self._shorts[id(frame)] = (frame, text)
+        return text
+
+    def where(self, frames: tuple[StackFrame, ...]) -> str:
+        """``where(frames)``, once per distinct stack."""
+        hit = self._sites.get(id(frames))
+        if hit is not None and hit[1] is frames:
+            return hit[0]
+        site = where(frames, short=self.short)
+        self._sites[id(frames)] = (site, frames)
+        return site
 
     def keys_for(self, frames: tuple[StackFrame, ...]) -> tuple[str, ...] | None:
         """The ledger keys of the innermost frame a rule matches; ``None`` when none does."""
@@ -136,7 +156,7 @@ class FrameReader:
             found += [r for r in self._contains if r.matches(frame)]
             if passed_library:
                 found = [r for r in found if not r.generic]
-            if not found and _in_library(frame):
+            if not found and _in_library(frame, self.short):
                 passed_library = True
             if found:
                 best = min(self._order[id(r)] for r in found)
@@ -154,8 +174,8 @@ _OWN_CODE = ("deepspeed/", "peft/", "bitsandbytes/", "accelerate/")
 """Libraries whose own allocations the ledger models item by item (a generic rule never claims them)."""
 
 
-def _in_library(frame: StackFrame) -> bool:
-    return frame.filename.endswith(".py") and frame.short().startswith(_OWN_CODE)
+def _in_library(frame: StackFrame, short=StackFrame.short) -> bool:
+    return frame.filename.endswith(".py") and short(frame).startswith(_OWN_CODE)
 
 
 _INTERNAL = ("torch/nn/modules/module.py", "torch/utils/", "torch/_tensor.py", "torch/autograd/",
@@ -164,19 +184,19 @@ _LIBRARIES = ("deepspeed/", "transformers/", "peft/", "accelerate/", "bitsandbyt
               "torch/distributed/")
 
 
-def where(frames: tuple[StackFrame, ...]) -> str:
+def where(frames: tuple[StackFrame, ...], short=StackFrame.short) -> str:
     """A short name for an allocation site: the innermost frame of a library memfit models (DeepSpeed,
     transformers, peft, ...), else the innermost Python frame outside torch's plumbing."""
     py = [f for f in frames if f.filename.endswith(".py")]
     for f in py:
-        short = f.short()
-        if short.startswith(_LIBRARIES):
-            return short
+        text = short(f)
+        if text.startswith(_LIBRARIES):
+            return text
     for f in py:
         if not any(part in f.filename.replace("\\", "/") for part in _INTERNAL):
-            return f.short()
+            return short(f)
     if py:
-        return py[0].short()
+        return short(py[0])
     if frames:
         return frames[0].name[:80]
     return "(no stack recorded)"
