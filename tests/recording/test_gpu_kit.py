@@ -20,10 +20,14 @@ from conftest import FIXTURES, ROOT
 
 
 @pytest.fixture(scope="module")
-def dry_run(tmp_path_factory):
+def dry_run(tmp_path_factory, ds_ops_built):
+    """The dry run of every case. Its DeepSpeed cases load cpu_adam and fused_adam: built before
+    (``ds_ops_built``), so no case's own timeout includes a build. A dry run has no time budget (the
+    GPU run's 450 s is wall time, which a loaded machine stretches: a loaded run once skipped cases
+    there and failed after "alloc_device: ok (5.1 s)"); the summary says so."""
     out = tmp_path_factory.mktemp("kit") / "out"
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_validate.py"), "--dry-run", "--out", str(out)],
-                       capture_output=True, text=True, timeout=1500, cwd=ROOT)
+                       capture_output=True, text=True, timeout=3000, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return out
 
@@ -31,7 +35,7 @@ def dry_run(tmp_path_factory):
 @pytest.mark.slow
 def test_dry_run_output_structure(dry_run):
     summary = json.loads((dry_run / "summary.json").read_text())
-    assert summary["dry_run"] is True and summary["kit"] == "memfit.gpu_kit"
+    assert summary["dry_run"] is True and summary["kit"] == "memfit.gpu_kit" and summary["budget_s"] is None
     assert [r["case"] for r in summary["cases"]] == [c.name for c in CASES]
     for row in summary["cases"]:
         assert row["status"] == "ok", row

@@ -14,7 +14,8 @@ writes::
 
 ``--dry-run`` runs the same cases, same code, on the CPU with tiny configs (no snapshot, no
 nvidia-smi): the test suite runs it so the kit cannot rot. ``--only NAME`` runs some cases;
-``--budget-s`` stops starting cases once that much time has gone (default 450 s, under 8 minutes);
+``--budget-s`` stops starting cases once that much time has gone (default 450 s on a GPU, under 8
+minutes of a device lease; none in a dry run, whose wall time a loaded CI machine stretches);
 an existing non-empty OUT is refused (memfit never overwrites a recording).
 """
 
@@ -92,8 +93,17 @@ def _write_markdown(out: Path, summary: dict[str, Any]) -> None:
     write_file(out / "summary.md", "\n".join(lines), what="gpu kit")
 
 
-def run_kit(out: Path, *, dry: bool, only: list[str] | None = None, budget_s: float = 450.0,
+DEFAULT_BUDGET_S = 450.0
+
+
+def run_kit(out: Path, *, dry: bool, only: list[str] | None = None, budget_s: float | None = None,
             python: str | None = None) -> dict[str, Any]:
+    """Run the cases into ``out``. ``budget_s``: stop starting cases after that many seconds (None:
+    ``DEFAULT_BUDGET_S`` on a GPU, no budget in a dry run; ``inf``: none)."""
+    if budget_s is None:
+        budget_s = None if dry else DEFAULT_BUDGET_S
+    elif budget_s != budget_s or budget_s <= 0 or budget_s == float("inf"):
+        budget_s = None
     if out.exists() and any(out.iterdir()):
         from memfit.errors import MemfitError
 
@@ -121,7 +131,7 @@ def run_kit(out: Path, *, dry: bool, only: list[str] | None = None, budget_s: fl
         if missing:
             rows.append(_summary_row(case_dir, name, "skipped", 0.0, f"not installed: {', '.join(missing)}"))
             continue
-        if time.perf_counter() - t0 > budget_s:
+        if budget_s is not None and time.perf_counter() - t0 > budget_s:
             rows.append(_summary_row(case_dir, name, "skipped", 0.0, f"time budget of {budget_s:.0f} s spent"))
             continue
         case_dir.mkdir()
@@ -160,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="same cases on the CPU with tiny sizes (what CI runs)")
     ap.add_argument("--only", nargs="*", help="run only these cases")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
-    ap.add_argument("--budget-s", type=float, default=450.0, help="stop starting cases after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help=f"stop starting cases after this many seconds (default {DEFAULT_BUDGET_S:g} on a GPU, none in a "
+                         "dry run; inf: none)")
     args = ap.parse_args(argv)
     if args.list:
         for c in CASES:

@@ -166,6 +166,8 @@ def parse_stats(obj: Any, *, path: str = "<stats>") -> StatsRecording:
         check_count(len(raw), MAX_PHASES, what="phases", where=path)
         for i, entry in enumerate(raw):
             if isinstance(entry, tuple):
+                if not isinstance(entry[1], Mapping):
+                    raise ctx.fail(f"phase {quote(entry[0])} is {type(entry[1]).__name__}, not an object of counters")
                 phases.append(_phase(ctx, entry[0], entry[1], nested_stats=True))
                 continue
             if not isinstance(entry, Mapping):
