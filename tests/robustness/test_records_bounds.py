@@ -23,8 +23,8 @@ from clirun import assert_one_line_error, cli
 from conftest import ROOT, SEED
 from memfit.core.hardware import MAX_SIZE_BYTES
 from memfit.core.records import read_record
-from memfit.core.records.bounded import (MAX_PHASES, MAX_SMI_BYTES, MAX_SMI_SAMPLES, MAX_SNAPSHOT_BYTES,
-                                         MAX_SNAPSHOT_EVENTS, MAX_STATS_BYTES, MAX_STATS_VALUES, RecordError)
+from memfit.core.records.bounded import (MAX_PHASES, MAX_SMI_BYTES, MAX_SMI_SAMPLES, MAX_SNAPSHOT_BLOCKS,
+                                         MAX_SNAPSHOT_BYTES, MAX_SNAPSHOT_EVENTS, MAX_STATS_BYTES, MAX_STATS_VALUES, RecordError)
 
 GiB = 2**30
 MEMORY_CAP_KIB = 1024 * 1024
@@ -102,7 +102,7 @@ def test_the_issues_shared_reference_snapshot_is_refused_in_one_line(tmp_path):
     path.write_bytes(pickle.dumps(d))
     assert path.stat().st_size < 80_000
     rc, err, peak = _child(["compare", str(SEED), str(path)])
-    _one_line(rc, err, "5,000,000 blocks", "at most 500,000")
+    _one_line(rc, err, "5,000,000 blocks", f"at most {MAX_SNAPSHOT_BLOCKS:,}")
     assert peak < MEMORY_CAP_KIB  # observed 28 MB
 
 
@@ -132,7 +132,7 @@ def test_shared_references_within_the_caps_give_the_same_answer_as_copies(tmp_pa
 def test_trace_entries_are_counted_per_reference(tmp_path):
     path = tmp_path / "snap.pickle"
     path.write_bytes(pickle.dumps(_snapshot(True, segments=1, blocks=1, events=MAX_SNAPSHOT_EVENTS + 2)))
-    with pytest.raises(RecordError, match="500,002 trace entries; memfit reads at most 500,000"):
+    with pytest.raises(RecordError, match=f"{MAX_SNAPSHOT_EVENTS + 2:,} trace entries; memfit reads at most {MAX_SNAPSHOT_EVENTS:,}"):
         read_record(path)
 
 

@@ -36,9 +36,9 @@ through memfit's one writer (``memfit.core.writing``): never through a symbolic 
 ``overwrite=True``, which replaces the file itself (a new file renamed over it), never a link's
 target. The recorder's own cost (synchronize + counters) is measured and saved as ``overhead_s``.
 
-``max_entries`` (default ``DEFAULT_MAX_ENTRIES``, 250,000) bounds the allocation history's ring
+``max_entries`` (default ``DEFAULT_MAX_ENTRIES``, 200,000) bounds the allocation history's ring
 buffer: a snapshot of that many entries, with torch's default Python and C++ stacks, stays within
-what ``memfit compare`` reads (``memfit.core.records.bounded``: 128 MiB, 500,000 entries).
+what ``memfit compare`` reads (``memfit.core.records.bounded``: 128 MiB, 300,000 entries).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from memfit.core.writing import FileExistsOnDisk, write_file
 from memfit.errors import MemfitError
 
 STEP_PHASES = ("forward", "backward", "optimizer_step")
-DEFAULT_MAX_ENTRIES = 250_000
+DEFAULT_MAX_ENTRIES = 200_000
 """The allocation history's ring buffer (see the module docstring)."""
 EXISTS_HINT = "record into a new directory (or overwrite=True)"
 CPU_NOTE = ("device cpu: torch's CPU allocator keeps no statistics; each phase has the process RSS only "

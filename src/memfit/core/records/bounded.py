@@ -36,14 +36,16 @@ from memfit.core.reading import MiB, decode_text, parse_json, read_bytes
 from memfit.errors import MemfitError
 
 MAX_SNAPSHOT_BYTES = 128 * MiB
-"""A ``_dump_snapshot`` pickle: 100,000 entries with 15-frame stacks pickle to 16 MiB, 500,000 to
-about 80 MiB."""
+"""A ``_dump_snapshot`` pickle: 100,000 entries with 15-frame stacks pickle to 16 MiB, 300,000 to
+about 45 MiB, and with Python and C++ stacks (70 frames) about 3 times that."""
 MAX_UNPICKLE_GROWTH_BYTES = 512 * MiB
-"""Resident memory the unpickled objects of one snapshot may take (500,000 entries with 15-frame
-stacks take about 350 MiB). With the file's bytes (freed once unpickled) and the frozen objects
+"""Resident memory the unpickled objects of one snapshot may take (300,000 entries with 15-frame
+stacks take about 210 MiB, with 70-frame stacks about 400 MiB). With the file's bytes (freed once unpickled) and the frozen objects
 memfit builds from them, a process stays under 1 GiB."""
-MAX_SNAPSHOT_EVENTS = 500_000
-"""Trace entries of a snapshot, all devices (``memfit.record``'s default ``max_entries``)."""
+MAX_SNAPSHOT_EVENTS = 300_000
+"""Trace entries of a snapshot, all devices (``memfit.record`` records 200,000 by default, torch
+100,000). The comparison attributes each allocation by its stack: 300,000 entries whose stacks all
+differ (the worst case) take about 6 s of CPU in all (benchmarks/bench_records.py)."""
 MAX_SNAPSHOT_BLOCKS = 500_000
 """Blocks of all segments of a snapshot (a full 80 GB card holds a few tens of thousands)."""
 MAX_SNAPSHOT_SEGMENTS = 100_000
