@@ -4,6 +4,7 @@ the files readable by memfit compare."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -217,8 +218,7 @@ def test_overwrite_replaces_the_file_itself(tmp_path):
         rec.mark("load")
     first = (d / "stats.rank0.json").stat().st_ino
     hard = tmp_path / "hardlink.json"
-    os_link = __import__("os").link
-    os_link(d / "stats.rank0.json", hard)  # a second name for the old file: it must keep the old content
+    os.link(d / "stats.rank0.json", hard)  # a second name for the old file: it must keep the old content
     before = hard.read_text()
     with memfit.record(d, overwrite=True) as rec:
         rec.mark("setup")

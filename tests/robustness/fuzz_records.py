@@ -97,8 +97,8 @@ def _mutate_tree(rng: _Rng, tree: Any, n: int) -> Any:
         else:
             try:
                 parent[key] = str(parent[key])[:100]
-            except RecursionError:  # a deep list has no repr
-                parent[key] = "deep"
+            except (RecursionError, ValueError):  # a deep list has no repr, a 5,000-digit int no str
+                parent[key] = "unprintable"
     return tree
 
 

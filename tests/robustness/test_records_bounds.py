@@ -193,6 +193,19 @@ def test_figures_at_the_cap_render_everywhere(tmp_path, output, monkeypatch):
         assert "1,073,741,824.00" in (tmp_path / output).read_text()
 
 
+def test_nan_is_refused_where_memfit_reads_it_and_ignored_elsewhere(tmp_path):
+    """json.dumps writes NaN for a float torch leaves undefined (a host timing average): a counter
+    memfit reads must be a whole number, one it does not read is left alone."""
+    bad, ok = tmp_path / "bad.json", tmp_path / "ok.json"
+    bad.write_text('{"forward": {"allocated_bytes.all.peak": NaN}}')
+    assert_one_line_error(cli("compare", str(SEED), str(bad)), "not a byte count")
+    ok.write_text('{"phases": [{"name": "forward", "memory_stats": {"allocated_bytes.all.peak": 512}, '
+                  '"host_memory_stats": {"host_alloc_time.avg": NaN}}]}')
+    r = cli("compare", str(SEED), str(ok), "--json")
+    assert r.rc == 0, r.err
+    assert "NaN" not in r.out
+
+
 # ------------------------------------------------------------------ item 9: sizes, counts, memory
 
 @pytest.mark.parametrize("name,size,cap", [("stats.json", 125_000_000, MAX_STATS_BYTES), ("smi.csv", 65_000_000, MAX_SMI_BYTES),

@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -72,10 +73,11 @@ def _env_rank() -> int:
 
 
 def _numbers(stats: Any) -> dict[str, int | float]:
-    """A flat counter dict as plain JSON numbers (memory_stats() values are ints; some host timings floats)."""
+    """A flat counter dict as plain JSON numbers (memory_stats() values are ints; some host timings
+    floats, never written when not finite: strict JSON has no NaN)."""
     out: dict[str, int | float] = {}
     for k, v in dict(stats).items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
             continue
         out[str(k)] = v
     return out

@@ -122,13 +122,15 @@ def record_json(path: str | Path, *, what: str = "stats JSON", max_bytes: int = 
                 max_values: int = MAX_STATS_VALUES) -> Any:
     """A JSON record: at most ``max_bytes``, ``max_values`` values (counted on the text first: every
     value but the first follows a ``,``, ``[``, ``{`` or ``:``, so their count bounds what
-    ``json.loads`` would build), 64 levels, finite numbers of at most 4,300 digits."""
+    ``json.loads`` would build), 64 levels, numbers of at most 4,300 digits. Python's NaN/Infinity
+    are read (``json.dumps`` writes them for a float counter torch left undefined); every figure
+    memfit takes from the file is then checked to be a finite whole number where it is read."""
     text = record_text(path, what=what, max_bytes=max_bytes)
     separators = text.count(",") + text.count("[") + text.count("{")
     if separators > max_values:
         raise RecordError(f"{path}: holds about {separators:,} values; memfit reads at most {max_values:,} in a {what}")
     try:
-        return parse_json(text, what=f"{what} {path}", max_nodes=max_values)
+        return parse_json(text, what=f"{what} {path}", max_nodes=max_values, allow_non_finite=True)
     except MemfitError as exc:
         if "integer string conversion" in str(exc):  # int()'s own limit (sys.int_info.default_max_str_digits)
             raise RecordError(f"{what} {path}: holds a number of over 4,300 digits; a memory figure has at most "

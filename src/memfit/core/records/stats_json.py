@@ -210,7 +210,8 @@ def parse_stats(obj: Any, *, path: str = "<stats>") -> StatsRecording:
     if offset is not None and (isinstance(offset, bool) or not isinstance(offset, int) or abs(offset) > 86400):
         raise ctx.fail(f"utc_offset_s {quote(offset)} is not a whole number of seconds within a day")
     overhead = obj.get("overhead_s")
-    if overhead is not None and (isinstance(overhead, bool) or not isinstance(overhead, (int, float)) or overhead < 0):
+    if overhead is not None and (isinstance(overhead, bool) or not isinstance(overhead, (int, float))
+                                 or not 0 <= overhead < 10**9):
         raise ctx.fail(f"overhead_s {quote(overhead)} is not a non-negative number")
     text = {k: obj.get(k) for k in ("device_name", "torch_version", "snapshot_file")}
     for k, v in text.items():
