@@ -92,6 +92,7 @@ def files() -> dict:
     return {
         "snapshot, 300,000 entries (the cap)": ("snap300k.pickle", lambda: pickle.dumps(honest_snapshot(300_000))),
         "snapshot, 100,000 entries (torch's default)": ("snap100k.pickle", lambda: pickle.dumps(honest_snapshot(100_000))),
+        "snapshot, 850,000 entries, 123 MiB (issue 24)": ("snap850k.pickle", lambda: pickle.dumps(honest_snapshot(850_000))),
         "snapshot, 1,000,000 entries (over the cap)": ("snap1m.pickle", lambda: pickle.dumps(honest_snapshot(1_000_000))),
         "snapshot, shared references (issue 24 item 2)": ("shared.pickle", lambda: pickle.dumps(shared)),
         "snapshot, 20 MiB of EMPTY_LIST opcodes": ("lists.pickle", lambda: b"\x80\x04(" + b"]" * (20 * 2**20) + b"l."),

@@ -23,7 +23,7 @@ from clirun import assert_one_line_error, cli
 from conftest import ROOT, SEED
 from memfit.core.hardware import MAX_SIZE_BYTES
 from memfit.core.records import read_record
-from memfit.core.records.bounded import (MAX_PHASES, MAX_SMI_BYTES, MAX_SMI_SAMPLES, MAX_SNAPSHOT_BLOCKS,
+from memfit.core.records.bounded import (MAX_PHASES, MAX_RANK, MAX_SMI_BYTES, MAX_SMI_SAMPLES, MAX_SNAPSHOT_BLOCKS,
                                          MAX_SNAPSHOT_BYTES, MAX_SNAPSHOT_EVENTS, MAX_STATS_BYTES, MAX_STATS_VALUES, RecordError)
 
 GiB = 2**30
@@ -251,3 +251,28 @@ def test_a_directory_of_many_files_is_refused(tmp_path):
     for i in range(10_001):
         (d / f"x{i}").touch()
     assert_one_line_error(cli("compare", str(SEED), str(d)), "10,001 entries")
+
+
+def test_a_rank_in_a_file_name_is_capped_like_one_in_the_file(tmp_path):
+    """``stats.rankN.json`` names a rank as the file's own ``rank`` does: ASCII digits, at most
+    ``MAX_RANK`` (a 230-digit rank in a file name was taken as is, and a snapshot has no other)."""
+    snap = pickle.dumps({"segments": [], "device_traces": [[]]})
+    for name in ("snap.rank" + "9" * 230 + ".pickle", f"snap.rank{MAX_RANK + 1}.pickle"):
+        (tmp_path / name).write_bytes(snap)
+        assert_one_line_error(cli("compare", str(SEED), str(tmp_path / name)), "rank in the file name")
+        (tmp_path / name).unlink()
+    (tmp_path / "snap.rank3.pickle").write_bytes(snap)
+    assert read_record(tmp_path / "snap.rank3.pickle").rank == 3
+    (tmp_path / "snap.rank\u0663.pickle").write_bytes(snap)  # an Arabic-Indic 3 is no rank memfit reads
+    assert read_record(tmp_path / "snap.rank\u0663.pickle").rank is None
+
+
+def test_allocator_settings_keys_that_only_look_like_digits_are_one_line(tmp_path):
+    """``'²'.isdigit()`` is true and ``int('²')`` a ValueError: a roundup_power2_divisions key is read
+    only when it is ASCII digits."""
+    path = tmp_path / "snap.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [[]],
+                                   "allocator_settings": {"roundup_power2_divisions": {"\u00b2": 4}}}))
+    with pytest.raises(RecordError, match="roundup_power2_divisions"):
+        read_record(path)
+    assert_one_line_error(cli("compare", str(SEED), str(path)), "roundup_power2_divisions")

@@ -20,7 +20,7 @@ import os
 import re
 from pathlib import Path
 
-from memfit.core.records.bounded import MAX_DIR_ENTRIES, MAX_RECORD_FILES, check_count
+from memfit.core.records.bounded import MAX_DIR_ENTRIES, MAX_RANK, MAX_RECORD_FILES, check_count, quote
 from memfit.core.records.snapshot import RecordError, read_snapshot
 from memfit.core.records.types import (
     DsLogRecording,
@@ -32,12 +32,18 @@ from memfit.core.records.types import (
 
 __all__ = ["RecordError", "RecordSet", "read_record", "read_records"]
 
-_RANK = re.compile(r"rank[_-]?(\d+)")
+_RANK = re.compile(r"rank[_-]?([0-9]+)", re.ASCII)
 
 
 def _rank_of(name: str) -> int | None:
+    """The rank a record's file name says (``stats.rank3.json``): ASCII digits, at most ``MAX_RANK``."""
     m = _RANK.search(name)
-    return int(m.group(1)) if m else None
+    if not m:
+        return None
+    digits = m.group(1)
+    if len(digits) > len(str(MAX_RANK)) or int(digits) > MAX_RANK:
+        raise RecordError(f"{quote(name)}: the rank in the file name is over {MAX_RANK:,}")
+    return int(digits)
 
 
 def _kind(p: Path) -> str:

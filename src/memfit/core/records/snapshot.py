@@ -298,7 +298,7 @@ class _Reader:
         if isinstance(roundup, dict):
             check_count(len(roundup), 64, what="roundup_power2_divisions entries", where=self.where)
             for k, div in roundup.items():
-                k = int(k) if isinstance(k, str) and k.isdigit() and len(k) <= 20 else k
+                k = int(k) if isinstance(k, str) and k.isascii() and k.isdigit() and len(k) <= 20 else k
                 if not (_whole(k, 0, MAX_SIZE_BYTES) and _whole(div, 0, MAX_SIZE_BYTES)):
                     raise self.fail("allocator_settings roundup_power2_divisions is not a map of integers")
                 pairs.append((k, div))
