@@ -73,6 +73,8 @@ def ds_ops_built() -> float:
 def cpu_adam_built(ds_ops_built) -> float:
     """``ds_ops_built`` by its older name (cpu_adam among the ops it builds)."""
     return ds_ops_built
+
+
 @pytest.fixture(scope="session")
 def ds0510(request, tmp_path_factory) -> Path:
     """DeepSpeed 0.5.10's source tree (``<root>/deepspeed/...``): downloaded from PyPI by pip into
