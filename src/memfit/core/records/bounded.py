@@ -45,7 +45,8 @@ memfit builds from them, a process stays under 1 GiB."""
 MAX_SNAPSHOT_EVENTS = 300_000
 """Trace entries of a snapshot, all devices (``memfit.record`` records 200,000 by default, torch
 100,000). The comparison attributes each allocation by its stack: 300,000 entries whose stacks all
-differ (the worst case) take about 6 s of CPU in all (benchmarks/bench_records.py)."""
+differ (the worst case) took 7.5 s of CPU in all, measured on a loaded 2-core machine (load average
+9; benchmarks/bench_records.py)."""
 MAX_SNAPSHOT_BLOCKS = 500_000
 """Blocks of all segments of a snapshot (a full 80 GB card holds a few tens of thousands)."""
 MAX_SNAPSHOT_SEGMENTS = 100_000
