@@ -276,3 +276,20 @@ def test_allocator_settings_keys_that_only_look_like_digits_are_one_line(tmp_pat
     with pytest.raises(RecordError, match="roundup_power2_divisions"):
         read_record(path)
     assert_one_line_error(cli("compare", str(SEED), str(path)), "roundup_power2_divisions")
+
+
+@pytest.mark.parametrize("digits,fragment", [(400, "400-digit"), (5000, "5000 digits")])
+@pytest.mark.parametrize("output", ["terminal", "json", "report.md"])
+def test_huge_numbers_in_a_public_run_case_are_one_line(tmp_path, digits, fragment, output):
+    """A published-run case is a record too: a 400-digit ``bytes`` was an OverflowError traceback on
+    the terminal (GiB as a float) and a silent figure in --json."""
+    case = ROOT / "tests" / "fixtures" / "public_runs" / "ddp-gpt2-xl-fp32-2xtitanrtx-oom.yaml"
+    text = case.read_text(encoding="utf-8")
+    first = text.index("bytes: ") + len("bytes: ")
+    end = text.index("\n", first)
+    assert text[first:end].isdigit()
+    bad = tmp_path / "case.yaml"
+    bad.write_text(text[:first] + "9" * digits + text[end:], encoding="utf-8")
+    extra = {"terminal": [], "json": ["--json"]}.get(output, ["--report", str(tmp_path / output)])
+    assert_one_line_error(cli("compare", str(bad), *extra), fragment)
+    assert not (tmp_path / "report.md").exists()
