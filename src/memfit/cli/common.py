@@ -210,38 +210,23 @@ def quant_flag(value: Optional[str]) -> Optional[dict]:
 
 
 def check_report_path(path: Path) -> str:
-    import os
+    """``--report``'s path, before the work: a .html/.md name, nothing there yet (a dangling link
+    included), its folder a directory (``memfit.core.writing.check_new_path``)."""
+    from memfit.core.writing import check_new_path
 
     suffix = path.suffix.lower()
     if suffix not in (".html", ".htm", ".md"):
         raise MemfitError(f"--report: give a .html or .md path, got {path}")
-    try:
-        if os.path.lexists(path):  # a dangling symlink too: never written through
-            raise MemfitError(f"--report: {path} exists; memfit never overwrites a file (choose another name)")
-        if not path.parent.is_dir():
-            raise MemfitError(f"--report: {path.parent} is not a directory")
-    except OSError as e:
-        raise MemfitError(f"--report: cannot use {path}: {e.strerror or type(e).__name__}") from None
+    check_new_path(path, what="--report")
     return suffix
 
 
 def write_new_file(path: Path, text: str, *, what: str) -> None:
-    """Create ``path`` and write ``text``, never replacing anything: ``O_EXCL`` fails on any existing
-    entry, a dangling symlink included, and ``O_NOFOLLOW`` refuses a link in the last component."""
-    import os
+    """Create ``path`` and write ``text``, never replacing anything and never through a link: memfit's
+    one writer (``memfit.core.writing.write_file``: ``O_CREAT | O_EXCL | O_NOFOLLOW``)."""
+    from memfit.core.writing import write_file
 
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    try:
-        fd = os.open(path, flags, 0o644)
-    except FileExistsError:
-        raise MemfitError(f"{what}: {path} exists; memfit never overwrites a file (choose another name)") from None
-    except OSError as e:
-        raise MemfitError(f"{what}: cannot create {path}: {e.strerror or type(e).__name__}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as e:
-        raise MemfitError(f"{what}: cannot write {path}: {e.strerror or type(e).__name__}") from None
+    write_file(path, text, what=what)
 
 
 def write_report(path: Path, result, sc, *, title: str | None = None, render=None, heading: str = "") -> None:

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from memfit.cli.app import app
-from memfit.cli.common import check_report_path, console, scenario_command, show_assumptions, warn_inputs
+from memfit.cli.common import check_report_path, console, scenario_command, show_assumptions, warn_inputs, write_new_file
 from memfit.errors import MemfitError
 
 
@@ -37,6 +37,9 @@ def compare(
     torch.cuda.memory._dump_snapshot pickle (read without running anything in it); a JSON of
     torch.cuda.memory_stats()/host_memory_stats() per phase; a log with DeepSpeed see_memory_usage
     lines ("memory_breakdown": true); an nvidia-smi CSV (--query-gpu=timestamp,memory.used --format=csv).
+    Each is read within caps, past which it is one error line: snapshots up to 128 MiB and 300,000
+    trace entries, stats JSON up to 64 MiB and 100,000 phases, nvidia-smi CSV up to 32 MiB and
+    1,000,000 lines, logs up to 16 MiB; every figure at most 1 EiB.
 
     Without RECORDS, SCENARIO is a published-run case (tests/fixtures/public_runs/<id>.yaml): its
     measurements (allocated, reserved, nvidia-smi, host RSS, as published) against the plan of its
@@ -117,5 +120,5 @@ def _write_compare_report(path: Path, rc, plan_result, sc) -> None:
     else:
         out = html_report(plan_result, sc, sections=html_sections(rc), title=title,
                           figures=(("recording-chart", svg),) if svg else ())
-    path.write_text(out, encoding="utf-8")
+    write_new_file(path, out, what="--report")
     console(stderr=True).print(f"report written to {path}")

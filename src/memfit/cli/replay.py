@@ -45,12 +45,10 @@ def replay(
     sc = build_scenario(inputs)
     warn_inputs(sc)
     if save_fixture is not None:
-        import os
+        from memfit.core.writing import check_new_path
 
-        if os.path.lexists(save_fixture):
-            raise MemfitError(f"{save_fixture} exists; memfit never overwrites a file you have (choose another path)")
-        if not save_fixture.parent.is_dir():
-            raise MemfitError(f"--save-fixture: {save_fixture.parent} is not a directory")
+        check_new_path(save_fixture, what="--save-fixture",
+                       exists_hint="memfit never overwrites a file you have (choose another path)")
     cap = None
     if emulate:
         cap = _emulated_capacity(emulate)

@@ -104,7 +104,8 @@ def parse_json(text: str, *, what: str,
                allow_non_finite: bool = False, max_nodes: int = MAX_NODES) -> Any:
     """Strict JSON (no NaN/Infinity) checked by ``check_tree``. ``allow_non_finite``: Python's
     NaN/Infinity extension is read (transformers writes and reads it in config.json; the fields
-    memfit uses are then checked by name where they are read)."""
+    memfit uses are then checked by name where they are read). ``max_nodes``: a record file's own
+    cap instead of ``MAX_NODES`` (``core/records/bounded.py``)."""
     def no_constant(name: str) -> Any:
         raise MemfitError(f"{what} holds {name}, which is not a JSON number")
 
