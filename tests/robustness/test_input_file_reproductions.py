@@ -23,6 +23,16 @@ def test_a_self_referencing_yaml_alias_is_refused(tmp_path, flag):
     assert_one_line_error(cli("plan", *args), "a YAML alias refers to a node that contains it")
 
 
+def test_a_5000_digit_number_in_yaml_is_one_plain_line(tmp_path):
+    """Python's int-digit limit (4,300) stops a 5,000-digit YAML integer; the line says so in the user's
+    terms, not with Python's advice to call sys.set_int_max_str_digits()."""
+    p = tmp_path / "a.yaml"
+    p.write_text("model: gpt2\nmicro_batch: " + "9" * 5000 + "\n")
+    r = cli("plan", str(p))
+    assert_one_line_error(r, "a number of more than 4,300 digits")
+    assert "sys.set_int_max_str_digits" not in r.err
+
+
 ACCELERATE = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "FSDP", "mixed_precision": "bf16",
               "num_machines": 1, "num_processes": 2, "machine_rank": 0, "main_training_function": "main",
               "fsdp_config": {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",

@@ -153,6 +153,8 @@ def parse_yaml(text: str, *, what: str, dates_as_text: bool = False) -> Any:
     except ValueError as e:
         if isinstance(e, MemfitError):
             raise
+        if "integer string conversion" in str(e):  # Python's int-digit limit (sys.set_int_max_str_digits)
+            raise MemfitError(f"{what}: a number of more than 4,300 digits; no memfit setting is that large") from None
         raise MemfitError(f"{what}: {str(e).splitlines()[0]}") from None
     check_tree(value, what=what)
     return value
