@@ -32,10 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EX = ROOT / "examples"
 CASES = {
     "seed (kogpt prefix, ZeRO-3 offload)": [str(EX / "kogpt-prefix-zero3-offload.yaml")],
-    "Llama-3-70B FSDP2 offload, 8x A100-80GB": [
-        "--model", "meta-llama/Meta-Llama-3-70B", "--accelerate-config",
-        str(EX / "frameworks" / "accelerate_fsdp2_offload.yaml"), "--gpus", "8xa100-80gb", "--cpu-ram", "1TB",
-        "--seq-len", "4096", "--micro-batch", "1"],
+    "Llama-3-70B FSDP2 offload, 8x A100-80GB": [str(ROOT / "benchmarks" / "cases" / "fsdp2-offload-llama3-70b-8x80gb.yaml")],
     "Llama-3-8B QLoRA, 1x 24 GB": [str(EX / "frameworks" / "qlora-llama3-8b-1x24gb.yaml")],
 }
 
@@ -67,16 +64,10 @@ def whole_process(args: list[str], n: int) -> tuple[float, float, int]:
 
 
 def inputs_of(args: list[str]):
-    """The ScenarioInputs of a YAML file, or of flags through the CLI's own resolution."""
+    """The ScenarioInputs of the case's YAML file."""
     from memfit.core.scenario.read import read_scenario_file
 
-    if args[0].endswith(".yaml"):
-        return read_scenario_file(args[0])
-    from memfit.core.scenario.inputs import ScenarioInputs
-
-    kv = dict(zip(args[::2], args[1::2]))
-    return ScenarioInputs(model=kv["--model"], accelerate_config=kv["--accelerate-config"], gpus=kv["--gpus"],
-                          cpu_ram=kv["--cpu-ram"], seq_len=int(kv["--seq-len"]), micro_batch=int(kv["--micro-batch"]))
+    return read_scenario_file(args[0])
 
 
 def in_process(args: list[str], n: int) -> float:
@@ -92,14 +83,14 @@ def in_process(args: list[str], n: int) -> float:
 
 
 def search_rate(args: list[str]) -> str:
-    try:
-        from memfit.core.recommend import prepare
-        from memfit.core.recommend.deepspeed.search import search
+    """Candidates searched per second, as `recommend` reports its own search (top 5 confirmed)."""
+    from memfit.core.recommend import recommend
 
-        found = search(prepare(inputs_of(args)))
-        return f"{found.searched:,} candidates in {found.seconds:.3f} s = {found.searched / found.seconds:,.0f}/s"
-    except Exception as e:  # a framework the DeepSpeed search does not cover
-        return f"n/a ({type(e).__name__}: {str(e)[:80]})"
+    r = recommend(inputs_of(args), top=5)
+    if not r.candidates_searched or not r.search_seconds:
+        return f"{r.candidates_searched} candidates searched in {r.search_seconds:.4f} s (no rate)"
+    return (f"{r.candidates_searched:,} candidates in {r.search_seconds:.3f} s = "
+            f"{r.candidates_searched / r.search_seconds:,.0f}/s")
 
 
 def epoch_cost(args: list[str]) -> str:
@@ -118,7 +109,7 @@ def epoch_cost(args: list[str]) -> str:
     try:
         base = inputs_of(args)
         try:
-            with_epoch = replace(base, lengths=lengths, epoch_steps=1000)
+            with_epoch = replace(base, lengths=lengths, epoch_steps=1000, seq_len=None, max_seq_length=seq)
         except TypeError as e:
             return f"n/a ({e})"
 
