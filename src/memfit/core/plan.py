@@ -8,6 +8,7 @@ from memfit.core.ledger.evaluation import eval_notes
 from memfit.core.ledger_types import ParamCounts, Plan, TracedStep
 from memfit.core.scenario.types import Scenario
 from memfit.core.verdict import judge
+from memfit.errors import MemfitError
 
 
 def build_notes(sc: Scenario) -> tuple[str, ...]:
@@ -26,7 +27,11 @@ def count_params(sc: Scenario) -> ParamCounts:
 
 def make_plan(sc: Scenario, traced: TracedStep | None = None) -> Plan:
     """The plan; with ``traced`` (from ``memfit.trace.ledger_step``) the forward/backward phases use
-    the traced step memory instead of the analytic estimate."""
+    the traced step memory instead of the analytic estimate (DeepSpeed plans only: the torch/DDP/FSDP
+    recipes take no traced step yet, and a plan that dropped it would claim a trace it did not use)."""
+    if traced is not None and sc.framework != "deepspeed":
+        raise MemfitError(f"a traced step cannot replace the activations of a {sc.framework} plan yet "
+                          "(only DeepSpeed plans take one)")
     timeline = build_timeline(sc, traced)
     phases = timeline.phases()
     epoch = None
