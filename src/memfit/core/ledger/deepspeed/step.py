@@ -470,8 +470,9 @@ class _Step:
                 if z.stage in (1, 2):  # free_grad_in_param_list: the kept gradients go before the step
                     t.free(GRADS)
                     t.free(GRADS_PART)
-            if first:
-                t.alloc(OPT_STATES, n * 4 * k)
+            if first:  # one tensor per state (exp_avg, exp_avg_sq: torch's _init_group, DeepSpeedCPUAdam)
+                for _ in range(k):
+                    t.alloc(OPT_STATES, n * 4)
             if gpu_temps and z.stage == 0:  # FP16_Optimizer: fp32 copy of the flat gradient
                 t.alloc(STEP_TMP, n * 4)
             if gpu_temps:
