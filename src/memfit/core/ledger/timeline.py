@@ -148,6 +148,28 @@ class Timeline:
             self._track(key, dev, nbytes)
         self._observe()
 
+    def alloc_many(self, key: str, sizes) -> None:  # noqa: ANN001 (an iterable of ints)
+        """``alloc(key, n)`` for each size, in order (one tensor each); the phase peaks are observed once,
+        after the last: allocations in a row only raise what is live, so the peaks are the same."""
+        meta = self._meta[key]
+        dev = meta.device
+        tracked = self.tracker is not None and dev in TRACKED
+        total = 0
+        for n in sizes:
+            if n == 0:
+                continue
+            total += n
+            self.events.append(("alloc", key, dev, n))
+            if tracked:
+                self._track(key, dev, n)
+        if not total:
+            return
+        self._live[key] = self._live.get(key, 0) + total
+        self._dev_live[dev] += total
+        if meta.rank0_only:
+            self._rank0_live += total
+        self._observe()
+
     def _track(self, key: str, dev: Device, nbytes: int) -> None:
         if dev is Device.GPU:
             handle, blk = self.tracker.alloc_gpu(nbytes, outside=self._meta[key].outside_allocator,

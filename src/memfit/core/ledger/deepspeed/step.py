@@ -42,7 +42,7 @@ from memfit.core.activations.tensors import ActivationTensors, split_estimate
 from memfit.core.ledger import host_process
 from memfit.core.ledger.context import DTYPE_BYTES, RecipeContext, ceil_div, optimizer_offload
 from memfit.core.ledger.deepspeed.module_order import flow_flags
-from memfit.core.ledger.deepspeed.step_activations import ACT, RECOMPUTE, ActivationPlan, declare_activations
+from memfit.core.ledger.deepspeed.step_activations import ACT, RECOMPUTE, ActivationPlan, apply, declare_activations
 from memfit.core.ledger.deepspeed.step_segments import (BUCKETS, FULL_GRAD, GRAD_COPY, GRAD_FP32, GRADS, GRADS_PART, OLD_IPG,
                                               RS_FLAT, GatherPass, GradSpec, Segment, StepLayout, build_layout,
                                               gather_pass, grad_pass)
@@ -175,12 +175,7 @@ class _Step:
         return grad_pass(self.layout, numels, spec)
 
     def apply(self, events) -> None:
-        t = self.t
-        for key, b in events:
-            if b > 0:
-                t.alloc(key, b)
-            else:
-                t.free(key, -b)
+        apply(self.t, events)
 
     # ------------------------------------------------------------------ declarations
     def declare(self) -> None:

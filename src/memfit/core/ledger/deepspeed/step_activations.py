@@ -172,8 +172,18 @@ def declare_activations(t: Timeline, est: ActivationEstimate, *, checkpointing: 
 
 
 def apply(t: Timeline, events: list[Event]) -> None:
+    """The events in order; allocations in a row of one key go in one ``alloc_many`` (same result)."""
+    run_key, run = None, []
     for key, b in events:
+        if b > 0 and key == run_key:
+            run.append(b)
+            continue
+        if run:
+            t.alloc_many(run_key, run)
+            run_key, run = None, []
         if b > 0:
-            t.alloc(key, b)
+            run_key, run = key, [b]
         else:
             t.free(key, -b)
+    if run:
+        t.alloc_many(run_key, run)

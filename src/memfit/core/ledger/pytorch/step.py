@@ -248,8 +248,7 @@ def _split_stages(stages: list[_Stage], est, at: ActivationTensors, *, head_extr
 
 
 def alloc_parts(t: Timeline, key: str, parts: tuple[int, ...], lump: int) -> None:
-    for n in parts or (lump,):
-        t.alloc(key, n)
+    t.alloc_many(key, parts or (lump,))
 
 
 def free_parts(t: Timeline, key: str, parts: tuple[int, ...], lump: int) -> None:
