@@ -4,7 +4,8 @@ host allocator and the GPU memory outside PyTorch."""
 from __future__ import annotations
 
 from mutations.model import Mutation
-from mutations.selections import ALLOC_RULES, ALLOC_SEED, NON_PYTORCH, NON_PYTORCH_MODEL, PINNED_RULES, SEQUENCE, TRACKER
+from mutations.selections import (ALLOC_RULES, ALLOC_SEED, NON_PYTORCH, NON_PYTORCH_MODEL, PINNED_RULES, SEQUENCE,
+                                 SEQUENCE_REPLAY, TRACKER)
 
 BK, CC, EX, CF = ("src/memfit/core/alloc/blocks.py", "src/memfit/core/alloc/device_caching.py",
                   "src/memfit/core/alloc/expandable.py", "src/memfit/core/alloc/conf.py")
@@ -125,5 +126,8 @@ ALLOCATOR_MUTATIONS: tuple[Mutation, ...] = (
     Mutation("activations-one-lump-per-layer", "allocator", "src/memfit/core/activations/tensors.py",
              "            out.extend([size] * count)", "            out.extend([size * count])", SEQUENCE,
              "a term of several tensors booked as one (3 * D * t * i as one tensor of 3 D t i)"),
+    Mutation("sequence-frees-dropped", "allocator", "src/memfit/core/alloc/sequence.py",
+             "                    sim.free(b)  # type: ignore[arg-type]", "                    pass", SEQUENCE_REPLAY,
+             "a recorded sequence replayed without its frees (every tensor kept to the end)"),
 )
 """The allocator simulators (src/memfit/core/alloc/)."""
