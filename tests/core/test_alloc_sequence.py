@@ -134,7 +134,8 @@ def test_zero3_overlap_comm_puts_gathers_on_the_allgather_stream():
     inputs = ScenarioInputs(model="gpt2", deepspeed=fh.name, gpus="2xa100-80gb", seq_len=128)
     t = build_timeline(build_scenario(inputs))
     assert t.streams.get(GATHERED) == ALLGATHER_STREAM and REDUCE_STREAM in t.streams.values()
-    streams = {b.stream for b in t.tracker.gpu.active.values()} | {k[0] for k in t.tracker.gpu.large.keys}
+    gpu = t.tracker.gpu
+    streams = {b.stream for b in gpu.active.values()} | {b.stream for b in gpu.large.by_key.values()}
     assert ALLGATHER_STREAM in streams
     ds["zero_optimization"]["overlap_comm"] = False
     with open(fh.name, "w", encoding="utf-8") as out:
