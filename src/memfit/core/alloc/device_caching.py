@@ -65,6 +65,10 @@ class CudaCachingAllocator(ExpandableSegments):
         self.active: dict[int, Block] = {}
         """``active_blocks``: allocated, or freed but waiting for a stream event."""
         self.pending: list[Block] = []
+        self.event_lag: int | None = None
+        """Ledger replays: mallocs after which a deferred free's stream event counts as completed
+        (``process_events``); None: only ``complete`` completes one (recordings)."""
+        self._lag: dict[int, int] = {}
         self.forced_addresses: list[int] = []
         self._next_addr = ADDRESS_BASE
         self._page_users: dict[tuple[int, int], int] = {}
@@ -140,7 +144,9 @@ class CudaCachingAllocator(ExpandableSegments):
                 block = self._alloc_block(pool, size, alloc, stream, retry=False)
                 self.capacity, self.set_fraction = saved_cap, saved_frac
         assert block is not None
-        return self._alloc_found_block(block, pool, size, orig_size, stream)
+        out = self._alloc_found_block(block, pool, size, orig_size, stream)
+        self._after_malloc()
+        return out
 
     def _get_free_block(self, pool: Pool, size: int, stream: int) -> Block | None:
         """``get_free_block``: lower_bound over (stream, size, ptr), same stream only. An expandable
@@ -273,6 +279,8 @@ class CudaCachingAllocator(ExpandableSegments):
         if deferred:
             b.event_count += 1
             self.pending.append(b)
+            if self.event_lag is not None:
+                self._lag[id(b)] = self.event_lag
         else:
             self._free_block(b)
 
@@ -284,7 +292,21 @@ class CudaCachingAllocator(ExpandableSegments):
             self._free_block(b)
 
     def process_events(self) -> None:
-        """Ledger replays have no side streams; a recording says when events complete (``complete``)."""
+        """``process_events``: free the deferred blocks whose stream events have completed. A recording
+        says when that was (``complete``); in a ledger replay (``event_lag`` set) a block freed after
+        ``recordStream`` on another stream is taken as done once ``event_lag`` more mallocs have run:
+        the GPU is that far behind the CPU (the caller's assumption, stated where it sets it)."""
+        if self.event_lag is None or not self.pending:
+            return
+        for b in [b for b in self.pending if self._lag.get(id(b), 1) <= 0]:
+            self._lag.pop(id(b), None)
+            b.event_count = 1
+            self.complete(b)
+
+    def _after_malloc(self) -> None:
+        if self._lag:
+            for k in self._lag:
+                self._lag[k] -= 1
 
     def _free_block(self, b: Block) -> None:
         """``free_block``: merge with free neighbours (``try_merge_blocks``), cache (``free_completed``)."""
@@ -333,9 +355,13 @@ class CudaCachingAllocator(ExpandableSegments):
         each pool (large, then small) cudaFree every unsplit free block and unmap every free page of
         expandable segments (``release_blocks``); a segment left with nothing mapped is dropped."""
         self.stats.num_sync_all_streams += 1
+        if not self.pending and not self.expandables and \
+                self.stats.reserved_bytes.current == self.stats.nonreleasable_bytes.current:
+            return True  # every segment holds a live block: nothing to free (a shortcut, same result)
         for b in list(self.pending):
             b.event_count = 1
             self.complete(b)
+        self._lag.clear()
         for pool in (self.large, self.small):
             to_unmap = []
             for k in list(pool.keys):

@@ -73,6 +73,12 @@ class Timeline:
         self._pending_gpu = self._pending_host = self._pending_nvme = False
         """A new peak whose items are not yet copied: the copy is taken at the next free on that device
         (or at the phase's end), when the live items first differ from the peak's (``_observe``)."""
+        self.streams: dict[str, int] = {}
+        """Ledger key -> the CUDA stream its GPU tensors are allocated on (default 0), for the
+        allocator simulation (a block cached for one stream serves only that stream)."""
+        self.deferred_frees: set[str] = set()
+        """Keys whose GPU tensors are freed after ``record_stream`` on another stream (the block is
+        reusable once that stream's event completes)."""
 
     # -- placement -------------------------------------------------------------------------
     def place(self, device: Device) -> Device:
@@ -142,9 +148,32 @@ class Timeline:
             self._track(key, dev, nbytes)
         self._observe()
 
+    def alloc_many(self, key: str, sizes) -> None:  # noqa: ANN001 (an iterable of ints)
+        """``alloc(key, n)`` for each size, in order (one tensor each); the phase peaks are observed once,
+        after the last: allocations in a row only raise what is live, so the peaks are the same."""
+        meta = self._meta[key]
+        dev = meta.device
+        tracked = self.tracker is not None and dev in TRACKED
+        total = 0
+        for n in sizes:
+            if n == 0:
+                continue
+            total += n
+            self.events.append(("alloc", key, dev, n))
+            if tracked:
+                self._track(key, dev, n)
+        if not total:
+            return
+        self._live[key] = self._live.get(key, 0) + total
+        self._dev_live[dev] += total
+        if meta.rank0_only:
+            self._rank0_live += total
+        self._observe()
+
     def _track(self, key: str, dev: Device, nbytes: int) -> None:
         if dev is Device.GPU:
-            handle, blk = self.tracker.alloc_gpu(nbytes, outside=self._meta[key].outside_allocator)
+            handle, blk = self.tracker.alloc_gpu(nbytes, outside=self._meta[key].outside_allocator,
+                                                 stream=self.streams.get(key, 0))
         else:
             handle, blk = self.tracker.alloc_pinned(key, nbytes)
         self._tensors.setdefault(key, []).append([nbytes, handle, blk])
@@ -171,7 +200,11 @@ class Timeline:
 
     def _untrack(self, key: str, dev: Device, nbytes: int, *, all_of_it: bool) -> None:
         ts = self._tensors[key]
-        release = self.tracker.free_gpu if dev is Device.GPU else self.tracker.free_pinned
+        if dev is Device.GPU and key in self.deferred_frees:
+            def release(handle: object) -> None:
+                self.tracker.free_gpu(handle, deferred=True)
+        else:
+            release = self.tracker.free_gpu if dev is Device.GPU else self.tracker.free_pinned
         if all_of_it:
             for t in reversed(ts):
                 release(t[1])
@@ -194,6 +227,10 @@ class Timeline:
                 remaining = 0
             else:
                 remaining -= n
+
+    def item(self, key: str) -> LedgerItem:
+        """The declared line ``key`` (its device, category, formula)."""
+        return self._meta[key]
 
     def live_bytes(self, key: str) -> int:
         return self._live.get(key, 0)

@@ -38,13 +38,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from memfit.core.activations.analytic import ActivationEstimate, estimate_activation_bytes
+from memfit.core.activations.tensors import ActivationTensors, split_estimate
 from memfit.core.ledger import host_process
 from memfit.core.ledger.context import DTYPE_BYTES, RecipeContext, ceil_div, optimizer_offload
 from memfit.core.ledger.deepspeed.module_order import flow_flags
-from memfit.core.ledger.deepspeed.step_activations import ACT, RECOMPUTE, ActivationPlan, declare_activations
+from memfit.core.ledger.deepspeed.step_activations import ACT, RECOMPUTE, ActivationPlan, apply, declare_activations
 from memfit.core.ledger.deepspeed.step_segments import (BUCKETS, FULL_GRAD, GRAD_COPY, GRAD_FP32, GRADS, GRADS_PART, OLD_IPG,
                                               RS_FLAT, GatherPass, GradSpec, Segment, StepLayout, build_layout,
                                               gather_pass, grad_pass)
+from memfit.core.ledger.deepspeed.streams import zero3_streams
 from memfit.core.ledger.timeline import Timeline
 from memfit.core.ledger.deepspeed.zero012 import grads_in_partition_numel
 from memfit.core.ledger.deepspeed.zero3 import OPT_STATES, declare_states, host, optimized_params
@@ -84,6 +86,16 @@ def activation_estimate(ctx: RecipeContext) -> ActivationEstimate:
                                      linear_saves_frozen_inputs=z.stage == 3 and z.memory_efficient_linear)
 
 
+def activation_tensors(ctx: RecipeContext, est: ActivationEstimate) -> ActivationTensors:
+    """``est`` as tensors (``memfit.core.activations.tensors``), one allocator request each."""
+    sc = ctx.scenario
+    z = sc.deepspeed.zero
+    return split_estimate(est, sc.model.arch, sc.peft, seq_len=sc.train.seq_len, micro_batch=sc.train.micro_batch,
+                          dtype_bytes=ctx.model_bytes, gradient_checkpointing=sc.train.gradient_checkpointing,
+                          attention=sc.train.attention, target_len=sc.train.target_len,
+                          linear_saves_frozen_inputs=z.stage == 3 and z.memory_efficient_linear)
+
+
 def step_layout(ctx: RecipeContext) -> StepLayout:
     sc = ctx.scenario
     arch = sc.model.arch
@@ -120,7 +132,7 @@ class _Step:
         arch = sc.model.arch
         self.num_layers = arch.num_layers + arch.num_encoder_layers
         self.acts = ActivationPlan(self.est, self.layout.blocks, self.layout.n_segments, self.nb, self.ckpt,
-                                   self.num_layers)
+                                   self.num_layers, activation_tensors(ctx, self.est))
         self.eb = list(elem_bytes) if elem_bytes is not None else [self.nb] * len(ctx.params)
         numels = [p.numel for p in ctx.params]
         self.numels = numels
@@ -163,12 +175,7 @@ class _Step:
         return grad_pass(self.layout, numels, spec)
 
     def apply(self, events) -> None:
-        t = self.t
-        for key, b in events:
-            if b > 0:
-                t.alloc(key, b)
-            else:
-                t.free(key, -b)
+        apply(self.t, events)
 
     # ------------------------------------------------------------------ declarations
     def declare(self) -> None:
@@ -332,12 +339,12 @@ class _Step:
             self.apply(acts.bwd_pre[s])  # the loss's backward, before the head's modules fetch anything
             if seg:
                 self.apply(seg.events[:seg.split])
-            if acts.recompute[s]:
-                t.alloc(RECOMPUTE, acts.recompute[s])
+            for n in acts.recompute_tensors[s]:
+                t.alloc(RECOMPUTE, n)
             if grads:
                 self.apply(grads[s].events)
-            if acts.recompute[s]:
-                t.free(RECOMPUTE, acts.recompute[s])
+            for n in reversed(acts.recompute_tensors[s]):
+                t.free(RECOMPUTE, n)
             self.apply(acts.bwd_free[s])
             if seg:
                 self.apply(seg.events[seg.split:])
@@ -458,8 +465,9 @@ class _Step:
                 if z.stage in (1, 2):  # free_grad_in_param_list: the kept gradients go before the step
                     t.free(GRADS)
                     t.free(GRADS_PART)
-            if first:
-                t.alloc(OPT_STATES, n * 4 * k)
+            if first:  # one tensor per state (exp_avg, exp_avg_sq: torch's _init_group, DeepSpeedCPUAdam)
+                for _ in range(k):
+                    t.alloc(OPT_STATES, n * 4)
             if gpu_temps and z.stage == 0:  # FP16_Optimizer: fp32 copy of the flat gradient
                 t.alloc(STEP_TMP, n * 4)
             if gpu_temps:
@@ -516,6 +524,9 @@ def record_step(t: Timeline, ctx: RecipeContext, *, opt_numel: int, traced: Trac
                 elem_bytes: Sequence[int] | None = None, groups: Sequence[int] | None = None) -> None:
     """Every phase after initialize (see the module docstring). ``elem_bytes``: per param, the
     element size it trains in (default: the training dtype); ``groups``: ZeRO-3's sub groups."""
+    z = ctx.scenario.deepspeed.zero
+    if z.stage == 3:
+        zero3_streams(t, overlap_comm=bool(z.overlap_comm), ds_version=ctx.scenario.ds_version)
     _Step(t, ctx, opt_numel, traced, elem_bytes, groups).run()
 
 

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from memfit.core.activations.analytic import estimate_activation_bytes
+from memfit.core.activations.tensors import ActivationTensors, split_estimate
 from memfit.core.ledger.timeline import Timeline
 from memfit.core.ledger.pytorch.optim import (declare_optimizer, record_clip_and_unscale, record_optimizer_step,
                                             trainer_groups)
@@ -104,6 +105,9 @@ class GradSink:
 class _Stage:
     act: int = 0
     recompute: int = 0
+    act_tensors: tuple[int, ...] = ()
+    """``act`` as the tensors it is (``memfit.core.activations.tensors``); empty: one tensor."""
+    recompute_tensors: tuple[int, ...] = ()
     casts: list[tuple[int, bool, bool]] = field(default_factory=list)
     """Autocast copies made by the stage: (bytes, saved by autograd for backward, cached by autocast
     until the end of forward because the weight is a trained fp32 leaf)."""
@@ -190,6 +194,10 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
     if ckpt:
         held = est.total_bytes - est.embedding_bytes - est.head_bytes - blocks * layer_in
         stages[-1].act += max(held, 0)  # the eager causal mask, kept with the head
+    _split_stages(stages, est, split_estimate(est, sc.model.arch, sc.peft, seq_len=sc.train.seq_len,
+                                              micro_batch=sc.train.micro_batch, dtype_bytes=D,
+                                              gradient_checkpointing=ckpt, attention=sc.train.attention),
+                  head_extra=stages[-1].act - est.head_bytes)
     grad_into_first = sc.peft.method in ("full", "prompt") or any(
         p.trainable and p.stage == 0 and not p.adapter for p in m.params) or ckpt
     parallel = arch.model_type in _PARALLEL
@@ -220,6 +228,32 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
     return StepContext(sc=sc, m=m, opt=opt, sink=sink, stages=stages, act_formula=est.formula, tokens=t_tok,
                        groups=trainer_groups(m.params, split=sc.torch.trainer_param_groups),
                        loss_forward=loss_fwd, loss_backward=loss_bwd, stream_bytes=D, logits_bytes=LD)
+
+
+def _split_stages(stages: list[_Stage], est, at: ActivationTensors, *, head_extra: int) -> None:  # noqa: ANN001
+    """Each stage's activations (and recompute) as their tensors, where they add up to what the stage
+    books (a stage whose figure this recipe adjusted, e.g. 16-bit logits in an fp32 stream, stays one
+    tensor unless the adjustment is a tensor of its own)."""
+    def fits(parts: tuple[int, ...], total: int) -> tuple[int, ...]:
+        return parts if parts and sum(parts) == total else ()
+
+    stages[0].act_tensors = fits(at.embedding, stages[0].act)
+    for k, st in enumerate(stages[1:-1]):
+        if k < len(at.layers):
+            st.act_tensors = fits(at.layers[k], st.act)
+        if st.recompute and k < len(at.recompute):
+            st.recompute_tensors = fits(at.recompute[k], st.recompute)
+    head = (*at.head_rest, est.logits_kept_bytes + min(head_extra, 0), est.loss_saved_bytes, max(head_extra, 0))
+    stages[-1].act_tensors = fits(tuple(n for n in head if n > 0), stages[-1].act)
+
+
+def alloc_parts(t: Timeline, key: str, parts: tuple[int, ...], lump: int) -> None:
+    t.alloc_many(key, parts or (lump,))
+
+
+def free_parts(t: Timeline, key: str, parts: tuple[int, ...], lump: int) -> None:
+    for n in reversed(parts or (lump,)):
+        t.free(key, n)
 
 
 def declare_step(t: Timeline, c: StepContext) -> None:
@@ -282,9 +316,9 @@ def _dequant(t: Timeline, c: StepContext, p: TParam, *, backward: bool) -> None:
 def forward_stage(t: Timeline, c: StepContext, st: _Stage, block: bool) -> None:
     """One stage's forward: its activations, the dequantized weights of its quantized matmuls, its
     autocast casts (``block``: a checkpointed block, which saves nothing inside)."""
-    t.alloc(ACT, st.act)
+    alloc_parts(t, ACT, st.act_tensors, st.act)
     if block:  # a checkpointed block still makes its activations while it runs; only its input stays
-        t.alloc(RECOMPUTE, st.recompute)
+        alloc_parts(t, RECOMPUTE, st.recompute_tensors, st.recompute)
     for p in st.quant:
         _dequant(t, c, p, backward=False)
     for n, saved, cached in st.casts:
@@ -292,7 +326,7 @@ def forward_stage(t: Timeline, c: StepContext, st: _Stage, block: bool) -> None:
         if not cached and (block or not saved):
             t.free(CASTS, n)  # used once, not kept
     if block:
-        t.free(RECOMPUTE, st.recompute)
+        free_parts(t, RECOMPUTE, st.recompute_tensors, st.recompute)
     if st is c.stages[-1]:  # the loss: transients next to the log-softmax it saves
         for n in c.loss_forward:
             t.alloc(LOSS, n)
@@ -363,7 +397,7 @@ def record_backward(t: Timeline, c: StepContext, phase: str, description: str, *
         if i == last - 1:
             loss_backward_end(t, c)
         if block:  # recompute the block's forward: its activations and saved casts again
-            t.alloc(RECOMPUTE, st.recompute)
+            alloc_parts(t, RECOMPUTE, st.recompute_tensors, st.recompute)
             for p in st.quant:
                 _dequant(t, c, p, backward=False)
             for n, saved, _ in st.casts:  # a fresh autocast region: cast again
@@ -381,9 +415,9 @@ def record_backward(t: Timeline, c: StepContext, phase: str, description: str, *
         for p, needs in zip(reversed(st.quant), reversed(st.quant_needs_grad_in)):
             if needs:
                 _dequant(t, c, p, backward=True)
-        t.free(ACT, st.act)
+        free_parts(t, ACT, st.act_tensors, st.act)
         if block:
-            t.free(RECOMPUTE, st.recompute)
+            free_parts(t, RECOMPUTE, st.recompute_tensors, st.recompute)
         free_each(t, CASTS, [n for n, saved, _ in st.casts if saved])
     c.sink.after_backward(t, m, last_micro)
 
