@@ -54,4 +54,4 @@ PUBLIC_RUNS = ("tests/core/test_public_runs.py",)
 grow, no verdict that agreed with the run's outcome may disagree."""
 TRACKER = ("tests/core/test_alloc_tracker_vs_published.py",)
 """The ledger's path into the simulators (MemoryTracker's per-phase figures) against published readings:
-pytorch#86509's cudaMemGetInfo, pytorch#54564's nvidia-smi, pytorch#95823's locked pinned memory."""
+pytorch#86509's cudaMemGetInfo (and nvidia-smi), pytorch#95823's locked pinned memory."""
