@@ -49,6 +49,24 @@ ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_pro
 CASES: dict[str, dict[str, list[dict]]] = {
     "IA3": {"llama": [{}, {"target_modules": ["q_proj", "down_proj", "up_proj"], "feedforward_modules": ["down_proj"]}],
             "gpt2": [{}]},
+    "ADALORA": {"llama": [{"total_step": 100}, {"total_step": 100, "init_r": 6, "target_modules": ALL, "bias": "all"}],
+                "gpt2": [{"total_step": 100}]},
+    "LOHA": {"llama": [{}, {"r": 4, "target_modules": ALL, "rank_pattern": {"down_proj": 2},
+                            "layers_to_transform": [1]}]},
+    "LOKR": {"llama": [{}, {"r": 2, "target_modules": ALL, "decompose_both": True},
+                       {"target_modules": ALL, "decompose_factor": 4}]},
+    "OFT": {"llama": [{}, {"target_modules": ALL, "oft_block_size": 0, "r": 5},
+                      {"target_modules": ALL, "oft_block_size": 12, "block_share": True}]},
+    "BOFT": {"llama": [{}, {"target_modules": ALL, "boft_block_size": 8, "bias": "boft_only"},
+                       {"target_modules": ALL, "boft_block_size": 0, "boft_block_num": 4}]},
+    "HRA": {"llama": [{}, {"target_modules": ALL, "r": 5, "apply_GS": True}]},
+    "VERA": {"llama": [{}, {"target_modules": ALL, "r": 16, "save_projection": False}], "gpt2": [{}]},
+    "FOURIERFT": {"llama": [{}, {"target_modules": ALL, "n_frequency": 200, "n_frequency_pattern": {"q_proj": 50}}],
+                  "gpt2": [{}]},
+    "MISS": {"llama": [{}, {"target_modules": ALL, "r": 16, "init_weights": "bat"},
+                       {"target_modules": ALL, "r": 16, "init_weights": "mini", "mini_r": 8}]},
+    "VBLORA": {"llama": [{"vector_length": 16}, {"target_modules": ALL, "vector_length": 32, "num_vectors": 10}]},
+    "LN_TUNING": {"llama": [{}, {"target_modules": ["input_layernorm", "q_proj"]}], "gpt2": [{}]},
 }
 
 

@@ -5,9 +5,10 @@ Every layer-injecting tuner (LoRA and its relatives, IA3, the LyCORIS family, OF
 each target module in a ``BaseTunerLayer`` that holds the original as ``base_layer`` (its params
 become ``<module>.base_layer.<leaf>``) and registers its own ``ParameterDict``/``ModuleDict``/
 ``BufferDict`` entries after it, keyed by the adapter name. Then ``_mark_only_adapters_as_trainable``
-(peft 0.21 ``tuners/tuners_utils.py``) freezes every parameter whose name lacks the tuner's
-``prefix`` and applies ``bias``: ``all`` trains every parameter with ``bias`` in its name,
-``<prefix>only`` the biases of the adapted layers; finally ``modules_to_save`` wrap their modules
+(peft 0.21.2 ``tuners/tuners_utils.py``) freezes every parameter outside the tuner layers' adapter
+entries (found structurally, not by name; adapter entries keep their own ``requires_grad``) and
+applies ``bias``: ``all`` trains every parameter named ``bias`` or ``*.bias``, ``<prefix>only`` the
+biases of the adapted layers; finally ``modules_to_save`` wrap their modules
 (frozen ``.original_module.``, trainable ``.modules_to_save.default.``). The whole model is named
 under ``base_model.model.`` (``PeftModel`` -> ``<Tuner>Model`` -> the transformers model).
 """
@@ -61,7 +62,6 @@ def inject(
     layers: Sequence[Layer],
     tensors: LayerTensors,
     *,
-    prefix: str,
     what: str,
     bias: str = "none",
     root: str = ROOT,
@@ -94,7 +94,7 @@ def inject(
         module, _, leaf = p.name.rpartition(".")
         if module in targets:
             name = f"{module}.base_layer.{leaf}"
-            trains = prefix in name or (bias == "all" and "bias" in name) or (only_bias and leaf == "bias")
+            trains = leaf == "bias" and (bias == "all" or only_bias)
             extra: list[ParamSpec] = []
             if last_of[module] == i:
                 for t in tensors(targets[module]):
@@ -109,7 +109,7 @@ def inject(
                         buffers.append(BufferSpec(root + full, t.shape, t.buffer, t.persistent))
             paired.append((ParamSpec(name, p.shape, trains), extra))
         else:
-            trains = prefix in p.name or (bias == "all" and "bias" in p.name)
+            trains = bias == "all" and leaf == "bias"
             paired.append((ParamSpec(p.name, p.shape, trains), []))
     params = flatten(with_modules_to_save(paired, wrapped), root)
     return shape.with_params(params).with_buffers((*shape.buffers, *buffers))

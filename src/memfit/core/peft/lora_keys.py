@@ -5,7 +5,7 @@ with peft's defaults. AdaLoRA's config extends it (``tuners/adalora.py``)."""
 
 from __future__ import annotations
 
-from memfit.core.peft.tuners.base import (EXCLUDE, FAN_IN_FAN_OUT, LAYERS, LAYERS_PATTERN, MODULES_TO_SAVE, TARGETS,
+from memfit.core.peft.keys import (EXCLUDE, FAN_IN_FAN_OUT, LAYERS, LAYERS_PATTERN, MODULES_TO_SAVE, TARGETS,
                                           free, keys, note, only, sized)
 
 _SETUP = ("runs once at get_peft_model (an SVD, QR or a pass over data in fp32 per layer; its transient memory at "

@@ -13,10 +13,21 @@ from memfit.core.peft.inject import inject
 from memfit.core.peft.spec import PeftSpec
 from memfit.core.peft.targets import find_targets
 from memfit.core.peft.tuners.base import Tuner
-from memfit.core.peft.tuners import ia3
+from memfit.core.peft.tuners import adalora, fourier, ia3, ln_tuning, lycoris, miss, orthogonal, vblora, vera
 
 _ALL: tuple[Tuner, ...] = (
     ia3.TUNER,
+    adalora.TUNER,
+    lycoris.LOHA,
+    lycoris.LOKR,
+    orthogonal.OFT,
+    orthogonal.BOFT,
+    orthogonal.HRA,
+    vera.TUNER,
+    fourier.FOURIERFT,
+    miss.TUNER,
+    vblora.TUNER,
+    ln_tuning.TUNER,
 )
 
 TUNERS: Mapping[str, Tuner] = MappingProxyType({t.method: t for t in _ALL})
@@ -38,5 +49,4 @@ def apply_tuner(shape: ModelShape, spec: PeftSpec) -> ModelShape:
             tuner.check(layer, s)
     tensors = tuner.tensors
     bias = s.get("bias", "none") if tuner.bias else "none"
-    return inject(shape, spec, layers, lambda layer: tensors(layer, s, layers), prefix=tuner.prefix,
-                  what=tuner.peft_type, bias=bias)
+    return inject(shape, spec, layers, lambda layer: tensors(layer, s, layers), what=tuner.peft_type, bias=bias)

@@ -27,11 +27,11 @@ _TARGET_FIELDS = ("target_modules", "exclude_modules", "layers_to_transform", "l
 
 
 def _freeze(value: Any) -> Any:
-    """JSON value -> hashable: lists become tuples, objects tuples of (key, value) pairs (sorted)."""
+    """JSON value -> hashable: lists become tuples, objects tuples of (key, value) pairs."""
     if isinstance(value, list):
         return tuple(_freeze(v) for v in value)
     if isinstance(value, dict):
-        return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
+        return tuple((str(k), _freeze(v)) for k, v in value.items())  # in order: get_pattern_key takes the first
     return value
 
 
