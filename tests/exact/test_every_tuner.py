@@ -29,6 +29,7 @@ from memfit.core.peft.lora_keys import LORA_KEYS  # noqa: E402
 from memfit.core.peft.params import apply_peft  # noqa: E402
 from memfit.core.peft.parse import load_adapter_config  # noqa: E402
 from memfit.core.peft.tuners import BY_PEFT_TYPE  # noqa: E402
+from memfit.core.peft.tuners.read import PROMPT_LEARNING_KEYS  # noqa: E402
 from memfit.exact.peft_build import named_param_specs  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -67,6 +68,21 @@ CASES: dict[str, dict[str, list[dict]]] = {
                        {"target_modules": ALL, "r": 16, "init_weights": "mini", "mini_r": 8}]},
     "VBLORA": {"llama": [{"vector_length": 16}, {"target_modules": ALL, "vector_length": 32, "num_vectors": 10}]},
     "LN_TUNING": {"llama": [{}, {"target_modules": ["input_layernorm", "q_proj"]}], "gpt2": [{}]},
+    "P_TUNING": {"llama": [{"num_virtual_tokens": 5}, {"num_virtual_tokens": 3, "encoder_hidden_size": 24,
+                                                       "encoder_reparameterization_type": "LSTM"}],
+                 "gpt2": [{"num_virtual_tokens": 4, "encoder_reparameterization_type": "LSTM", "encoder_num_layers": 3}]},
+    "MULTITASK_PROMPT_TUNING": {"llama": [{"num_virtual_tokens": 5}, {"num_virtual_tokens": 4, "num_tasks": 3,
+                                                                      "num_ranks": 2}]},
+    "CPT": {"llama": [{"cpt_token_ids": [1, 2, 3], "cpt_mask": [1, 1, 1], "cpt_tokens_type_mask": [1, 2, 3]}]},
+    "CARTRIDGE": {"llama": [{"num_virtual_tokens": 6, "num_frozen_tokens": 2}, {"num_virtual_tokens": 3,
+                                                                               "num_frozen_tokens": 0}],
+                  "gpt2": [{"num_virtual_tokens": 4}]},
+    "ADAPTION_PROMPT": {"llama": [{"adapter_len": 4, "adapter_layers": 1}, {"adapter_len": 2, "adapter_layers": 2}],
+                        "gpt2": [{"adapter_len": 3, "adapter_layers": 2}]},
+    "OSF": {"llama": [{}, {"effective_rank": 0.25, "rank_pattern": {"down_proj": 8}}]},
+    "WAVEFT": {"llama": [{"target_modules": ["q_proj", "o_proj"]}, {"target_modules": ALL, "n_frequency": 100, "use_idwt": False,
+                              "n_frequency_pattern": {"o_proj": 30}}]},
+    "TRAINABLE_TOKENS": {"llama": [{"token_indices": [1, 5, 7]}], "gpt2": [{"token_indices": [0, 3]}]},
 }
 
 
@@ -96,8 +112,8 @@ def _buffers(model: torch.nn.Module, base: set[str]) -> list[BufferSpec]:
     persistent = set(model.state_dict().keys())
     out = []
     for name, b in model.named_buffers():
-        plain = name.removeprefix("base_model.model.").replace(".base_layer", "")
-        if plain in base:
+        plain = name.replace(".base_layer", "")
+        if plain.removeprefix("base_model.model.") in base or plain.removeprefix("base_model.") in base:
             continue
         out.append(BufferSpec(name, tuple(b.shape), _DTYPES[b.dtype], name in persistent))
     return out
@@ -138,8 +154,8 @@ def test_counts_equal_peft(peft_type, family, kwargs, tmp_path):
     assert ours.trainable_params == sum(p.numel() for p in real.parameters() if p.requires_grad)
     assert ours.total_params == sum(p.numel() for p in real.parameters())
     assert ours.params == theirs
-    ours_added = [b for b in ours.buffers if b.name.startswith("base_model.")]
-    assert ours_added == _buffers(real, base_buffers)
+    ours_added = [(b.name, b.shape, b.dtype, b.persistent) for b in ours.buffers if b.name.startswith("base_model.")]
+    assert ours_added == [(b.name, b.shape, b.dtype, b.persistent) for b in _buffers(real, base_buffers)]
 
 
 def _default(f: dataclasses.Field):
@@ -165,10 +181,31 @@ def test_key_tables_match_peft(peft_type):
     else:
         pytest.skip(f"{peft_type}: planned by {PLANNED_ELSEWHERE.get(peft_type, 'nothing')} without a key table")
     own = {f.name for f in dataclasses.fields(peft.PeftConfig)}
-    if issubclass(config_cls, peft.PromptLearningConfig):
-        own |= {f.name for f in dataclasses.fields(peft.PromptLearningConfig)} - {"modules_to_save"}
+    if issubclass(config_cls, peft.PromptLearningConfig):  # read by memfit.core.peft.tuners.read for every one
+        assert {f.name for f in dataclasses.fields(peft.PromptLearningConfig)} - own == PROMPT_LEARNING_KEYS
+        own |= PROMPT_LEARNING_KEYS
     fields = [f for f in dataclasses.fields(config_cls) if f.name not in own]
     assert [f.name for f in fields if f.name not in table] == [], "fields memfit does not classify"
     assert [k for k in table if k not in {f.name for f in fields}] == [], "keys peft's config does not have"
     for f in fields:
         assert _default(f) == table[f.name].default, f.name
+
+
+REFUSED = {
+    # peft 0.21.2 builds these without an error but trains nothing: memfit says so instead
+    "OSF-gpt2": ("OSF", "gpt2", {}, "not a Linear layer", 0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_refusals_where_peft_trains_nothing(case, tmp_path):
+    from memfit.errors import MemfitError
+
+    peft_type, family, kwargs, message, peft_trainable = REFUSED[case]
+    config = peft.PEFT_TYPE_TO_CONFIG_MAPPING[peft.PeftType(peft_type)](task_type="CAUSAL_LM", **kwargs)
+    config.save_pretrained(str(tmp_path))
+    model = _build(family)
+    with pytest.raises(MemfitError, match=message):
+        apply_peft(_shape_of(model), load_adapter_config(tmp_path))
+    real = peft.get_peft_model(model, peft.PeftConfig.from_pretrained(str(tmp_path)))
+    assert sum(p.numel() for p in real.parameters() if p.requires_grad) == peft_trainable

@@ -48,6 +48,8 @@ class AdapterTensor:
     buffer: str | None = None
     """A buffer's dtype (``fp32``, ``int64`` ...); ``None``: a parameter."""
     persistent: bool = True
+    follows_weight: bool = False
+    """Buffers only: created in the base weight's dtype (``BufferSpec.follows_load_dtype``)."""
     shared: str = ""
     """One tensor for the whole model under this key (VeRA's projections, VB-LoRA's vector bank),
     named where ``named_parameters()``/``named_buffers()`` meets it first."""
@@ -106,7 +108,7 @@ def inject(
                     if t.buffer is None:
                         extra.append(ParamSpec(full, t.shape, t.trainable))
                     else:
-                        buffers.append(BufferSpec(root + full, t.shape, t.buffer, t.persistent))
+                        buffers.append(BufferSpec(root + full, t.shape, t.buffer, t.persistent, t.follows_weight))
             paired.append((ParamSpec(name, p.shape, trains), extra))
         else:
             trains = bias == "all" and leaf == "bias"

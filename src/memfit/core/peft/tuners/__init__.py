@@ -13,7 +13,8 @@ from memfit.core.peft.inject import inject
 from memfit.core.peft.spec import PeftSpec
 from memfit.core.peft.targets import find_targets
 from memfit.core.peft.tuners.base import Tuner
-from memfit.core.peft.tuners import adalora, fourier, ia3, ln_tuning, lycoris, miss, orthogonal, vblora, vera
+from memfit.core.peft.tuners import (adalora, adaption_prompt, fourier, ia3, ln_tuning, lycoris, miss, orthogonal, osf,
+                                     prompts, trainable_tokens, vblora, vera)
 
 _ALL: tuple[Tuner, ...] = (
     ia3.TUNER,
@@ -28,6 +29,14 @@ _ALL: tuple[Tuner, ...] = (
     miss.TUNER,
     vblora.TUNER,
     ln_tuning.TUNER,
+    prompts.P_TUNING,
+    prompts.MULTITASK_PROMPT_TUNING,
+    prompts.CPT,
+    prompts.CARTRIDGE,
+    adaption_prompt.TUNER,
+    osf.TUNER,
+    fourier.WAVEFT,
+    trainable_tokens.TUNER,
 )
 
 TUNERS: Mapping[str, Tuner] = MappingProxyType({t.method: t for t in _ALL})

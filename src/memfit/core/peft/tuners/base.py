@@ -72,8 +72,9 @@ class Tuner:
     """A tuner that does not inject per-layer adapters (prompt learning, ...): the whole shape."""
     bias: bool = False
     """Its config has ``bias`` (``none``/``all``/``<prefix>only``)."""
-    prompt_tokens: Callable[[Settings], int] | None = None
-    """Virtual tokens it prepends to every sequence (prompt-style tuners), for activations."""
+    prompt_learning: bool = False
+    """A ``PromptLearningConfig``: its config also holds ``num_virtual_tokens``, ``token_dim``,
+    ``num_layers``, ``num_transformer_submodules`` and ``num_attention_heads`` (read into ``PeftSpec``)."""
 
     def settings(self, spec: PeftSpec, model_type: str = "") -> Settings:
         return Settings(self, spec, model_type)

@@ -11,7 +11,7 @@ from memfit.core.peft.modules import ADAPTER_NAME
 from memfit.core.peft.targets import Layer
 from memfit.core.peft.tuners import defaults
 from memfit.core.peft.tuners.base import (EXCLUDE, FAN_IN_FAN_OUT, LAYERS, LAYERS_PATTERN, MODULES_TO_SAVE, TARGETS,
-                                          Settings, Tuner, bias_key, free, keys, require, sized)
+                                          Settings, Tuner, bias_key, free, keys, only, require, sized)
 from memfit.core.peft.tuners.lycoris import pattern_value
 
 
@@ -43,4 +43,33 @@ FOURIERFT = Tuner(
         init_weights=free("bool", False, "zeros or random: same shapes"),
     ),
     tensors=fourierft_tensors,
+)
+
+
+def waveft_tensors(layer: Layer, s: Settings, layers: Sequence[Layer]) -> list[AdapterTensor]:
+    """``waveft_spectrum (n_frequency,)`` (its int64 ``waveft_indices`` in a plain dict, as FourierFT's);
+    ``tuners/waveft/layer.py:WaveFTLayer.update_layer``."""
+    n = pattern_value(layer.module, s["n_frequency_pattern"], s["n_frequency"])
+    require(n > 0, f"`n_frequency` should be a positive integer value but the value passed is {n}")
+    require(n <= layer.in_features * layer.out_features,
+            f"`n_frequency` ({n}) must be at most in x out ({layer.in_features * layer.out_features}) ({layer.module})")
+    return [AdapterTensor(f"waveft_spectrum.{ADAPTER_NAME}", (n,))]
+
+
+WAVEFT = Tuner(
+    peft_type="WAVEFT", method="waveft", prefix="waveft_", source="peft/tuners/waveft/model.py, layer.py",
+    targets=defaults.WAVEFT, bias=True,
+    keys=keys(
+        n_frequency=sized("int", 2592, "wavelet coefficients trained per layer"),
+        scaling=free("float", 25.0, "scales the delta only"),
+        wavelet_family=sized("str", "db1", "the wavelet of the inverse transform (its padding of the delta)"),
+        use_idwt=sized("bool", True, "rebuild the delta by an inverse wavelet transform (else the sparse matrix itself)"),
+        random_loc_seed=free("int", 777, "seed of the coefficient locations"),
+        fan_in_fan_out=FAN_IN_FAN_OUT, target_modules=TARGETS, exclude_modules=EXCLUDE, bias=bias_key("waveft_"),
+        modules_to_save=MODULES_TO_SAVE, layers_to_transform=LAYERS, layers_pattern=LAYERS_PATTERN,
+        n_frequency_pattern=sized("dict", {}, "per-module n_frequency"),
+        proportional_parameters=only(False, "n_frequency spread over layers in proportion to their size"),
+        init_weights=free("bool", True, "zeros or random: same shapes"),
+    ),
+    tensors=waveft_tensors,
 )

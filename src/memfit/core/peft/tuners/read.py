@@ -25,6 +25,11 @@ PEFT_CONFIG_KEYS = frozenset({"peft_type", "task_type", "base_model_name_or_path
 
 _TARGET_FIELDS = ("target_modules", "exclude_modules", "layers_to_transform", "layers_pattern", "modules_to_save")
 
+PROMPT_LEARNING_KEYS = frozenset({"num_virtual_tokens", "token_dim", "num_layers", "num_transformer_submodules",
+                                  "num_attention_heads", "modules_to_save"})
+"""``PromptLearningConfig``'s fields (``peft/config.py``): the sizes ``_prepare_prompt_learning_config``
+fills in and peft saves; ``num_attention_heads`` sizes nothing."""
+
 
 def _freeze(value: Any) -> Any:
     """JSON value -> hashable: lists become tuples, objects tuples of (key, value) pairs."""
@@ -99,6 +104,15 @@ def read_tuner(tuner: Tuner, raw: Mapping[str, Any], *, cli: bool = False) -> Pe
     for name, value in raw.items():
         if name in PEFT_CONFIG_KEYS:
             continue
+        if tuner.prompt_learning and name in PROMPT_LEARNING_KEYS:
+            if name == "modules_to_save":
+                fields[name] = _check_type(name, Key("list", None, "sized", nullable=True), value, cli=cli)
+            elif name != "num_attention_heads" and value is not None:
+                number = _check_type(name, Key("int", None, "sized"), value, cli=cli)
+                if number <= 0:
+                    raise MemfitError(f"{name} must be positive, got {number}")
+                fields[name] = number
+            continue
         key = tuner.keys.get(name)
         if key is None:
             notes.append(f"{tuner.peft_type}: key {name!r} ignored (peft 0.21.2's {tuner.peft_type} config has no such "
@@ -136,6 +150,9 @@ def read_tuner(tuner: Tuner, raw: Mapping[str, Any], *, cli: bool = False) -> Pe
     saved = fields.get("modules_to_save")
     if saved:
         spec_fields["modules_to_save"] = tuple(saved)
+    for name in ("num_virtual_tokens", "token_dim", "num_layers", "num_transformer_submodules"):
+        if name in fields:
+            spec_fields[name] = fields[name]
     task = raw.get("task_type")
     task = getattr(task, "value", task)
     if task is not None and not isinstance(task, str):
