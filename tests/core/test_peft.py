@@ -109,7 +109,8 @@ def test_core_peft_does_not_import_torch() -> None:
     ("method", "options", "message"),
     [
         ("adapters", {}, "unknown PEFT method"),
-        ("p_tuning", {}, "unknown PEFT method"),
+        ("p_tuning", {"encoder_num_layer": 3}, "unknown P_TUNING option 'encoder_num_layer'"),
+        ("lora", {"target_modules": "q_proj", "k_proj": None}, "unknown PEFT option 'k_proj' .a value-less key"),
         ("lora", {"r": 0}, "rank r must be positive"),
         ("lora", {"lora_r": -4}, "rank r must be positive"),
         ("lora", {"bias": "some"}, "unknown LoRA bias"),

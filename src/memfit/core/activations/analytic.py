@@ -39,6 +39,7 @@ Bytes are per GPU; ``dtype_bytes`` is the training dtype's element size.
 
 from __future__ import annotations
 
+from memfit.core.activations.adapters import AdapterActivations
 from memfit.core.activations.common import CAUSAL_LM_LOSS, _attention_bytes, _lora_targets
 from memfit.core.activations.estimate import ActivationEstimate, LayerGroup
 from memfit.core.families.attention import IMPLEMENTATIONS
@@ -67,12 +68,14 @@ def estimate_activation_bytes(
     keep_outputs: bool = True,
     linear_saves_frozen_inputs: bool = False,
     target_len: int | None = None,
+    adapters: AdapterActivations | None = None,
 ) -> ActivationEstimate:
     """Activation bytes of one micro-batch of ``micro_batch`` x ``seq_len`` tokens (see module doc).
 
     ``attention``: an ``attn_implementation`` (``memfit.core.families.attention.IMPLEMENTATIONS``);
     every one but ``eager`` keeps the fused kernels' tensors. ``target_len``: decoder tokens of an
-    encoder-decoder (default ``seq_len``).
+    encoder-decoder (default ``seq_len``). ``adapters``: what the PEFT method's adapted layers keep
+    (``memfit.core.activations.adapters``; without it, LoRA is counted from ``peft`` alone).
     """
     if seq_len < 1 or micro_batch < 1 or dtype_bytes < 1:
         raise MemfitError(f"seq_len, micro_batch and dtype_bytes must be >= 1, got {seq_len}, {micro_batch}, {dtype_bytes}")
@@ -86,14 +89,13 @@ def estimate_activation_bytes(
         return estimate_from_layout(arch, peft, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes,
                                     gradient_checkpointing=gradient_checkpointing, attention=attention,
                                     keep_outputs=keep_outputs, linear_saves_frozen_inputs=linear_saves_frozen_inputs,
-                                    target_len=target_len)
+                                    target_len=target_len, adapters=adapters)
     method = peft.method
     fam = _FAMILY.get(arch.model_type, "llama" if arch.mlp_kind == "gated" else "gpt2")
     D = dtype_bytes
     b = micro_batch
-    P = peft.num_virtual_tokens if method in ("prefix", "prompt") else 0
-    s = seq_len + P if method == "prompt" else seq_len
-    skv = s + P if method == "prefix" else s
+    s = seq_len + peft.prompt_tokens
+    skv = s + peft.prefix_tokens
     t = b * s
     h = arch.hidden_size
     a = arch.num_heads
@@ -103,15 +105,17 @@ def estimate_activation_bytes(
     k_exp = arch.experts_per_token if arch.num_experts > 1 else 1
     eager = attention == "eager"
     full = method == "full" or method == "freeze"
-    targets = _lora_targets(arch, peft) if method == "lora" else ()
+    targets = (adapters.kept_inputs(D) if adapters is not None else
+               _lora_targets(arch, peft) if method == "lora" else ())
     frozen_saves = linear_saves_frozen_inputs and fam != "gpt2"  # GPT-2's Conv1D is not nn.Linear
 
     def trains(*names: str) -> bool:
         """The input of a Linear among ``names`` is kept: its weight trains (or ZeRO-3 keeps it)."""
         return full or frozen_saves or any(n in targets for n in names)
 
-    lora_r = sum(1 for _ in targets) * D * t * peft.lora_r if method == "lora" else 0
-    grad_into_first = full or method == "prompt"
+    lora_r = (max(adapters.block_bytes(t, D), default=0) if adapters is not None else
+              sum(1 for _ in targets) * D * t * peft.lora_r if method == "lora" else 0)
+    grad_into_first = full or peft.prompt_tokens > 0
     cache = keep_outputs and not gradient_checkpointing  # transformers turns the cache off under checkpointing
 
     layer = _layer_bytes(fam, D=D, b=b, s=s, skv=skv, t=t, h=h, a=a, hq=hq, hkv=hkv, i=i * k_exp, eager=eager,

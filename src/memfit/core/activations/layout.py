@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import NamedTuple
 
+from memfit.core.activations.adapters import AdapterActivations
 from memfit.core.activations.common import CAUSAL_LM_LOSS, _lora_targets
 from memfit.core.activations.estimate import ActivationEstimate, LayerGroup
 from memfit.core.activations.families import Ctx, llama_layer, norm_bytes
@@ -33,17 +34,17 @@ _LM_TASKS = ("causal-lm", "masked-lm", "seq2seq-lm")
 def estimate_from_layout(
     arch: ArchSpec, peft: PeftSpec, *, seq_len: int, micro_batch: int, dtype_bytes: int,
     gradient_checkpointing: bool, attention: str, keep_outputs: bool, linear_saves_frozen_inputs: bool,
-    target_len: int | None,
+    target_len: int | None, adapters: AdapterActivations | None = None,
 ) -> ActivationEstimate:
     L = arch.layout
     method = peft.method
     D, b = dtype_bytes, micro_batch
-    P = peft.num_virtual_tokens if method in ("prefix", "prompt") else 0
-    s = seq_len + P if method == "prompt" else seq_len
-    skv = s + P if method == "prefix" else s
+    s = seq_len + peft.prompt_tokens
+    skv = s + peft.prefix_tokens
     t = b * s
     full = method in ("full", "freeze")
-    targets = _lora_targets(arch, peft) if method == "lora" else ()
+    targets = (adapters.kept_inputs(D) if adapters is not None else
+               _lora_targets(arch, peft) if method == "lora" else ())
     frozen_saves = linear_saves_frozen_inputs
 
     def trains(*names: str) -> bool:
@@ -57,8 +58,9 @@ def estimate_from_layout(
             cache=keep_outputs and not gradient_checkpointing and arch.task in ("causal-lm", "sequence-classification", "seq2seq-lm"),
             gqa=arch.num_kv_heads != arch.num_heads,
             attention=attention)
-    grad_first = full or method == "prompt"
-    lora = len(targets) * D * t * peft.lora_r if method == "lora" else 0
+    grad_first = full or peft.prompt_tokens > 0
+    lora = (max(adapters.block_bytes(t, D), default=0) if adapters is not None else
+            len(targets) * D * t * peft.lora_r if method == "lora" else 0)
     fused = attention != "eager" and attention != "sdpa"  # flash/flex take windows without a mask
 
     groups: list[LayerGroup] = []

@@ -33,11 +33,20 @@ class ParamView:
     """Created by the PEFT method in fp32 (peft's default), not loaded by from_pretrained."""
 
 
-ADAPTER_MARKERS = ("lora_", "prompt_encoder", "prefix_encoder", "modules_to_save")
+def _markers() -> tuple[str, ...]:
+    from memfit.core.peft.tuners import TUNERS
+
+    prefixes = {t.prefix for t in TUNERS.values() if t.prefix}
+    return ("lora_", "prompt_encoder", "prefix_encoder", "modules_to_save", *sorted(prefixes - {"lora_"}))
+
+
+ADAPTER_MARKERS = _markers()
+"""Name parts of PEFT-created parameters: LoRA's, the prompt encoders', the ``modules_to_save`` copies'
+and every other tuner's ``prefix`` (``memfit.core.peft.tuners``: ``hada_``, ``ia3_``, ``oft_`` ...)."""
 
 
 def is_adapter_param(name: str) -> bool:
-    """PEFT-created parameters (LoRA A/B, prompt/prefix encoders, modules_to_save copies)."""
+    """PEFT-created parameters (adapter tensors, prompt/prefix encoders, modules_to_save copies)."""
     return any(m in name for m in ADAPTER_MARKERS)
 
 

@@ -93,18 +93,19 @@ def parse_peft_options(method: str, **options: Any) -> PeftSpec:
     option the method does not take raises ``MemfitError``.
     """
     if method in TUNERS:
-        return validate_peft_spec(read_tuner(TUNERS[method], {k: v for k, v in options.items() if v is not None},
-                                             cli=True))
+        return validate_peft_spec(read_tuner(TUNERS[method], options, cli=True))
     if method not in _METHOD_OPTIONS:
         raise MemfitError(f"unknown PEFT method {method!r}; choose one of {', '.join((*_METHOD_OPTIONS, *TUNERS))}")
     values: dict[str, Any] = {}
     known = {f.name for f in fields(PeftSpec)} - {"method"}
     for key, value in options.items():
+        name = _ALIASES.get(key, key)
+        if name not in known:  # refused even without a value: a YAML flow mapping {a: x,y} makes y a key
+            raise MemfitError(f"unknown PEFT option {key!r}" + (
+                " (a value-less key: in a YAML {...} mapping a comma starts a new key; write a list [a, b])"
+                if value is None else ""))
         if value is None:
             continue
-        name = _ALIASES.get(key, key)
-        if name not in known:
-            raise MemfitError(f"unknown PEFT option {key!r}")
         if name not in _METHOD_OPTIONS[method]:
             raise MemfitError(f"option {key!r} does not apply to method {method!r}")
         values[name] = _coerce(name, value)

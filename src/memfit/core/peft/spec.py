@@ -11,6 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 
+PROMPT_METHODS = frozenset({"prompt", "p_tuning", "multitask_prompt_tuning", "cpt"})
+"""Methods that prepend ``num_virtual_tokens`` learned embeddings to every input sequence."""
+KV_PREFIX_METHODS = frozenset({"prefix", "cartridge"})
+"""Methods that prepend ``num_virtual_tokens`` learned keys and values to every layer's attention."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PeftSpec:
     """A PEFT method and its options (only the fields of the chosen method matter)."""
@@ -76,6 +82,17 @@ class PeftSpec:
     ``memfit.core.peft.tuners``)."""
     notes: tuple[str, ...] = ()
     """What reading the method's settings resolved, assumed or ignored, said in the plan."""
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Virtual tokens prepended to every input sequence (prompt tuning, P-tuning, multitask prompt
+        tuning, CPT); 0 for other methods."""
+        return self.num_virtual_tokens if self.method in PROMPT_METHODS else 0
+
+    @property
+    def prefix_tokens(self) -> int:
+        """Virtual keys/values prepended in every layer's attention (prefix tuning, Cartridges); 0 else."""
+        return self.num_virtual_tokens if self.method in KV_PREFIX_METHODS else 0
 
     def setting(self, key: str, default: Any = None) -> Any:
         """The value of tuner setting ``key`` (``default`` if absent)."""

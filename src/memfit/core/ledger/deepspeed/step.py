@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from memfit.core.activations.adapters import AdapterActivations, adapter_activations
 from memfit.core.activations.analytic import ActivationEstimate, estimate_activation_bytes
 from memfit.core.activations.tensors import ActivationTensors, split_estimate
 from memfit.core.ledger import host_process
@@ -75,6 +76,14 @@ def _modules(ctx: RecipeContext) -> dict[str, int]:
     return out
 
 
+def deepspeed_adapters(sc, model_bytes: int) -> AdapterActivations | None:  # noqa: ANN001 (Scenario)
+    """The PEFT adapters' saved tensors as DeepSpeed runs them: the engine casts every parameter,
+    adapters included, to the training dtype (``_cast_module_mixed_precision``); peft upcast the
+    adapters first when the model was loaded in 16 bits (``autocast_adapter_dtype``)."""
+    return adapter_activations(sc.model, sc.peft, adapter_bytes=model_bytes, base_bytes=model_bytes,
+                               upcast=sc.load.dtype in ("fp16", "bf16"))
+
+
 def activation_estimate(ctx: RecipeContext) -> ActivationEstimate:
     sc = ctx.scenario
     z = sc.deepspeed.zero
@@ -83,7 +92,8 @@ def activation_estimate(ctx: RecipeContext) -> ActivationEstimate:
                                      gradient_checkpointing=sc.train.gradient_checkpointing,
                                      attention=sc.train.attention, target_len=sc.train.target_len,
                                      # ZeRO-3's memory-efficient Linear saves every Linear's input
-                                     linear_saves_frozen_inputs=z.stage == 3 and z.memory_efficient_linear)
+                                     linear_saves_frozen_inputs=z.stage == 3 and z.memory_efficient_linear,
+                                     adapters=deepspeed_adapters(sc, ctx.model_bytes))
 
 
 def activation_tensors(ctx: RecipeContext, est: ActivationEstimate) -> ActivationTensors:

@@ -33,8 +33,9 @@ A ``GradSink`` lets DDP replace what a gradient costs (buckets; ``memfit.core.le
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from memfit.core.activations.adapters import AdapterActivations, adapter_activations
 from memfit.core.activations.analytic import estimate_activation_bytes
 from memfit.core.activations.tensors import ActivationTensors, split_estimate
 from memfit.core.ledger.timeline import Timeline
@@ -148,6 +149,22 @@ def _leaf(p: TParam) -> str:
     return mod.rsplit(".", 1)[-1]
 
 
+def torch_adapters(sc: Scenario, m: TorchModel) -> AdapterActivations | None:
+    """The PEFT adapters' saved tensors in the torch loop: adapters in their own dtype (fp32: peft's
+    ``autocast_adapter_dtype``), autocast's dtype under AMP, the base weights' dtype; peft upcast the
+    adapters when the base was loaded in 16 bits."""
+    adapter = next((p for p in m.params if p.adapter and p.trainable), None)
+    base = next((p for p in m.params if not p.adapter and p.linear and not p.quantized), None)
+    auto = m.precision.autocast
+    acts = adapter_activations(sc.model, sc.peft, adapter_bytes=adapter.elem_bytes if adapter else 4,
+                               autocast_bytes=DTYPE_BYTES[auto] if auto else 0,
+                               base_bytes=base.elem_bytes if base else 0, upcast=sc.load.dtype in ("fp16", "bf16"))
+    if acts is None or not m.quant.enabled:
+        return acts
+    quantized = {p.module.replace(".base_layer", "").removeprefix("base_model.model.") for p in m.params if p.quantized}
+    return replace(acts, layers=tuple(replace(layer, quantized=layer.module in quantized) for layer in acts.layers))
+
+
 def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: GradSink) -> StepContext:
     pm = m.precision
     ckpt = sc.train.gradient_checkpointing
@@ -158,14 +175,15 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
     D = emb.elem_bytes if emb is not None else (2 if pm.autocast or pm.pure else 4)
     if sc.framework in ("fsdp", "fsdp2") and sc.fsdp.mixed_precision != "none":
         D = 2  # FSDP's mixed precision computes with 16-bit unsharded params: a 16-bit stream
+    adapters = torch_adapters(sc, m)
     est = estimate_activation_bytes(sc.model.arch, sc.peft, seq_len=sc.train.seq_len,
                                     micro_batch=sc.train.micro_batch, dtype_bytes=D, gradient_checkpointing=ckpt,
-                                    attention=sc.train.attention)
+                                    attention=sc.train.attention, adapters=adapters)
     n_st = m.stages
     stages = [_Stage() for _ in range(n_st)]
     blocks = n_st - 2
     arch = sc.model.arch
-    t_tok = sc.train.micro_batch * (sc.train.seq_len + (sc.peft.num_virtual_tokens if sc.peft.method == "prompt" else 0))
+    t_tok = sc.train.micro_batch * (sc.train.seq_len + sc.peft.prompt_tokens)
     layer_in = D * t_tok * arch.hidden_size
     stages[0].act = est.embedding_bytes
     for i in range(1, n_st - 1):
@@ -196,9 +214,10 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
         stages[-1].act += max(held, 0)  # the eager causal mask, kept with the head
     _split_stages(stages, est, split_estimate(est, sc.model.arch, sc.peft, seq_len=sc.train.seq_len,
                                               micro_batch=sc.train.micro_batch, dtype_bytes=D,
-                                              gradient_checkpointing=ckpt, attention=sc.train.attention),
+                                              gradient_checkpointing=ckpt, attention=sc.train.attention,
+                                              adapters=adapters),
                   head_extra=stages[-1].act - est.head_bytes)
-    grad_into_first = sc.peft.method in ("full", "prompt") or any(
+    grad_into_first = sc.peft.method == "full" or sc.peft.prompt_tokens > 0 or any(
         p.trainable and p.stage == 0 and not p.adapter for p in m.params) or ckpt
     parallel = arch.model_type in _PARALLEL
     auto = pm.autocast

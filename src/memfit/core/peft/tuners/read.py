@@ -96,13 +96,17 @@ def _same(value: Any, default: Any) -> bool:
 def read_tuner(tuner: Tuner, raw: Mapping[str, Any], *, cli: bool = False) -> PeftSpec:
     """``raw`` (adapter_config.json's keys, or options given in a scenario) as a ``PeftSpec``.
 
-    ``cli``: values may be strings to convert (flags, YAML); a JSON file's values are taken as typed.
+    ``cli``: the user's own options (flags, a scenario's ``peft:`` mapping): values may be strings to
+    convert, ``None`` means not given, and an unknown key is an error; a JSON file's values are taken
+    as typed and an unknown key is ignored as peft ignores it (said in the notes).
     """
     notes: list[str] = []
     settings: dict[str, Any] = {}
     fields: dict[str, Any] = {}
     for name, value in raw.items():
         if name in PEFT_CONFIG_KEYS:
+            continue
+        if cli and value is None and (name in tuner.keys or name in PROMPT_LEARNING_KEYS):
             continue
         if tuner.prompt_learning and name in PROMPT_LEARNING_KEYS:
             if name == "modules_to_save":
@@ -114,6 +118,9 @@ def read_tuner(tuner: Tuner, raw: Mapping[str, Any], *, cli: bool = False) -> Pe
                 fields[name] = number
             continue
         key = tuner.keys.get(name)
+        if key is None and cli:
+            raise MemfitError(f"unknown {tuner.peft_type} option {name!r}; it takes "
+                              f"{', '.join(sorted({*tuner.keys, *(PROMPT_LEARNING_KEYS if tuner.prompt_learning else ())}))}")
         if key is None:
             notes.append(f"{tuner.peft_type}: key {name!r} ignored (peft 0.21.2's {tuner.peft_type} config has no such "
                          "field; PeftConfig.from_pretrained drops it with a warning)")
@@ -153,6 +160,8 @@ def read_tuner(tuner: Tuner, raw: Mapping[str, Any], *, cli: bool = False) -> Pe
     for name in ("num_virtual_tokens", "token_dim", "num_layers", "num_transformer_submodules"):
         if name in fields:
             spec_fields[name] = fields[name]
+    if tuner.method == "cpt":  # CPTConfig.__post_init__: num_virtual_tokens = len(cpt_token_ids)
+        spec_fields["num_virtual_tokens"] = len(settings.get("cpt_token_ids") or (0,))
     task = raw.get("task_type")
     task = getattr(task, "value", task)
     if task is not None and not isinstance(task, str):

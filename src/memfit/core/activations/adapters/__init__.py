@@ -1,0 +1,239 @@
+"""What each adapted layer's forward keeps for backward, per PEFT method: the adapter side of the
+activation model (the base model's side is ``memfit.core.activations.analytic`` / ``layout``).
+
+Read from the model as the method built it (``apply_peft``'s ``ModelShape``: the adapted modules hold
+``.base_layer.`` params and the adapter's own tensors beside them), so ranks, patterns and excluded
+layers are exactly the ones planned. Each method's module gives, per adapted layer, a ``Saved``:
+bytes per token, bytes independent of the tokens, and whether the adapter keeps the layer's input
+tensor itself (then it is shared with whatever else saves it: the base model's count of that input
+decides, ``kept_inputs``). Every formula is checked against peft's own layer run on CPU tensors and
+traced (``tests/trace/test_adapter_layers_vs_trace.py``).
+
+The dtypes that matter (``DtypeContext``): the residual stream's (the layer's input ``x``), the
+adapter parameters' (fp32 when peft upcasts the adapters of a 16-bit model, ``autocast_adapter_dtype``,
+as in the torch loop; the model's dtype under DeepSpeed, which casts every parameter), and
+autocast's (torch AMP: every matmul's inputs are cast to 16 bits; the casts of *weights* are the
+ledger's ``amp.weight_casts``, not counted here). Most tuners cast ``x`` to the adapter's dtype
+first (``BaseTunerLayer._cast_input_dtype``): a copy when the dtypes differ.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from memfit.core.model import ModelShape
+from memfit.core.peft.modules import CONV1D_LAYER_NAMES, CONV1D_MODEL_TYPES
+from memfit.core.peft.spec import PeftSpec
+
+_BLOCK = re.compile(r"^(.*?\.)(\d+)(\.|$)")
+ROOT = "base_model.model."
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptedLayer:
+    """One module a tuner wrapped, with the tensors it added."""
+
+    module: str
+    """Name in the transformers model (``model.layers.3.mlp.down_proj``)."""
+    block: int
+    """Index of the transformer block it is in (encoder blocks first); -1 before the blocks, ``L``
+    after the last."""
+    in_features: int
+    out_features: int
+    tensors: Mapping[str, tuple[int, ...]]
+    """The adapter's tensors by name relative to the module (``lora_A.default.weight``), shared ones
+    (VeRA's projections) only where the model names them."""
+    bias: bool = False
+    quantized: bool = False
+    """The base layer is a bitsandbytes layer (set by the ledger: DoRA then dequantizes it)."""
+
+    @property
+    def leaf(self) -> str:
+        return self.module.rsplit(".", 1)[-1]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The shape of the adapter tensor whose name starts with ``name`` (``lora_A``)."""
+        for key, shape in self.tensors.items():
+            if key == name or key.startswith(name + "."):
+                return shape
+        raise KeyError(f"{self.module}: no adapter tensor {name!r}")  # a formula/builder mismatch
+
+    def has(self, name: str) -> bool:
+        return any(key == name or key.startswith(name + ".") for key in self.tensors)
+
+
+@dataclass(frozen=True, slots=True)
+class DtypeContext:
+    """Element sizes in bytes."""
+
+    stream: int
+    """The layer input's (the residual stream's dtype)."""
+    adapter: int
+    """The adapter parameters'."""
+    autocast: int = 0
+    """torch.autocast's dtype (0: no autocast)."""
+    base: int = 0
+    """The base layer's weight (0: the stream's)."""
+    upcast: bool = False
+    """peft upcast the adapters of a 16-bit model to fp32 when it built them (``autocast_adapter_dtype``,
+    ``_cast_adapter_dtype``): their parameters were re-created, and every one requires grad (AdaLoRA's
+    ``ranknum`` too)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Saved:
+    """What one adapted layer keeps for backward beside the base layer's own tensors."""
+
+    per_token: int = 0
+    """Bytes per token (multiplied by the micro-batch's tokens)."""
+    fixed: int = 0
+    """Bytes independent of the tokens (weight-sized tensors rebuilt in the forward)."""
+    keeps_input: bool = False
+    """The adapter saves the layer's input tensor itself (shared, not counted here)."""
+
+    def __add__(self, other: "Saved") -> "Saved":
+        return Saved(self.per_token + other.per_token, self.fixed + other.fixed, self.keeps_input or other.keeps_input)
+
+
+Formula = Callable[[AdaptedLayer, PeftSpec, DtypeContext], Saved]
+
+
+def matmul_input(elem: int, is_input: bool, per_width: int, ctx: DtypeContext) -> Saved:
+    """What a trainable matmul saves of the tensor it reads (``per_width`` elements per token, ``elem``
+    bytes each; ``is_input``: it is the layer's input itself): the tensor, or under autocast its
+    16-bit copy when it is not 16-bit already (``autocast_mode.cpp:cached_cast`` caches weights only)."""
+    if ctx.autocast and elem != ctx.autocast:
+        return Saved(per_token=per_width * ctx.autocast)
+    if is_input:
+        return Saved(keeps_input=True)
+    return Saved(per_token=per_width * elem)
+
+
+def adapter_input(ctx: DtypeContext) -> tuple[int, bool]:
+    """``BaseTunerLayer._cast_input_dtype(x, adapter dtype)``: (element size, still the input itself)."""
+    return ctx.adapter, ctx.adapter == ctx.stream
+
+
+def out_elem(ctx: DtypeContext) -> int:
+    """A matmul's output dtype: autocast's, else the adapter's."""
+    return ctx.autocast or ctx.adapter
+
+
+def _formulas() -> Mapping[str, Formula]:
+    from memfit.core.activations.adapters import lora
+
+    return MappingProxyType({**lora.FORMULAS})
+
+
+FORMULAS: Mapping[str, Formula] = _formulas()
+"""memfit method -> the formula of one adapted layer."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterActivations:
+    """The adapted layers of a model and what each keeps, for a given dtype context."""
+
+    method: str
+    layers: tuple[AdaptedLayer, ...]
+    spec: PeftSpec
+    adapter_bytes: int
+    autocast_bytes: int = 0
+    base_bytes: int = 0
+    upcast: bool = False
+    blocks: int = 0
+    """Transformer blocks of the model (encoder and decoder)."""
+
+    def saved(self, layer: AdaptedLayer, stream_bytes: int) -> Saved:
+        ctx = DtypeContext(stream_bytes, self.adapter_bytes, self.autocast_bytes, self.base_bytes or stream_bytes,
+                           self.upcast)
+        return FORMULAS[self.method](layer, self.spec, ctx)
+
+    def kept_inputs(self, stream_bytes: int) -> frozenset[str]:
+        """Leaf names of the layers whose input tensor the adapter keeps (for the base model's count)."""
+        return frozenset(layer.leaf for layer in self.layers if self.saved(layer, stream_bytes).keeps_input)
+
+    def block_bytes(self, tokens: int, stream_bytes: int) -> tuple[int, ...]:
+        """Bytes the adapters keep in each block, in order (``blocks`` entries)."""
+        out = [0] * self.blocks
+        for layer in self.layers:
+            if 0 <= layer.block < self.blocks:
+                s = self.saved(layer, stream_bytes)
+                out[layer.block] += s.per_token * tokens + s.fixed
+        return tuple(out)
+
+    def outside_bytes(self, tokens: int, stream_bytes: int) -> tuple[int, int]:
+        """(before the blocks, after them): adapted embeddings and heads."""
+        before = after = 0
+        for layer in self.layers:
+            if 0 <= layer.block < self.blocks:
+                continue
+            s = self.saved(layer, stream_bytes)
+            n = s.per_token * tokens + s.fixed
+            if layer.block < 0:
+                before += n
+            else:
+                after += n
+        return before, after
+
+
+def adapted_layers(shape: ModelShape) -> tuple[AdaptedLayer, int]:
+    """Every module with ``.base_layer.`` params, with its adapter tensors; and the number of blocks."""
+    order: dict[str, int] = {}
+    for p in shape.params:
+        m = _BLOCK.match(_plain(p.name) + ".")
+        if m and not p.name.startswith("prompt_encoder."):
+            order.setdefault(m.group(1) + m.group(2), len(order))
+    blocks = len(order)
+    mods: dict[str, dict] = {}
+    for p in shape.params:
+        if ".base_layer." not in p.name:
+            continue
+        module = p.name.split(".base_layer.", 1)[0]
+        entry = mods.setdefault(module, {"weight": None, "bias": False})
+        leaf = p.name.rsplit(".", 1)[-1]
+        if leaf == "weight":
+            entry["weight"] = p.shape
+        elif leaf == "bias":
+            entry["bias"] = True
+    tensors: dict[str, dict[str, tuple[int, ...]]] = {m: {} for m in mods}
+    for p in (*shape.params, *shape.buffers):
+        for module in mods:
+            if p.name.startswith(module + ".") and ".base_layer." not in p.name:
+                tensors[module][p.name[len(module) + 1:]] = tuple(p.shape)
+                break
+    layers = []
+    seen_blocks = False
+    for module, entry in mods.items():
+        plain = _plain(module)
+        m = _BLOCK.match(plain + ".")
+        block = order.get(m.group(1) + m.group(2)) if m else None
+        if block is None:
+            block = blocks if seen_blocks else -1
+        else:
+            seen_blocks = True
+        w = entry["weight"] or (0, 0)
+        out_f, in_f = (w if len(w) == 2 else (w[0], w[0]))
+        if shape.arch.model_type in CONV1D_MODEL_TYPES and plain.rsplit(".", 1)[-1] in CONV1D_LAYER_NAMES:
+            out_f, in_f = in_f, out_f  # GPT-2's Conv1D stores (in, out)
+        layers.append(AdaptedLayer(module=plain, block=block, in_features=in_f, out_features=out_f,
+                                   tensors=MappingProxyType(tensors[module]), bias=entry["bias"]))
+    return tuple(layers), blocks
+
+
+def _plain(name: str) -> str:
+    return name.removeprefix(ROOT).removeprefix("base_model.")
+
+
+def adapter_activations(shape: ModelShape, spec: PeftSpec, *, adapter_bytes: int, autocast_bytes: int = 0,
+                        base_bytes: int = 0, upcast: bool = False) -> AdapterActivations | None:
+    """The adapter side of ``shape`` trained under ``spec`` (``None`` when the method adds no per-layer
+    adapters: full, freeze and the prompt-learning methods). ``upcast``: the base model was 16-bit when
+    peft built the adapters (``DtypeContext.upcast``)."""
+    if spec.method not in FORMULAS:
+        return None
+    layers, blocks = adapted_layers(shape)
+    return AdapterActivations(method=spec.method, layers=layers, spec=spec, adapter_bytes=adapter_bytes,
+                              autocast_bytes=autocast_bytes, base_bytes=base_bytes, upcast=upcast, blocks=blocks)
