@@ -70,20 +70,48 @@ class _Step(torch.nn.Module):
         return _Loss(out.sum())
 
 
+def quantized_linear(in_features: int, out_features: int, *, method: str, dtype: str, compute_dtype: str = "bf16",
+                     double_quant: bool = True, bias: bool = False) -> torch.nn.Module:
+    """A bitsandbytes ``Linear4bit`` (NF4) or ``Linear8bitLt`` quantized on the CPU from a ``dtype`` weight,
+    as ``replace_with_bnb_linear`` + loading leave it."""
+    import bitsandbytes as bnb
+
+    weight = torch.randn(out_features, in_features, dtype=TORCH_DTYPES[dtype])
+    if method == "4bit":
+        layer = bnb.nn.Linear4bit(in_features, out_features, bias=bias, compute_dtype=TORCH_DTYPES[compute_dtype],
+                                  quant_type="nf4", compress_statistics=double_quant)
+        layer.weight = bnb.nn.Params4bit(weight, requires_grad=False, quant_type="nf4", compress_statistics=double_quant)
+    else:
+        layer = bnb.nn.Linear8bitLt(in_features, out_features, bias=bias, has_fp16_weights=False)
+        layer.weight = bnb.nn.Int8Params(weight, requires_grad=False, has_fp16_weights=False)
+    layer = layer.to("cpu")
+    if bias:
+        layer.bias = torch.nn.Parameter(torch.zeros(out_features, dtype=TORCH_DTYPES[dtype]), requires_grad=False)
+    return layer
+
+
 def build_adapted_layer(peft_type: str, config: Mapping[str, Any], *, in_features: int, out_features: int,
                         dtype: str, adapter_dtype: str, bias: bool = False, conv1d: bool = False,
-                        seed: int = 0) -> torch.nn.Module:
-    """One layer named ``proj`` in ``dtype``, adapted by peft with ``config``; adapters in ``adapter_dtype``."""
+                        quantization: str | None = None, compute_dtype: str = "bf16", seed: int = 0) -> torch.nn.Module:
+    """One layer named ``proj`` in ``dtype``, adapted by peft with ``config``; adapters in ``adapter_dtype``.
+    ``quantization``: the base is a bitsandbytes ``4bit`` or ``8bit`` layer (peft then picks its bnb
+    layer classes, as for a model loaded with ``load_in_4bit``/``load_in_8bit``)."""
     import peft
 
     torch.manual_seed(seed)
-    if conv1d:
+    if quantization is not None:
+        base = quantized_linear(in_features, out_features, method=quantization, dtype=dtype, compute_dtype=compute_dtype,
+                                bias=bias)
+    elif conv1d:
         from transformers.pytorch_utils import Conv1D
 
         base = Conv1D(out_features, in_features)
     else:
         base = torch.nn.Linear(in_features, out_features, bias=bias)
-    holder = _Holder(base).to(TORCH_DTYPES[dtype])
+    holder = _Holder(base) if quantization is not None else _Holder(base).to(TORCH_DTYPES[dtype])
+    if quantization is not None:  # what transformers sets on a quantized model; peft's dispatchers read it
+        holder.is_loaded_in_4bit = quantization == "4bit"
+        holder.is_loaded_in_8bit = quantization == "8bit"
     cfg = peft.PEFT_TYPE_TO_CONFIG_MAPPING[peft.PeftType(peft_type)](target_modules=["proj"], **dict(config))
     model = peft.get_peft_model(holder, cfg)
     if adapter_dtype != "fp32":  # DeepSpeed casts every parameter, adapters included

@@ -27,6 +27,7 @@ from types import MappingProxyType
 from memfit.core.model import ModelShape
 from memfit.core.peft.modules import CONV1D_LAYER_NAMES, CONV1D_MODEL_TYPES
 from memfit.core.peft.spec import PeftSpec
+from memfit.core.quant_kernels import BnbRelease
 
 _BLOCK = re.compile(r"^(.*?\.)(\d+)(\.|$)")
 ROOT = "base_model.model."
@@ -133,8 +134,46 @@ FORMULAS: Mapping[str, Formula] = _formulas()
 
 
 @dataclass(frozen=True, slots=True)
+class QuantizedLayer:
+    """One bitsandbytes layer of the base (quantized by transformers' ``replace_with_bnb_linear``)."""
+
+    module: str
+    block: int
+    in_features: int
+    out_features: int
+
+    @property
+    def leaf(self) -> str:
+        return self.module.rsplit(".", 1)[-1]
+
+
+@dataclass(frozen=True, slots=True)
+class Quantization:
+    """What the base's quantized matmuls keep (``memfit.core.quant_kernels``), per bitsandbytes release."""
+
+    method: str
+    """``4bit`` or ``8bit``."""
+    compute_bytes: int
+    """``bnb_4bit_compute_dtype``'s element size (``Linear4bit`` casts its input to it)."""
+    release: BnbRelease
+    layers: tuple[QuantizedLayer, ...]
+
+    def saved(self, layer: QuantizedLayer, stream_bytes: int) -> Saved:
+        r = self.release
+        if self.method == "8bit":  # MatMul8bitLt keeps A (uncast), and up to 0.44 CAt (int8) and SCAt (fp32)
+            return Saved(keeps_input=True, per_token=layer.in_features if r.int8_keeps_transposed else 0,
+                         fixed=4 * layer.in_features if r.int8_keeps_transposed else 0)
+        if not r.saves_4bit_input:
+            return Saved()
+        if self.compute_bytes == stream_bytes:  # x.to(compute_dtype) is x itself
+            return Saved(keeps_input=True)
+        return Saved(per_token=layer.in_features * self.compute_bytes)
+
+
+@dataclass(frozen=True, slots=True)
 class AdapterActivations:
-    """The adapted layers of a model and what each keeps, for a given dtype context."""
+    """The adapted layers of a model and what each keeps, for a given dtype context; and what the
+    base's quantized layers keep (``quantized``)."""
 
     method: str
     layers: tuple[AdaptedLayer, ...]
@@ -145,34 +184,44 @@ class AdapterActivations:
     upcast: bool = False
     blocks: int = 0
     """Transformer blocks of the model (encoder and decoder)."""
+    quantized: Quantization | None = None
 
     def saved(self, layer: AdaptedLayer, stream_bytes: int) -> Saved:
         ctx = DtypeContext(stream_bytes, self.adapter_bytes, self.autocast_bytes, self.base_bytes or stream_bytes,
                            self.upcast)
-        return FORMULAS[self.method](layer, self.spec, ctx)
+        formula = FORMULAS.get(self.method)
+        if formula is None:  # a tuner without a formula plans no adapted layers here (none reach this)
+            raise AssertionError(f"no activation formula for {self.method}")
+        return formula(layer, self.spec, ctx)
+
+    def _all(self, stream_bytes: int):
+        for layer in self.layers:
+            yield layer.leaf, layer.block, self.saved(layer, stream_bytes)
+        if self.quantized is not None:
+            for q in self.quantized.layers:
+                yield q.leaf, q.block, self.quantized.saved(q, stream_bytes)
 
     def kept_inputs(self, stream_bytes: int) -> frozenset[str]:
-        """Leaf names of the layers whose input tensor the adapter keeps (for the base model's count)."""
-        return frozenset(layer.leaf for layer in self.layers if self.saved(layer, stream_bytes).keeps_input)
+        """Leaf names of the layers whose input tensor the adapter (or the quantized matmul) keeps, for
+        the base model's count of that shared input."""
+        return frozenset(leaf for leaf, _, s in self._all(stream_bytes) if s.keeps_input)
 
     def block_bytes(self, tokens: int, stream_bytes: int) -> tuple[int, ...]:
-        """Bytes the adapters keep in each block, in order (``blocks`` entries)."""
+        """Bytes the adapters (and quantized matmuls) keep in each block, in order (``blocks`` entries)."""
         out = [0] * self.blocks
-        for layer in self.layers:
-            if 0 <= layer.block < self.blocks:
-                s = self.saved(layer, stream_bytes)
-                out[layer.block] += s.per_token * tokens + s.fixed
+        for _, block, s in self._all(stream_bytes):
+            if 0 <= block < self.blocks:
+                out[block] += s.per_token * tokens + s.fixed
         return tuple(out)
 
     def outside_bytes(self, tokens: int, stream_bytes: int) -> tuple[int, int]:
-        """(before the blocks, after them): adapted embeddings and heads."""
+        """(before the blocks, after them): adapted or quantized embeddings and heads."""
         before = after = 0
-        for layer in self.layers:
-            if 0 <= layer.block < self.blocks:
+        for _, block, s in self._all(stream_bytes):
+            if 0 <= block < self.blocks:
                 continue
-            s = self.saved(layer, stream_bytes)
             n = s.per_token * tokens + s.fixed
-            if layer.block < 0:
+            if block < 0:
                 before += n
             else:
                 after += n
@@ -228,12 +277,39 @@ def _plain(name: str) -> str:
 
 
 def adapter_activations(shape: ModelShape, spec: PeftSpec, *, adapter_bytes: int, autocast_bytes: int = 0,
-                        base_bytes: int = 0, upcast: bool = False) -> AdapterActivations | None:
-    """The adapter side of ``shape`` trained under ``spec`` (``None`` when the method adds no per-layer
-    adapters: full, freeze and the prompt-learning methods). ``upcast``: the base model was 16-bit when
-    peft built the adapters (``DtypeContext.upcast``)."""
-    if spec.method not in FORMULAS:
-        return None
+                        base_bytes: int = 0, upcast: bool = False,
+                        quantized: Quantization | None = None) -> AdapterActivations | None:
+    """The adapter side of ``shape`` trained under ``spec`` (``None`` when nothing is adapted or
+    quantized: full, freeze and the prompt-learning methods on an unquantized base). ``upcast``: the
+    base model was 16-bit when peft built the adapters (``DtypeContext.upcast``); ``quantized``: the
+    base's bitsandbytes layers (``quantized_layers``)."""
     layers, blocks = adapted_layers(shape)
+    if not layers and quantized is None:
+        return None
     return AdapterActivations(method=spec.method, layers=layers, spec=spec, adapter_bytes=adapter_bytes,
-                              autocast_bytes=autocast_bytes, base_bytes=base_bytes, upcast=upcast, blocks=blocks)
+                              autocast_bytes=autocast_bytes, base_bytes=base_bytes, upcast=upcast, blocks=blocks,
+                              quantized=quantized)
+
+
+def quantized_layers(shape: ModelShape, modules: set[str]) -> tuple[QuantizedLayer, ...]:
+    """The quantized ``modules`` (names as the transformers model has them) with their widths and blocks."""
+    order: dict[str, int] = {}
+    for p in shape.params:
+        m = _BLOCK.match(_plain(p.name) + ".")
+        if m and not p.name.startswith("prompt_encoder."):
+            order.setdefault(m.group(1) + m.group(2), len(order))
+    out = []
+    seen = set()
+    for p in shape.params:
+        plain = _plain(p.name).replace(".base_layer", "")
+        module, _, leaf = plain.rpartition(".")
+        if module not in modules or leaf != "weight" or module in seen:
+            continue
+        seen.add(module)
+        m = _BLOCK.match(module + ".")
+        block = order.get(m.group(1) + m.group(2), -1) if m else (-1 if not out else len(order))
+        out_f, in_f = p.shape
+        if shape.arch.model_type in CONV1D_MODEL_TYPES and module.rsplit(".", 1)[-1] in CONV1D_LAYER_NAMES:
+            out_f, in_f = in_f, out_f
+        out.append(QuantizedLayer(module=module, block=block, in_features=in_f, out_features=out_f))
+    return tuple(out)

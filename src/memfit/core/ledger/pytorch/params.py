@@ -133,7 +133,7 @@ def build_torch_model(sc: Scenario) -> TorchModel:
     base_modules = [base_module(p.name) for p in params if not is_adapter_param(p.name)]
     skips: tuple[str, ...] = ()
     if q.enabled:
-        skips = q.skip_modules or default_skips(sorted(set(base_modules)),
+        skips = q.skip_modules if q.skip_modules is not None else default_skips(sorted(set(base_modules)),
                                                 [p.name for p in params if not is_adapter_param(p.name)][-1])
     stage = _stage_keys([p.name for p in params])
     kbit = q.enabled and q.prepare_kbit
@@ -170,6 +170,13 @@ def build_torch_model(sc: Scenario) -> TorchModel:
                                                and p.dtype == p.load_dtype for p in out):
         notes.append(f"trained params loaded in {sc.load.dtype} stay {sc.load.dtype} under {pm.mode}: their gradients "
                      f"and optimizer states are {sc.load.dtype} too (pure {sc.load.dtype} for them)")
+    if q.enabled and not sc.runtime.bitsandbytes_version_given:
+        notes.append(f"bitsandbytes {sc.runtime.bitsandbytes_version} assumed (what its matmuls keep changes with the "
+                     "release: 4-bit layers keep their input up to 0.43.1); give runtime.bitsandbytes_version or "
+                     "--bitsandbytes-version")
+    if q.enabled and q.skip_modules is not None and not q.skip_modules:
+        notes.append("llm_int8_skip_modules is an empty list: every Linear is quantized, the output head too "
+                     "(transformers adds its default skips only when the key is absent)")
     n_stages = max(p.stage for p in out) + 1 if out else 1
     return TorchModel(params=tuple(out), precision=pm, stages=n_stages, quant=q,
                       shared_quant_bytes=shared_bytes(q), notes=tuple(notes), tied_embedding=_tied(sc))
