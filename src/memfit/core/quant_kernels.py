@@ -24,6 +24,7 @@ Read from the release tags' source (``git show <tag>:bitsandbytes/autograd/_func
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from memfit.errors import MemfitError
 
@@ -56,6 +57,7 @@ def _parse(version: str) -> tuple[int, int, int]:
     return major, minor, patch
 
 
+@lru_cache(maxsize=64)
 def bnb_release(version: str) -> BnbRelease:
     """The matmul behaviour of bitsandbytes ``version`` (0.39 and later; refused before: not read)."""
     v = _parse(version)

@@ -249,8 +249,12 @@ def adapted_layers(shape: ModelShape) -> tuple[AdaptedLayer, int]:
             entry["bias"] = True
     tensors: dict[str, dict[str, tuple[int, ...]]] = {m: {} for m in mods}
     for p in (*shape.params, *shape.buffers):
-        for module in mods:
-            if p.name.startswith(module + ".") and ".base_layer." not in p.name:
+        if ".base_layer." in p.name:
+            continue
+        parts = p.name.split(".")
+        for k in range(len(parts) - 1, 0, -1):  # the longest adapted module the name is under
+            module = ".".join(parts[:k])
+            if module in tensors:
                 tensors[module][p.name[len(module) + 1:]] = tuple(p.shape)
                 break
     layers = []
