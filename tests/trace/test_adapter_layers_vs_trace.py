@@ -31,12 +31,50 @@ CASES = {
     "dora-dropout": ("LORA", {"r": 8, "use_dora": True, "lora_dropout": 0.05}),
     "adalora": ("ADALORA", {"total_step": 10, "init_r": 6}),
     "adalora-dropout": ("ADALORA", {"total_step": 10, "lora_dropout": 0.1}),
+    "ia3": ("IA3", {"feedforward_modules": []}),
+    "ia3-feedforward": ("IA3", {"feedforward_modules": ["proj"]}),
+    "loha": ("LOHA", {"r": 4}),
+    "loha-rank-dropout": ("LOHA", {"r": 4, "rank_dropout": 0.1}),
+    "lokr": ("LOKR", {}),
+    "lokr-decompose-both": ("LOKR", {"r": 2, "decompose_both": True}),
+    "oft": ("OFT", {"oft_block_size": 16}),
+    "oft-solve": ("OFT", {"oft_block_size": 16, "use_cayley_neumann": False}),
+    "oft-share": ("OFT", {"oft_block_size": 16, "block_share": True}),
+    "boft": ("BOFT", {"boft_block_size": 8}),
+    "hra": ("HRA", {"r": 6}),
+    "hra-gs": ("HRA", {"r": 4, "apply_GS": True}),
+    "vera": ("VERA", {"r": 16}),
+    "vera-dropout": ("VERA", {"r": 16, "vera_dropout": 0.1}),
+    "fourierft": ("FOURIERFT", {"n_frequency": 100}),
+    "waveft": ("WAVEFT", {"n_frequency": 100}),
+    "waveft-dense": ("WAVEFT", {"n_frequency": 100, "use_idwt": False}),
+    "miss": ("MISS", {"r": 16}),
+    "miss-bat": ("MISS", {"r": 16, "init_weights": "bat"}),
+    "vblora": ("VBLORA", {"vector_length": 16}),
+    "ln-tuning-linear": ("LN_TUNING", {}),
+    "osf": ("OSF", {}),
 }
+
+
+NOT_CHECKED = {
+    # under autocast the weight-side chains of these are counted without autocast's copies (not checked)
+    ("hra-gs", "amp-bf16"), ("hra-gs", "bf16-base+amp"), ("waveft", "amp-bf16"), ("waveft", "bf16-base+amp"),
+    ("vblora", "amp-bf16"), ("vblora", "bf16-base+amp"), ("miss-bat", "amp-bf16"), ("miss-bat", "bf16-base+amp"),
+    # peft's MiSS 'bat' path upcasts a 16-bit block to fp32 on the CPU only (get_delta_weight: cast_to_fp32 =
+    # device.type == "cpu"); the plan follows the GPU
+    ("miss-bat", "bf16"),
+    # peft's VeRA keeps its projections as buffers, which DeepSpeed's cast leaves in fp32 (engine.py
+    # _cast_module_mixed_precision: params only): F.linear(bf16 input, fp32 projection) raises
+    ("vera", "bf16"), ("vera-dropout", "bf16"),
+}
+"""(case, context) pairs not compared, each with its reason (README: what is not checked)."""
 
 
 @pytest.mark.parametrize("context", list(CONTEXTS))
 @pytest.mark.parametrize("case", list(CASES))
 def test_adapter_layer_matches_trace(case, context):
+    if (case, context) in NOT_CHECKED:
+        pytest.skip("not compared: see NOT_CHECKED")
     peft_type, config = CASES[case]
     base, adapter, autocast = CONTEXTS[context]
     for in_f, out_f in SHAPES:

@@ -160,3 +160,23 @@ def _quantized_weights(params, q: QuantSettings, model_type: str) -> tuple[tuple
         if leaf == "weight" and kind in ("linear", "conv1d") and should_convert(base_module(p.name), skips):
             out[p.name] = tuple(p.shape)[::-1] if kind == "conv1d" else tuple(p.shape)
     return tuple(out.items())
+
+
+def quant_notes(sc) -> tuple[str, ...]:  # noqa: ANN001 (Scenario)
+    """What a plan with a bitsandbytes base should say it assumed: the release when not given, an
+    empty skip list (everything quantized), and under DeepSpeed the load order it does not follow."""
+    q = sc.quant
+    if not q.enabled:
+        return ()
+    notes = []
+    if not sc.runtime.bitsandbytes_version_given:
+        notes.append(f"bitsandbytes {sc.runtime.bitsandbytes_version} assumed (what its matmuls keep changes with the "
+                     "release: 4-bit layers keep their input up to 0.43.1); give runtime.bitsandbytes_version or "
+                     "--bitsandbytes-version")
+    if q.skip_modules is not None and not q.skip_modules:
+        notes.append("llm_int8_skip_modules is an empty list: every Linear is quantized, the output head too "
+                     "(transformers adds its default skips only when the key is absent)")
+    if sc.framework == "deepspeed" and not (sc.load.zero_init and sc.deepspeed.zero.stage == 3):
+        notes.append("4-bit base under DeepSpeed without zero.Init: from_pretrained quantizes each weight on the GPU "
+                     "as it loads; the plan's load phase still stages the packed weights in host memory first")
+    return tuple(notes)

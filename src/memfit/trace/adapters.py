@@ -114,8 +114,9 @@ def build_adapted_layer(peft_type: str, config: Mapping[str, Any], *, in_feature
         holder.is_loaded_in_8bit = quantization == "8bit"
     cfg = peft.PEFT_TYPE_TO_CONFIG_MAPPING[peft.PeftType(peft_type)](target_modules=["proj"], **dict(config))
     model = peft.get_peft_model(holder, cfg)
-    if adapter_dtype != "fp32":  # DeepSpeed casts every parameter, adapters included
-        model = model.to(TORCH_DTYPES[adapter_dtype])
+    if adapter_dtype != "fp32":  # DeepSpeed casts every parameter, adapters included, and keeps fp32 buffers
+        for p in model.parameters():  # (engine.py _cast_module_mixed_precision: "Cast params only")
+            p.data = p.data.to(TORCH_DTYPES[adapter_dtype])
     model.train()
     return model
 

@@ -124,9 +124,9 @@ def out_elem(ctx: DtypeContext) -> int:
 
 
 def _formulas() -> Mapping[str, Formula]:
-    from memfit.core.activations.adapters import lora
+    from memfit.core.activations.adapters import lora, others
 
-    return MappingProxyType({**lora.FORMULAS})
+    return MappingProxyType({**lora.FORMULAS, **others.FORMULAS})
 
 
 FORMULAS: Mapping[str, Formula] = _formulas()

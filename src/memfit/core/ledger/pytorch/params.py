@@ -15,7 +15,7 @@ from memfit.core.frameworks.pytorch import QuantSettings
 from memfit.core.ledger.context import is_adapter_param
 from memfit.core.peft.modules import layer_kind
 from memfit.core.precision import DTYPE_BYTES, PrecisionModel, base_param_dtype, resolve_precision
-from memfit.core.quant import QuantTensor, base_module, quantized_tensors, quantized_weights, shared_bytes
+from memfit.core.quant import QuantTensor, base_module, quant_notes, quantized_tensors, quantized_weights, shared_bytes
 from memfit.core.scenario.types import Scenario
 
 _LAYER = re.compile(r"^(.*?\.)(\d+)(\.|$)")
@@ -162,13 +162,7 @@ def build_torch_model(sc: Scenario) -> TorchModel:
                                                and p.dtype == p.load_dtype for p in out):
         notes.append(f"trained params loaded in {sc.load.dtype} stay {sc.load.dtype} under {pm.mode}: their gradients "
                      f"and optimizer states are {sc.load.dtype} too (pure {sc.load.dtype} for them)")
-    if q.enabled and not sc.runtime.bitsandbytes_version_given:
-        notes.append(f"bitsandbytes {sc.runtime.bitsandbytes_version} assumed (what its matmuls keep changes with the "
-                     "release: 4-bit layers keep their input up to 0.43.1); give runtime.bitsandbytes_version or "
-                     "--bitsandbytes-version")
-    if q.enabled and q.skip_modules is not None and not q.skip_modules:
-        notes.append("llm_int8_skip_modules is an empty list: every Linear is quantized, the output head too "
-                     "(transformers adds its default skips only when the key is absent)")
+    notes.extend(quant_notes(sc))
     n_stages = max(p.stage for p in out) + 1 if out else 1
     return TorchModel(params=tuple(out), precision=pm, stages=n_stages, quant=q,
                       shared_quant_bytes=shared_bytes(q), notes=tuple(notes), tied_embedding=_tied(sc))
