@@ -53,6 +53,9 @@ CASES = {
     "vblora": ("VBLORA", {"vector_length": 16}),
     "ln-tuning-linear": ("LN_TUNING", {}),
     "osf": ("OSF", {}),
+    "road": ("ROAD", {"group_size": 16}),
+    "road-2": ("ROAD", {"group_size": 16, "variant": "road_2"}),
+    "road-4": ("ROAD", {"group_size": 16, "variant": "road_4"}),
 }
 
 

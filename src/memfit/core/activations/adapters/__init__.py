@@ -94,9 +94,17 @@ class Saved:
     """Bytes independent of the tokens (weight-sized tensors rebuilt in the forward)."""
     keeps_input: bool = False
     """The adapter saves the layer's input tensor itself (shared, not counted here)."""
+    grad_only: int = 0
+    """Part of ``per_token`` kept only when the layer's input requires grad (a dropout's mask: no graph is
+    recorded for a dropout of a tensor that needs no gradient)."""
+
+    fixed_grad_only: int = 0
+    """Part of ``fixed`` kept only when the layer's input requires grad (a rebuilt weight that a matmul keeps
+    for the input's gradient)."""
 
     def __add__(self, other: "Saved") -> "Saved":
-        return Saved(self.per_token + other.per_token, self.fixed + other.fixed, self.keeps_input or other.keeps_input)
+        return Saved(self.per_token + other.per_token, self.fixed + other.fixed, self.keeps_input or other.keeps_input,
+                     self.grad_only + other.grad_only, self.fixed_grad_only + other.fixed_grad_only)
 
 
 Formula = Callable[[AdaptedLayer, PeftSpec, DtypeContext], Saved]
@@ -206,12 +214,22 @@ class AdapterActivations:
         the base model's count of that shared input."""
         return frozenset(leaf for leaf, _, s in self._all(stream_bytes) if s.keeps_input)
 
-    def block_bytes(self, tokens: int, stream_bytes: int) -> tuple[int, ...]:
-        """Bytes the adapters (and quantized matmuls) keep in each block, in order (``blocks`` entries)."""
+    def first_block_adapted(self) -> frozenset[str]:
+        """Leaf names of the first block's adapted layers (their output needs a gradient there even when the
+        block's input does not)."""
+        return frozenset(layer.leaf for layer in self.layers if layer.block == 0)
+
+    def block_bytes(self, tokens: int, stream_bytes: int, *, first_input_frozen: frozenset[str] = frozenset()
+                    ) -> tuple[int, ...]:
+        """Bytes the adapters (and quantized matmuls) keep in each block, in order (``blocks`` entries).
+        ``first_input_frozen``: leaf names of the first block's layers whose input needs no gradient (they
+        read the output of a frozen embedding): their ``grad_only`` and ``fixed_grad_only`` bytes are not kept there."""
         out = [0] * self.blocks
-        for _, block, s in self._all(stream_bytes):
+        for leaf, block, s in self._all(stream_bytes):
             if 0 <= block < self.blocks:
                 out[block] += s.per_token * tokens + s.fixed
+                if block == 0 and leaf in first_input_frozen:
+                    out[block] -= s.grad_only * tokens + s.fixed_grad_only
         return tuple(out)
 
     def outside_bytes(self, tokens: int, stream_bytes: int) -> tuple[int, int]:
@@ -226,6 +244,14 @@ class AdapterActivations:
             else:
                 after += n
         return before, after
+
+
+BLOCK_INPUT_LAYERS = frozenset({"q_proj", "k_proj", "v_proj", "c_attn", "query_key_value", "qkv_proj", "Wqkv", "query",
+                                "key", "value", "q", "k", "v"})
+"""Layers that read a block's (normed) input directly: in the first block, with a frozen embedding and
+no checkpointing, their input needs no gradient."""
+PARALLEL_MLP_INPUT_LAYERS = frozenset({"fc_in", "dense_h_to_4h", "fc1", "gate_proj", "up_proj"})
+"""The MLP's input layers, which read the block input too in parallel-residual families (GPT-J, NeoX)."""
 
 
 def adapted_layers(shape: ModelShape) -> tuple[AdaptedLayer, int]:
@@ -317,3 +343,32 @@ def quantized_layers(shape: ModelShape, modules: set[str]) -> tuple[QuantizedLay
             out_f, in_f = in_f, out_f
         out.append(QuantizedLayer(module=module, block=block, in_features=in_f, out_features=out_f))
     return tuple(out)
+
+
+def first_block_adapters(adapters: AdapterActivations, arch, tokens: int, stream_bytes: int,  # noqa: ANN001
+                         grad_into_first: bool) -> int:
+    """The first block's adapter bytes: without a gradient into it (frozen embeddings, no checkpointing)
+    the layers reading the block input keep no dropout mask (``BLOCK_INPUT_LAYERS``; with a parallel
+    residual also the MLP's input layers)."""
+    frozen: frozenset[str] = frozenset()
+    if not grad_into_first:
+        frozen = BLOCK_INPUT_LAYERS
+        if arch.layout is not None and arch.layout.parallel or arch.model_type in ("gptj", "gpt_neox", "falcon", "phi"):
+            frozen = frozen | PARALLEL_MLP_INPUT_LAYERS
+    per = adapters.block_bytes(tokens, stream_bytes, first_input_frozen=frozen)
+    return per[0] if per else 0
+
+
+PRE_ATTENTION_NORMS = frozenset({"input_layernorm", "ln_1", "ln_attn", "attention_norm", "pre_attention_layernorm"})
+
+
+def first_block_qk_grads(adapters: "AdapterActivations | None", targets, peft: PeftSpec) -> int:  # noqa: ANN001
+    """How many of q and k need a gradient in the first block when its input does not (frozen
+    embeddings): the adapted projections; both when the norm before attention is adapted (LN tuning);
+    one (k, through the trainable prefix it is concatenated with) under prefix tuning."""
+    if peft.prefix_tokens > 0:
+        return 1
+    adapted = adapters.first_block_adapted() if adapters is not None else frozenset(targets)
+    if adapted & PRE_ATTENTION_NORMS:
+        return 2
+    return sum(1 for n in ("q_proj", "k_proj") if n in adapted)

@@ -27,7 +27,7 @@ from memfit.core.peft.spec import PeftSpec
 def _dropout(spec: PeftSpec, layer: AdaptedLayer, elem: int, is_input: bool) -> tuple[Saved, int, bool]:
     """(the mask, element size and identity of what the adapter reads next)."""
     if spec.lora_dropout > 0:
-        return Saved(per_token=layer.in_features), elem, False
+        return Saved(per_token=layer.in_features, grad_only=layer.in_features), elem, False
     return Saved(), elem, is_input
 
 
@@ -60,7 +60,7 @@ def adalora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     r, i, o = layer.shape("lora_A")[0], layer.in_features, layer.out_features
     elem, is_input = adapter_input(ctx)
     dropout = spec.setting("lora_dropout", 0.0) or 0.0
-    mask = Saved(per_token=i) if dropout > 0 else Saved()
+    mask = Saved(per_token=i, grad_only=i) if dropout > 0 else Saved()
     if dropout > 0:
         is_input = False
     saved = mask + matmul_input(elem, is_input, i, ctx) + Saved(per_token=r * out_elem(ctx), fixed=r * i * out_elem(ctx))

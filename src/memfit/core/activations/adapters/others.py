@@ -25,7 +25,7 @@ def operand(n: int, elem: int, ctx: DtypeContext) -> int:
 
 
 def _dropout(layer: AdaptedLayer, p: float) -> Saved:
-    return Saved(per_token=layer.in_features) if p and p > 0 else Saved()
+    return Saved(per_token=layer.in_features, grad_only=layer.in_features) if p and p > 0 else Saved()
 
 
 def ia3(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
@@ -43,7 +43,8 @@ def _delta_linear(layer: AdaptedLayer, ctx: DtypeContext, delta_elem: int) -> Sa
     """``F.linear(x.to(delta.dtype), delta)`` of a rebuilt ``(out, in)`` delta in ``delta_elem`` bytes: keeps
     both (``_cast_input_dtype(input, delta_weight.dtype)``: the input copied when the dtypes differ)."""
     o, i = layer.out_features, layer.in_features
-    return matmul_input(delta_elem, ctx.stream == delta_elem, i, ctx) + Saved(fixed=operand(o * i, delta_elem, ctx))
+    delta = operand(o * i, delta_elem, ctx)  # kept for the input's gradient
+    return matmul_input(delta_elem, ctx.stream == delta_elem, i, ctx) + Saved(fixed=delta, fixed_grad_only=delta)
 
 
 def loha(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
@@ -131,10 +132,10 @@ def hra(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
         fixed = (r + 1) * i * i * A + i * r * A + r * i * A + r * A
     if AC:  # W (cast for W @ R unless 16-bit already) and W R, both kept; x cast to W R's dtype
         fixed += (o * i * AC if (ctx.base or ctx.stream) != AC else 0) + o * i * AC
-        return matmul_input(ctx.stream, True, i, ctx) + Saved(fixed=fixed)
+        return matmul_input(ctx.stream, True, i, ctx) + Saved(fixed=fixed, fixed_grad_only=o * i * AC)
     fixed += (o * i * A if (ctx.base or ctx.stream) != A else 0) + o * i * A
-    elem, is_input = adapter_input(ctx)
-    return matmul_input(elem, is_input, i, ctx) + Saved(fixed=fixed)
+    elem, is_input = adapter_input(ctx)  # W R is kept by F.linear for the input's gradient
+    return matmul_input(elem, is_input, i, ctx) + Saved(fixed=fixed, fixed_grad_only=o * i * A)
 
 
 def vera(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
@@ -230,6 +231,17 @@ def trainable_tokens(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> 
     return Saved()
 
 
-FORMULAS = {"ia3": ia3, "loha": loha, "lokr": lokr, "oft": oft, "boft": boft, "hra": hra, "vera": vera,
+def road(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``_apply_road``: the base output cast to the adapter's dtype (``x``) times ``first_col`` and its
+    rotated half (``stack(-x2, x1)``, a new tensor) times ``second_col``: both products keep their
+    per-token operand and their column; ``_prepare_cols`` keeps, per variant, what ``cos``/``sin`` and the
+    column products need (``road_1``: the repeated theta and alpha and both trig outputs; ``road_2``: the
+    trig outputs; ``road_4``: the trig outputs and the two flattened alpha halves), ``out`` elements each."""
+    o, a = layer.out_features, ctx.adapter
+    fixed = {"road_1": 4, "road_2": 2, "road_4": 4}[spec.setting("variant", "road_1")]
+    return Saved(per_token=2 * o * a, fixed=(fixed + 2) * o * a)
+
+
+FORMULAS = {"road": road, "ia3": ia3, "loha": loha, "lokr": lokr, "oft": oft, "boft": boft, "hra": hra, "vera": vera,
             "fourierft": fourierft, "waveft": waveft, "miss": miss, "vblora": vblora, "ln_tuning": ln_tuning,
             "osf": osf, "trainable_tokens": trainable_tokens}

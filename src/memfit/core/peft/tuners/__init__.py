@@ -14,7 +14,7 @@ from memfit.core.peft.spec import PeftSpec
 from memfit.core.peft.targets import find_targets
 from memfit.core.peft.tuners.base import Tuner
 from memfit.core.peft.tuners import (adalora, adaption_prompt, fourier, ia3, ln_tuning, lycoris, miss, orthogonal, osf,
-                                     prompts, trainable_tokens, vblora, vera)
+                                     prompts, road, trainable_tokens, vblora, vera)
 
 _ALL: tuple[Tuner, ...] = (
     ia3.TUNER,
@@ -37,6 +37,7 @@ _ALL: tuple[Tuner, ...] = (
     osf.TUNER,
     fourier.WAVEFT,
     trainable_tokens.TUNER,
+    road.TUNER,
 )
 
 TUNERS: Mapping[str, Tuner] = MappingProxyType({t.method: t for t in _ALL})
