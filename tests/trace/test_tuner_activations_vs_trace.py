@@ -31,7 +31,7 @@ from memfit.core.peft.parse import adapter_config_spec  # noqa: E402
 from memfit.core.shapes import build_model_shape  # noqa: E402
 from memfit.trace.results import TraceOptions  # noqa: E402
 
-TOLERANCE = 0.005  # README.md: the analytic model is within 0.5% of the trace; worst seen here: see WORST
+TOLERANCE = 0.005  # README.md: the analytic model is within 0.5% of the trace; worst seen +0.215% (adalora)
 H, LAYERS = 384, 3
 CONFIG = dict(model_type="llama", vocab_size=2000, hidden_size=H, intermediate_size=1024, num_hidden_layers=LAYERS,
               num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=False,
