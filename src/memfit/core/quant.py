@@ -140,7 +140,7 @@ def _quantized_weights(params, q: QuantSettings, model_type: str) -> tuple[tuple
     bitsandbytes quantizes (a GPT-2 ``Conv1D``'s ``(in, out)`` weight is transposed first): every
     Linear/Conv1D ``weight`` whose module ``should_convert``, the skips being ``llm_int8_skip_modules``
     or, when that is ``None``, ``default_skips``. ``params``: the model's ``ParamSpec``s as trained."""
-    from memfit.core.ledger.context import is_adapter_param
+    from memfit.core.peft.adapter_params import is_adapter_param
     from memfit.core.peft.modules import layer_kind
 
     if not q.enabled:

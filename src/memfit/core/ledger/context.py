@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
+from memfit.core.peft.adapter_params import ADAPTER_MARKERS, is_adapter_param  # noqa: F401 (re-exported)
 from memfit.core.scenario.types import Scenario
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -34,24 +34,6 @@ class ParamView:
     """Created by the PEFT method in fp32 (peft's default), not loaded by from_pretrained."""
 
 
-def _markers() -> tuple[str, ...]:
-    from memfit.core.peft.tuners import TUNERS
-
-    prefixes = {t.prefix for t in TUNERS.values() if t.prefix}
-    return ("lora_", "prompt_encoder", "prefix_encoder", "modules_to_save", *sorted(prefixes - {"lora_"}))
-
-
-ADAPTER_MARKERS = _markers()
-"""Name parts of PEFT-created parameters: LoRA's, the prompt encoders', the ``modules_to_save`` copies'
-and every other tuner's ``prefix`` (``memfit.core.peft.tuners``: ``hada_``, ``ia3_``, ``oft_`` ...)."""
-
-
-_ADAPTER = re.compile("|".join(map(re.escape, ADAPTER_MARKERS)))
-
-
-def is_adapter_param(name: str) -> bool:
-    """PEFT-created parameters (adapter tensors, prompt/prefix encoders, modules_to_save copies)."""
-    return _ADAPTER.search(name) is not None
 
 
 @dataclass(frozen=True, slots=True)
