@@ -78,6 +78,7 @@ def _scenario_flags(
     alloc_conf_from_env: bool = typer.Option(False, "--alloc-conf-from-env", help="Read PYTORCH_CUDA_ALLOC_CONF (then PYTORCH_ALLOC_CONF) from this environment; never done unless asked."),
     cuda_version: Optional[str] = typer.Option(None, "--cuda-version", help="CUDA of the torch build, e.g. 12.8 (default: the usual one for that torch); lazy kernel loading needs >= 11.7."),
     pin_memory_backend: Optional[str] = typer.Option(None, "--pin-memory-backend", help="DeepSpeed 0.19's DS_PIN_MEMORY_BACKEND: torch (default) or native (mlock, no torch cache)."),
+    bitsandbytes_version: Optional[str] = typer.Option(None, "--bitsandbytes-version", help="bitsandbytes release of a quantized run, e.g. 0.43.1 (4-bit layers keep their input up to 0.43.1); default 0.50.2."),
     dataloader_workers: Optional[int] = typer.Option(None, "--dataloader-workers", help="DataLoader num_workers per rank (forked processes: their host memory; default 0)."),
     dataset_tokens: Optional[int] = typer.Option(None, "--dataset-tokens", help="Tokens of the tokenized dataset held in host memory (default: not counted)."),
     framework: Optional[str] = typer.Option(None, "--framework", help="deepspeed | torch (one GPU: a plain loop or the HF Trainer) | ddp | fsdp | fsdp2 (default: inferred; a DeepSpeed JSON means deepspeed)."),

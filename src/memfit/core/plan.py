@@ -6,6 +6,7 @@ from memfit.core.findings.derive import derive_findings
 from memfit.core.ledger.build import build_timeline
 from memfit.core.ledger.evaluation import eval_notes
 from memfit.core.ledger_types import ParamCounts, Plan, TracedStep
+from memfit.core.quant import quant_notes
 from memfit.core.scenario.types import Scenario
 from memfit.core.verdict import judge
 from memfit.errors import MemfitError
@@ -51,7 +52,7 @@ def make_plan(sc: Scenario, traced: TracedStep | None = None) -> Plan:
         *timeline.granularity_notes,
         *sc.model.notes,
         *((sc.train.batch_shape.describe(),) if sc.train.batch_shape is not None else ()),
-    ) + tuple(sc.input_notes) + (build_notes(sc) if sc.framework != "deepspeed" else ()) + eval_notes(sc)
+    ) + tuple(sc.input_notes) + (build_notes(sc) if sc.framework != "deepspeed" else quant_notes(sc)) + eval_notes(sc)
     if epoch is not None:
         from memfit.core.epoch.words import epoch_notes
 

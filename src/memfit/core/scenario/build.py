@@ -204,7 +204,9 @@ def runtime_settings(inputs: ScenarioInputs):  # -> RuntimeSettings
         else:
             source = "asked to read PYTORCH_CUDA_ALLOC_CONF from the environment: not set, torch's defaults"
     return RuntimeSettings(torch_version=version.name, alloc_conf=conf, alloc_conf_source=source,
-                           cuda_version=inputs.cuda_version, pin_memory_backend=inputs.pin_memory_backend or "torch")
+                           cuda_version=inputs.cuda_version, pin_memory_backend=inputs.pin_memory_backend or "torch",
+                           **({"bitsandbytes_version": inputs.bitsandbytes_version, "bitsandbytes_version_given": True}
+                              if inputs.bitsandbytes_version else {}))
 
 
 def _model_shape(source, inputs: ScenarioInputs):
@@ -308,6 +310,7 @@ def describe_scenario(sc: Scenario) -> dict[str, Any]:
         "alloc_conf": sc.runtime.alloc_conf,
         "cuda_version": sc.runtime.cuda_version or resolve_torch_version(sc.runtime.torch_version).default_cuda,
         "pin_memory_backend": sc.runtime.pin_memory_backend,
+        "bitsandbytes_version": sc.runtime.bitsandbytes_version,
         "framework": sc.framework,
         **({} if sc.framework == "deepspeed" else {
             "precision_mode": sc.torch.precision, "optim": sc.torch.optim,

@@ -33,7 +33,7 @@ SCENARIO_KEYS = {"name", "model", "peft", "deepspeed", "deepspeed_version", "har
         # evaluation during training (core/ledger/evaluation.py)
         "eval"}
 RUNTIME_KEYS = {"torch_version", "alloc_conf", "cuda_version", "pin_memory_backend", "alloc_conf_from_env",
-                "transformers_version"}
+                "transformers_version", "bitsandbytes_version"}
 HARDWARE_KEYS = {"gpus", "nodes", "cpu_ram", "nvme", "shared_gpu", "host_reserve"}
 EVAL_KEYS = {"strategy", "batch", "seq_len", "generate", "max_new_tokens", "generation_max_length", "num_beams", "steps"}
 LOAD_KEYS = {"dtype", "zero_init", "low_cpu_mem_usage", "checkpoint_index", "max_shard_size"}
@@ -96,6 +96,8 @@ class ScenarioInputs:
     """Read PYTORCH_CUDA_ALLOC_CONF (then PYTORCH_ALLOC_CONF) from the environment: only when asked."""
     cuda_version: str | None = None
     pin_memory_backend: str | None = None
+    bitsandbytes_version: str | None = None
+    """The bitsandbytes release of the run (its quantized matmuls: ``memfit.core.quant_kernels``)."""
     # -- outside DeepSpeed (see memfit.core.frameworks.resolve) ---------------------------------
     framework: str | None = None
     """``deepspeed``, ``torch``, ``ddp``, ``fsdp``, ``fsdp2``; None: inferred from the inputs."""

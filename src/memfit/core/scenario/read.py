@@ -161,6 +161,7 @@ def read_scenario_mapping(raw: Any, p: Path) -> ScenarioInputs:
         eval_steps=ev.get("steps"),
         epoch=train.get("epoch"), epoch_steps=train.get("epoch_steps"), empty_cache_steps=train.get("empty_cache_steps"),
         transformers_version=None if rt.get("transformers_version") is None else str(rt["transformers_version"]),
+        bitsandbytes_version=None if rt.get("bitsandbytes_version") is None else str(rt["bitsandbytes_version"]),
     )
     from dataclasses import fields, replace
 

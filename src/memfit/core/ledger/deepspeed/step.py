@@ -37,6 +37,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from memfit.core.activations.adapters import AdapterActivations, Quantization, adapter_activations, quantized_layers
+from memfit.core.ledger.deepspeed.quant import declare_dequant, record_dequant
+from memfit.core.precision import DTYPE_BYTES
+from memfit.core.quant_kernels import bnb_release
 from memfit.core.activations.analytic import ActivationEstimate, estimate_activation_bytes
 from memfit.core.activations.tensors import ActivationTensors, split_estimate
 from memfit.core.ledger import host_process
@@ -75,6 +79,24 @@ def _modules(ctx: RecipeContext) -> dict[str, int]:
     return out
 
 
+def deepspeed_adapters(sc, model_bytes: int) -> AdapterActivations | None:  # noqa: ANN001 (Scenario)
+    """The PEFT adapters' saved tensors as DeepSpeed runs them: the engine casts every parameter,
+    adapters included, to the training dtype (``_cast_module_mixed_precision``); peft upcast the
+    adapters first when the model was loaded in 16 bits (``autocast_adapter_dtype``); a 4-bit base's
+    matmuls as its bitsandbytes release runs them."""
+    quant = None
+    if sc.quant.enabled:
+        from memfit.core.quant import quantized_weights
+
+        modules = {n.rsplit(".", 1)[0].replace(".base_layer", "").removeprefix("base_model.model.")
+                   for n in quantized_weights(sc.model.params, sc.quant, sc.model.arch.model_type)}
+        quant = Quantization(method=sc.quant.method, compute_bytes=DTYPE_BYTES[sc.quant.compute_dtype],
+                             release=bnb_release(sc.runtime.bitsandbytes_version),
+                             layers=quantized_layers(sc.model, modules))
+    return adapter_activations(sc.model, sc.peft, adapter_bytes=model_bytes, base_bytes=model_bytes,
+                               upcast=sc.load.dtype in ("fp16", "bf16"), quantized=quant)
+
+
 def activation_estimate(ctx: RecipeContext) -> ActivationEstimate:
     sc = ctx.scenario
     z = sc.deepspeed.zero
@@ -83,7 +105,8 @@ def activation_estimate(ctx: RecipeContext) -> ActivationEstimate:
                                      gradient_checkpointing=sc.train.gradient_checkpointing,
                                      attention=sc.train.attention, target_len=sc.train.target_len,
                                      # ZeRO-3's memory-efficient Linear saves every Linear's input
-                                     linear_saves_frozen_inputs=z.stage == 3 and z.memory_efficient_linear)
+                                     linear_saves_frozen_inputs=z.stage == 3 and z.memory_efficient_linear,
+                                     adapters=deepspeed_adapters(sc, ctx.model_bytes))
 
 
 def activation_tensors(ctx: RecipeContext, est: ActivationEstimate) -> ActivationTensors:
@@ -179,6 +202,7 @@ class _Step:
 
     # ------------------------------------------------------------------ declarations
     def declare(self) -> None:
+        declare_dequant(self.t, self.ctx)
         t, z, nb, W = self.t, self.z, self.nb, self.W
         est = self.est
         declare_activations(t, est, checkpointing=self.ckpt,
@@ -326,6 +350,8 @@ class _Step:
             self.apply(acts.fwd[s])
             if seg:
                 self.apply(seg.events[seg.split:])
+            if s == self.layout.n_segments - 2:  # the last block's quantized matmuls, the activations nearly all made
+                record_dequant(t, self.ctx, backward=False)
             self.apply(acts.fwd_after[s])  # the loss, once the head's modules are done
         t.phase(prefix + "backward", ("backward pass" if not prefix else
                                       "backward of a later micro-step" if prefix == "accum." else
@@ -337,6 +363,8 @@ class _Step:
         for s in range(self.layout.n_segments + 1):
             seg = gp.backward[s] if gp else None
             self.apply(acts.bwd_pre[s])  # the loss's backward, before the head's modules fetch anything
+            if s == 1:  # the last block's quantized matmuls, the first to run backward
+                record_dequant(t, self.ctx, backward=True)
             if seg:
                 self.apply(seg.events[:seg.split])
             for n in acts.recompute_tensors[s]:
