@@ -109,7 +109,8 @@ def render_recommendations(result: RecommendResult, console: Console, *, diffs: 
             if rec.files:
                 console.print(Text("  written: " + ", ".join(rec.files)))
             for name, diff in rec.file_diffs:
-                console.print(Text(f"  your {name} changes:", style="dim"))
+                console.print(Text(f"  new {name}:" if diff.startswith("--- /dev/null") else f"  your {name} changes:",
+                                   style="dim"))
                 console.print(diff_text(diff))
             if rec.script_diff:
                 console.print(diff_text(rec.script_diff))
