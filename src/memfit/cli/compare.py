@@ -70,13 +70,15 @@ def compare(
     if json_out:
         import json
 
+        from memfit.core.figures import headline
         from memfit.render.compare_out import reconciliation_to_dict
+        from memfit.render.json_out import headline_to_dict
 
-        typer.echo(json.dumps(reconciliation_to_dict(rc), indent=2))
+        typer.echo(json.dumps({**reconciliation_to_dict(rc), "headline": headline_to_dict(headline(plan_result))}, indent=2))
         return
     from memfit.render.compare_out import render_reconciliation
 
-    render_reconciliation(rc, console())
+    render_reconciliation(rc, console(), plan=plan_result, sc=sc)
     show_assumptions(sc)
 
 

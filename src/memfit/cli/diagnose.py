@@ -44,7 +44,9 @@ def diagnose(
 
         from memfit.core.diagnose.next_step import NO_SCENARIO, smallest_fit
 
-        found = replace(found, next_step=(smallest_fit(read_scenario_file(scenario), command=f"memfit recommend {scenario}")
+        fits = found.reconciliation is not None and found.reconciliation.plan_verdict == "not_predicted"
+        found = replace(found, next_step=(smallest_fit(read_scenario_file(scenario), command=f"memfit recommend {scenario}",
+                                                       plan_fits=fits)
                                           if scenario is not None else (NO_SCENARIO,)))
     if found.primary is None:
         print(f"memfit: {found.headline} ({log}): looked for CUDA and host out-of-memory errors, failed pinned "
