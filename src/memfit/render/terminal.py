@@ -115,7 +115,7 @@ def items_table(ph: PhaseLedger, *, width: int = 120) -> Table:
     wide = width >= 120
     t = Table(title=f"{ph.name}: what is live at the peak ({ph.description})", title_justify="left",
               show_lines=False, box=box.HEAVY_HEAD if wide else box.SIMPLE, padding=(0, 1))
-    t.add_column("item", ratio=1 if not wide else None)
+    t.add_column("item", ratio=1 if not wide else None, overflow="fold")
     t.add_column("where", no_wrap=True)
     t.add_column("GiB", justify="right", no_wrap=True)
     t.add_column("bytes\n(held: block / locked)", justify="right", no_wrap=True)
