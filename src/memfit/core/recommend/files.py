@@ -214,8 +214,9 @@ def with_file_diffs(result: RecommendResult, folder: str = "DIR") -> RecommendRe
     files = read_user_files(result.user_inputs) if result.user_inputs is not None else {}
     recs = []
     for rec in result.recommendations:
-        written, _, notes, script = recommendation_files(result, rec, files, Path(folder) / f"rank{rec.rank}-{slug(rec.candidate)}")
-        recs.append(replace(rec, file_diffs=tuple((w.name, w.diff) for w in written if w.diff), script_diff=script,
+        written, _, notes, _ = recommendation_files(result, rec, files, Path(folder) / f"rank{rec.rank}-{slug(rec.candidate)}")
+        # the script's diff stays the search's (it opens the config by its own name); --out's names the folder
+        recs.append(replace(rec, file_diffs=tuple((w.name, w.diff) for w in written if w.diff),
                             notes=rec.notes + tuple(n for n in notes if n not in rec.notes)))
     return replace(result, recommendations=tuple(recs))
 
