@@ -228,3 +228,24 @@ def test_a_scenario_document_reads_back_as_the_same_inputs(tmp_path):
         if f.name in NOT_WRITTEN:
             continue
         assert a == b, f.name
+
+
+def test_a_peft_adapter_config_is_found_from_the_written_scenario(tmp_path):
+    """Issue 23 item 7: the written scenarios pointed at the wrong adapter_config folder. The adapter
+    file is the one peft writes (``LoraConfig.save_pretrained``); the recommendations are written two
+    folders away from it."""
+    peft = pytest.importorskip("peft")
+    project = tmp_path / "project"
+    peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM").save_pretrained(
+        str(project / "adapter"))
+    (project / "case.yaml").write_text(
+        "name: adapter file\nmodel: meta-llama/Llama-2-7b-hf\npeft: {adapter_config: adapter/adapter_config.json}\n"
+        "hardware: {gpus: 1xrtx4090, cpu_ram: 64GB}\nprecision: amp_bf16\ntrain: {seq_len: 1024, micro_batch: 2}\n")
+    r = write_recommendations(recommend(read_scenario_file(project / "case.yaml"), top=2), tmp_path / "else" / "where")
+    assert r.recommendations
+    for rec in r.recommendations:
+        scenario = next(Path(f) for f in rec.files if f.endswith("scenario.yaml"))
+        doc = yaml.safe_load(scenario.read_text())
+        assert Path(doc["peft"]["adapter_config"]) == (project / "adapter" / "adapter_config.json").resolve()
+        again = headline(make_plan(build_scenario(read_scenario_file(scenario))))
+        assert again.gpu.bytes == rec.headline.gpu.bytes

@@ -64,11 +64,17 @@ def test_progress_is_one_line_per_event_when_piped():
                   "directory": "/root/.cache/torch_extensions/py311_cpu/cpu_adam"})
         progress({"event": "op_done", "op": "cpu_adam", "seconds": 281.4})
         progress({"event": "enter", "phase": "load", "step": None})
-        progress({"event": "close", "row": {"phase": "load"}})
+        # the records as the child writes them (memfit.replay.phases: PhaseRecorder's enter/close)
+        from memfit.replay.measurement import PhaseMeasurement
+        from memfit.replay.phases import _row_dict
+
+        progress({"event": "close", "row": _row_dict(PhaseMeasurement(name="load", start_s=1.0, end_s=71.5))})
+        progress({"event": "enter", "phase": "forward", "step": 1, "micro_step": 0})
     lines = [ln for ln in buf.getvalue().splitlines() if ln.strip()]
     assert lines[0] == "replaying seed: starting"
     assert re.search(r"building DeepSpeed's cpu_adam op \(first use; expected about 5 min", lines[1])
-    assert "ready after 281.4 s" in lines[2] and "phase load running" in lines[3] and "phase load done" in lines[4]
+    assert "ready after 281.4 s" in lines[2] and "phase load running" in lines[3]
+    assert "phase load done in 70.5 s (1 so far)" in lines[4] and "phase forward (step 2) running" in lines[5]
 
 
 def test_the_child_announces_its_op_loads(tmp_path, monkeypatch):

@@ -60,8 +60,11 @@ class ReplayProgress:
         elif event == "op_done":
             self.say(f"DeepSpeed's {record.get('op', '?')} op ready after {record.get('seconds', 0):.1f} s", keep=True)
         elif event == "enter":
-            step = record.get("step")
-            self.say(f"phase {record.get('phase')}" + (f" (step {step})" if step else "") + " running")
+            step, micro = record.get("step"), record.get("micro_step")
+            where = "" if step is None else f" (step {step + 1}" + (f", micro-step {micro + 1}" if micro else "") + ")"
+            self.say(f"phase {record.get('phase')}{where} running")  # steps 0-based in the child, 1-based here
         elif event == "close":
             self.closed += 1
-            self.say(f"phase {record.get('row', {}).get('phase', '?')} done ({self.closed} so far)")
+            row = record.get("row") or {}
+            took = (row.get("end_s") or 0) - (row.get("start_s") or 0)
+            self.say(f"phase {row.get('name', '?')} done in {took:.1f} s ({self.closed} so far)")
