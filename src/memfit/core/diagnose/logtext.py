@@ -67,7 +67,7 @@ def _clean_lines(text: str) -> list[LogLine]:
     after_cr = False
     for i, piece in enumerate(text.splitlines(keepends=True), 1):
         body = piece.rstrip("\r\n\v\f\x1c\x1d\x1e\x85\u2028\u2029")
-        for k, part in enumerate(_EMBEDDED_TAG.split(_ANSI.sub("", body))):
+        for k, part in enumerate(_EMBEDDED_TAG.split(_ANSI.sub("", body), maxsplit=MAX_EMBEDDED_TAGS)):
             raw.append((i, _STAMP.sub("", part), after_cr and k == 0))
         after_cr = piece.endswith("\r")
     hosts = {m.group("h") for _, ln, _ in raw if (m := _HOST_TAG.match(ln))}
@@ -92,6 +92,10 @@ def _clean_lines(text: str) -> list[LogLine]:
 _EMBEDDED_TAG = re.compile(r"(?<=\S)(?=\[(?:rank|default)\d{1,9}\]:)")
 """Where another rank's prefix starts inside a line: torchrun's ``TailLog`` writes a worker's partial
 last line (a tqdm bar has no newline) with its prefix, and the next line of any rank lands after it."""
+MAX_EMBEDDED_TAGS = 4
+"""Splits of one line at other ranks' prefixes (a real line holds one or two: a bar, then the line
+that landed after it); the rest stays in the last part, so a line of a million prefixes stays one
+line's work (tests/robustness/test_exhaustion.py)."""
 
 
 # ------------------------------------------------------------------------------------ tracebacks
