@@ -64,8 +64,9 @@ def test_walk(case, tmp_path):
     assert gpu["bytes"] == max(p["gpu_oom_relevant_bytes"] for p in plan["phases"])  # CUDA: the allocator simulated
     screen = ok("plan", s).out.splitlines()
     first = flat("\n".join(screen[:FIRST_SCREEN]))
-    verdict_line = next(i for i, ln in enumerate(screen) if ln.startswith(("FITS", "DOES NOT FIT")))
-    assert verdict_line <= 3 and screen[verdict_line].startswith("FITS" if plan["verdict"]["fits"] else "DOES NOT FIT")
+    verdict_line = next(i for i, ln in enumerate(screen) if ln.startswith(("FITS", "AT RISK", "DOES NOT FIT")))
+    word = {"fits": "FITS", "at_risk": "AT RISK", "does_not_fit": "DOES NOT FIT"}[plan["verdict"]["level"]]
+    assert verdict_line <= 3 and screen[verdict_line].startswith(word)
     assert f"{gpu['name']}: {fmt_bytes(gpu['bytes'])}" in first and f"{host['name']}: {fmt_bytes(host['bytes'])}" in first
     assert "the verdict's figure" in first
 

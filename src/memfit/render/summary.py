@@ -12,12 +12,54 @@ MAX_FINDINGS = 3
 """Findings shown on the first screen (errors first); the rest follow the tables."""
 
 
-def verdict_sentence(plan: Plan) -> str:
-    """The verdict's first line as the terminal prints it (``terminal.verdict_lines``: ``FITS ...``,
-    ``AT RISK ...`` or ``DOES NOT FIT: phase P needs X of DEVICE (FIGURE, the verdict's figure), Y
-    available (Z short).``), for the outputs that say it in one sentence."""
-    from memfit.render.terminal import verdict_lines
+_VDEV = {"gpu": "GPU memory (per rank)", "cpu": "host RAM (per node)", "nvme": "NVMe"}
 
+
+def verdict_lines(plan: Plan) -> tuple[tuple[str, str], ...]:
+    """The verdict in words, as (text, style) lines: the level, then the first and the worst failure
+    (or every risk), then the margins it used. The terminal and the reports print the same lines;
+    the figure compared is named as everywhere (``memfit.core.figures``), its definition printed
+    under the phase table."""
+    from memfit.core.figures import HOST_NODE, VERDICT_TAG, failure_figure_name, gpu_verdict_name
+
+    v = plan.verdict
+    margins = (f"margins: {v.gpu_margin:.0%} of the GPU figure and {v.host_margin:.0%} of the host figure "
+               f"(memfit's measured error: {v.margin_source or 'see verdict_margin.json'}), "
+               f"{fmt_bytes(v.host_reserve_bytes, 'GB')} of host RAM kept for the OS"
+               + ("; the card is shared with other processes (--shared-gpu)" if v.shared_gpu else ""))
+    if v.level == "does_not_fit":
+        f = v.failures[0]
+        out = [(f"DOES NOT FIT: phase {f.phase} needs {fmt_bytes(f.needed_bytes)} of {_VDEV[f.device]} "
+                f"({failure_figure_name(plan, f)}, {VERDICT_TAG}), {fmt_bytes(f.available_bytes)} available "
+                f"({fmt_bytes(f.needed_bytes - f.available_bytes)} short).", "bold red")]
+        w = v.worst
+        if w is not None and w is not f:
+            out.append((f"Worst: phase {w.phase} needs {fmt_bytes(w.needed_bytes)} of {_VDEV[w.device]}, "
+                        f"{w.needed_bytes / w.available_bytes:.0%} of the {fmt_bytes(w.available_bytes)} available "
+                        f"({len(v.failures)} phase/device failures in all).", "red"))
+        return tuple(out)
+    compared = f" (compared: {gpu_verdict_name(plan)} and {HOST_NODE}, {VERDICT_TAG}s)" if v.gpu_figure else ""
+    if v.level == "at_risk":
+        out = [("AT RISK: every phase fits on paper, but within memfit's margin of a limit" + compared + ".",
+                "bold yellow")]
+        for dev in ("gpu", "cpu"):
+            mine = [r for r in v.risks if r.device == dev]
+            if not mine:
+                continue
+            r = max(mine, key=lambda r: r.needed_bytes)
+            more = f" ({len(mine) - 1} other phase(s) too)" if len(mine) > 1 else ""
+            out.append((f"  phase {r.phase}: {fmt_bytes(r.needed_bytes)} of {fmt_bytes(r.available_bytes)} "
+                        f"{_VDEV[r.device]} ({r.needed_bytes / r.available_bytes:.0%}); fits needs <= "
+                        f"{fmt_bytes(r.limit_bytes)}: {r.why}{more}", "yellow"))
+        return (*out, (margins, "dim"))
+    return (("FITS: every phase stays within GPU and host memory, with memfit's margin to spare" + compared + ".",
+             "bold green"), (margins, "dim"))
+
+
+def verdict_sentence(plan: Plan) -> str:
+    """The verdict's first line as the terminal prints it (``verdict_lines``: ``FITS ...``, ``AT
+    RISK ...`` or ``DOES NOT FIT: phase P needs X of DEVICE (FIGURE, the verdict's figure), Y
+    available (Z short).``), for the outputs that say it in one sentence."""
     return verdict_lines(plan)[0][0]
 
 
