@@ -217,7 +217,9 @@ def test_every_scenario_input_has_a_scenario_key():
 
 
 def test_a_scenario_document_reads_back_as_the_same_inputs(tmp_path):
-    inputs = dataclasses.replace(read_scenario_file(SEED), grad_accum=2, torch_version="2.13", max_grad_norm=0.5)
+    inputs = dataclasses.replace(read_scenario_file(SEED), grad_accum=2, torch_version="2.13", max_grad_norm=0.5,
+                                 eval_strategy="steps", eval_batch=4, eval_steps=50, host_reserve="8GB",
+                                 epoch_steps=20, empty_cache_steps=10)
     doc = scenario_document(inputs)
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
     again = read_scenario_file(tmp_path / "s.yaml")

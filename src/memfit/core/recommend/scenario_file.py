@@ -18,7 +18,8 @@ from memfit.core.scenario.inputs import ScenarioInputs
 FIELD_KEYS: dict[str, tuple[str, ...]] = {
     "name": ("name",), "model": ("model",), "ds_version": ("deepspeed_version",),
     "gpus": ("hardware", "gpus"), "nodes": ("hardware", "nodes"), "cpu_ram": ("hardware", "cpu_ram"),
-    "nvme": ("hardware", "nvme"),
+    "nvme": ("hardware", "nvme"), "shared_gpu": ("hardware", "shared_gpu"),
+    "host_reserve": ("hardware", "host_reserve"),
     "load_dtype": ("load", "dtype"), "zero_init": ("load", "zero_init"),
     "low_cpu_mem_usage": ("load", "low_cpu_mem_usage"), "checkpoint_index": ("load", "checkpoint_index"),
     "max_shard_size": ("load", "max_shard_size"),
@@ -30,6 +31,12 @@ FIELD_KEYS: dict[str, tuple[str, ...]] = {
     "batching": ("train", "batching"), "max_seq_length": ("train", "max_seq_length"),
     "grad_accum": ("train", "grad_accum"), "max_grad_norm": ("train", "max_grad_norm"),
     "weight_decay": ("train", "weight_decay"),
+    "epoch": ("train", "epoch"), "epoch_steps": ("train", "epoch_steps"),
+    "empty_cache_steps": ("train", "empty_cache_steps"),
+    "eval_strategy": ("eval", "strategy"), "eval_batch": ("eval", "batch"), "eval_seq_len": ("eval", "seq_len"),
+    "eval_generate": ("eval", "generate"), "max_new_tokens": ("eval", "max_new_tokens"),
+    "generation_max_length": ("eval", "generation_max_length"), "num_beams": ("eval", "num_beams"),
+    "eval_steps": ("eval", "steps"),
     "trust_remote_code": ("trust_remote_code",), "accelerator": ("accelerator",),
     "torch_version": ("runtime", "torch_version"), "alloc_conf": ("runtime", "alloc_conf"),
     "alloc_conf_from_env": ("runtime", "alloc_conf_from_env"), "cuda_version": ("runtime", "cuda_version"),
@@ -102,7 +109,7 @@ def scenario_document(inputs: ScenarioInputs, *, written: set[str] = frozenset()
         doc["deepspeed"] = _plain(inputs.deepspeed_inline)
     order = ["name", "model", "peft", "framework", "deepspeed", "deepspeed_version", "training_args",
              "accelerate_config", "bnb_config", "precision", "optim", "optim_args", "quantization", "ddp", "fsdp",
-             "hardware", "load", "train", "runtime", "accelerator", "trust_remote_code"]
+             "hardware", "load", "train", "eval", "runtime", "accelerator", "trust_remote_code"]
     return {k: doc[k] for k in sorted(doc, key=lambda k: order.index(k) if k in order else len(order))}
 
 
