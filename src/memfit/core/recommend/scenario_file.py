@@ -38,7 +38,7 @@ FIELD_KEYS: dict[str, tuple[str, ...]] = {
     "generation_max_length": ("eval", "generation_max_length"), "num_beams": ("eval", "num_beams"),
     "eval_steps": ("eval", "steps"),
     "trust_remote_code": ("trust_remote_code",), "accelerator": ("accelerator",),
-    "torch_version": ("runtime", "torch_version"), "alloc_conf": ("runtime", "alloc_conf"),
+    "torch_version": ("runtime", "torch_version"), "transformers_version": ("runtime", "transformers_version"), "alloc_conf": ("runtime", "alloc_conf"),
     "alloc_conf_from_env": ("runtime", "alloc_conf_from_env"), "cuda_version": ("runtime", "cuda_version"),
     "pin_memory_backend": ("runtime", "pin_memory_backend"),
     "framework": ("framework",), "precision": ("precision",), "optim": ("optim",), "optim_args": ("optim_args",),
@@ -51,7 +51,10 @@ SPECIAL = {"peft_method", "peft_options", "deepspeed", "deepspeed_inline"}
 """Written by ``scenario_document`` itself: ``peft`` (a method, its options, or an adapter_config)
 and ``deepspeed`` (a path or an inline mapping)."""
 
-NOT_WRITTEN = {"input_notes": "what memfit noted while reading the files; it notes them again"}
+NOT_WRITTEN = {"input_notes": "what memfit noted while reading the files; it notes them again",
+               "input_warnings": "what memfit warned while reading the files; it warns again",
+               "assumed": "the library defaults memfit took from the files; it takes them again",
+               "origins": "where each value came from; the written scenario is their origin now"}
 
 PATH_FIELDS = {"checkpoint_index", "lengths", "training_args", "accelerate_config", "bnb_config"}
 
