@@ -45,9 +45,9 @@ def diagnose(
         from memfit.core.diagnose.next_step import NO_SCENARIO, smallest_fit
 
         fits = found.reconciliation is not None and found.reconciliation.plan_verdict == "not_predicted"
-        found = replace(found, next_step=(smallest_fit(read_scenario_file(scenario), command=f"memfit recommend {scenario}",
-                                                       plan_fits=fits)
-                                          if scenario is not None else (NO_SCENARIO,)))
+        command = f"memfit recommend {scenario}" if scenario is not None else "memfit recommend <the same flags>"
+        found = replace(found, next_step=(smallest_fit(inputs, command=command, plan_fits=fits)  # inputs as resolved
+                                          if sc is not None else (NO_SCENARIO,)))
     if found.primary is None:
         print(f"memfit: {found.headline} ({log}): looked for CUDA and host out-of-memory errors, failed pinned "
               f"allocations, NCCL errors and DeepSpeed op build failures", file=sys.stderr)

@@ -6,7 +6,6 @@ from html import escape
 
 from memfit.core.ledger_types import Plan
 from memfit.core.scenario.types import Scenario
-from memfit.core.units import fmt_bytes
 from memfit.core.figures import VERDICT_TAG, gpu_verdict_name, headline, HOST_NODE
 from memfit.render.charts import grouped_chart_svg, phase_chart_svg
 from memfit.core.verdict import gpu_figure, host_figure
