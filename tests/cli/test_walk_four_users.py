@@ -7,7 +7,8 @@ and gives the same bytes for the same figure:
    its ``python train.py | tee`` log out of memory in the steady state;
 2. an accelerate FSDP2 YAML as ``accelerate config`` writes it (examples/frameworks/fsdp2-offload-llama3-8b-8gpu.yaml),
    its ``accelerate launch`` log;
-3. the Trainer's arguments with a ZeRO-2 JSON of "auto" (examples/trainer-zero2-auto-llama2-7b-4gpu.yaml), its
+3. the Trainer's arguments (a TrainingArguments JSON with a "deepspeed" key) with a ZeRO-2 JSON of "auto"
+   (examples/trainer-zero2-auto-llama2-7b-4gpu.yaml), its
    torchrun log with ``[rankN]:`` prefixes and the traceback starting on another rank's tqdm line;
 4. the DeepSpeed seed case (examples/kogpt-prefix-zero3-offload.yaml), its ``deepspeed`` launcher log.
 
@@ -130,11 +131,9 @@ TRAINING_ARGS_WITH_DEEPSPEED = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="issue 23 item 1 (branch inputs): a TrainingArguments file with a \"deepspeed\" "
-                                       "key is refused ('framework deepspeed contradicts optim'); when this passes, "
-                                       "make case 3 this file")
 def test_walk_case_3_as_a_training_arguments_file(tmp_path):
-    """Case 3 as the user has it: the TrainingArguments JSON naming its DeepSpeed config."""
+    """Case 3 with the TrainingArguments JSON naming its DeepSpeed config by an absolute path, in a folder
+    of its own (the shipped example names it relative to the file)."""
     ds = EXAMPLES / "deepspeed" / "llama2_7b_lora_zero2_auto.json"
     (tmp_path / ds.name).write_text(ds.read_text())
     (tmp_path / "training_args.json").write_text(json.dumps(

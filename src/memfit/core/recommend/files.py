@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from memfit.core.inputs.training_args import relative_path
 from memfit.core.recommend.results import Recommendation, RecommendResult
 from memfit.core.recommend.user_files import (Placement, UserFile, WrittenFile, edited, mapping_changes, new_file,
                                               place_quantization, place_structure, place_trainer_setting,
@@ -166,6 +167,16 @@ def torch_script_change(result: RecommendResult, rec: Recommendation, files: dic
                              trainer=ta is not None, gpus=result.hardware.gpus_per_node, before=before, after=after)
 
 
+def _same_file(a: str, b: str) -> bool:
+    return Path(a).resolve() == Path(b).resolve()
+
+
+def _nested(raw: object, key: tuple[str, ...]) -> object:
+    for k in key:
+        raw = raw.get(k) if isinstance(raw, dict) else None
+    return raw
+
+
 def recommendation_files(result: RecommendResult, rec: Recommendation, files: dict[str, UserFile],
                          folder: Path) -> tuple[tuple[WrittenFile, ...], ScenarioInputs, tuple[str, ...], str]:
     """The files of one configuration (not yet written), its scenario's inputs, notes and the
@@ -188,8 +199,13 @@ def recommendation_files(result: RecommendResult, rec: Recommendation, files: di
         if p.accelerate_config:
             rec = replace(rec, script_diff=torch_script_change(result, rec, files,
                                                                str(folder / files["accelerate_config"].name)))
-    for role in ("training_args", "accelerate_config"):
+    for role, key in (("training_args", ("deepspeed",)), ("accelerate_config", ("deepspeed_config", "deepspeed_config_file"))):
         changes = getattr(p, role)
+        named = _nested(files[role].raw, key) if role in files else None
+        if (changes and isinstance(named, str) and not any(k[:len(key)] == key or key[:len(k)] == k for k, _ in changes)
+                and "deepspeed" in files and _same_file(relative_path(named, files[role].path), files["deepspeed"].path)):
+            # the user's DeepSpeed JSON, unchanged: the written file names it absolute, found from any folder
+            changes.append((key, str(Path(files["deepspeed"].path).resolve())))
         if changes:
             if role not in files:
                 raise MemfitError(f"internal: a {role} change without the user's {role} file")

@@ -105,13 +105,15 @@ def read_user_files(inputs: ScenarioInputs) -> dict[str, UserFile]:
         if path:
             text, raw = _read(path, what)
             out[role] = UserFile(role=role, path=path, name=Path(path).name, text=text, raw=raw)
+    from memfit.core.inputs.training_args import relative_path  # where the input readers find it
+
     ds = inputs.deepspeed
     if ds is None and "training_args" in out and isinstance(out["training_args"].raw.get("deepspeed"), str):
-        ds = out["training_args"].raw["deepspeed"]
+        ds = relative_path(out["training_args"].raw["deepspeed"], out["training_args"].path)
     if ds is None and "accelerate_config" in out:
         dc = out["accelerate_config"].raw.get("deepspeed_config") or {}
         if isinstance(dc, dict) and isinstance(dc.get("deepspeed_config_file"), str):
-            ds = dc["deepspeed_config_file"]
+            ds = relative_path(dc["deepspeed_config_file"], out["accelerate_config"].path)
     if ds:
         text, raw = _read(ds, "DeepSpeed config")
         out["deepspeed"] = UserFile(role="deepspeed", path=ds, name=Path(ds).name, text=text, raw=raw)
