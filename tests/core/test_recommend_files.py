@@ -120,11 +120,8 @@ CASES = {
 }
 
 
-NOT_FIXED = {"accelerate-ddp-trainer": pytest.mark.xfail(
-    strict=True, reason="NOT FIXED (branch outputs): since the inputs layer on main reads accelerate's mixed_precision "
-    "bf16 under FSDP as FSDP MixedPrecision bf16 + fp32 (and find_unused_parameters False), recommend's FSDP2 candidate "
-    "(amp_bf16, mixed_precision none) written into that YAML plans to 16,593,365,674 B, not the 22,947,736,234 B shown: "
-    "the candidate must be what the written files mean")}
+NOT_FIXED: dict = {}
+"""Cases known to be wrong, each a strict xfail with its reason. Empty."""
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, marks=NOT_FIXED[c]) if c in NOT_FIXED else c for c in sorted(CASES)])

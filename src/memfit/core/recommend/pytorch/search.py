@@ -63,15 +63,23 @@ def _base(sc: Scenario, inputs: ScenarioInputs) -> TorchCandidate:
         gradient_checkpointing=sc.train.gradient_checkpointing)
 
 
-def candidate_inputs(inputs: ScenarioInputs, sc: Scenario, c: TorchCandidate) -> ScenarioInputs:
-    """The scenario inputs of a candidate (input files already merged into ``inputs``)."""
+def candidate_inputs(inputs: ScenarioInputs, sc: Scenario, c: TorchCandidate, *, files: bool = False) -> ScenarioInputs:
+    """The scenario inputs of a candidate (input files already merged into ``inputs``); ``files``: the
+    candidate will be written into the user's TrainingArguments/accelerate files (``recommend_torch``)."""
     quant = dict(inputs.quantization or {}) if c.quantization == ("4bit" if sc.quant.method == "4bit" else sc.quant.method) \
         else (dict(QLORA) if c.quantization == "4bit" else {"method": "none"})
     if c.quantization == "4bit" and c.framework.startswith("fsdp"):
         quant["quant_storage"] = "bf16"  # FSDP shards the packed weights as bf16 elements
     fsdp = None
+    precision = c.precision
     if c.framework.startswith("fsdp"):
         fsdp = {**(inputs.fsdp or {}), "sharding_strategy": c.sharding_strategy, "cpu_offload": c.cpu_offload}
+        if files and c.precision in ("amp_bf16", "amp_fp16"):
+            # what the written files mean: under FSDP, TrainingArguments' bf16/fp16 or accelerate's
+            # mixed_precision is FSDP's MixedPrecision policy over fp32 sharded params (the input layer's
+            # rule, memfit.core.inputs.merge._precision), not autocast beside fp32 FSDP
+            precision = "fp32"
+            fsdp["mixed_precision"] = c.precision.removeprefix("amp_")
     load = inputs.load_dtype or "fp32"
     if c.precision in ("bf16", "fp16"):
         load = c.precision
@@ -79,7 +87,7 @@ def candidate_inputs(inputs: ScenarioInputs, sc: Scenario, c: TorchCandidate) ->
         load = "bf16"
     elif c.precision in ("amp_bf16", "amp_fp16", "fp32") and sc.peft.method in ("full", "freeze"):
         load = "fp32"  # AMP and fp32 train fp32 weights
-    return replace(inputs, framework=c.framework, precision=c.precision, optim=c.optim, quantization=quant,
+    return replace(inputs, framework=c.framework, precision=precision, optim=c.optim, quantization=quant,
                    fsdp=fsdp, micro_batch=c.micro_batch, grad_accum=c.grad_accum,
                    gradient_checkpointing=c.gradient_checkpointing, load_dtype=load, accelerator="cuda",
                    training_args=None, accelerate_config=None, bnb_config=None)
@@ -123,11 +131,12 @@ def enumerate_candidates(sc: Scenario, base: TorchCandidate, *, files: bool = Fa
                                                  grad_accum=per_gpu // m, gradient_checkpointing=ck)
 
 
-def fast_peaks(inputs: ScenarioInputs, sc: Scenario, c: TorchCandidate, cache: dict) -> tuple | None:
+def fast_peaks(inputs: ScenarioInputs, sc: Scenario, c: TorchCandidate, cache: dict, *, files: bool = False
+               ) -> tuple | None:
     """Per phase (GPU, host per process, host per node, NVMe) from the lean timeline; None when the
     candidate is not a valid configuration (a contradiction the exact path would refuse too)."""
     try:
-        csc = _scenario(inputs, sc, c, cache)
+        csc = _scenario(inputs, sc, c, cache, files=files)
     except MemfitError:
         return None
     t = LeanTimeline(ranks_per_node=csc.hardware.gpus_per_node, accelerator=csc.accelerator)
@@ -138,11 +147,11 @@ def fast_peaks(inputs: ScenarioInputs, sc: Scenario, c: TorchCandidate, cache: d
     return tuple(p[1:] for p in t.peaks())
 
 
-def _scenario(inputs: ScenarioInputs, sc: Scenario, c: TorchCandidate, cache: dict) -> Scenario:
+def _scenario(inputs: ScenarioInputs, sc: Scenario, c: TorchCandidate, cache: dict, *, files: bool = False) -> Scenario:
     """The candidate's scenario, without re-resolving the model (the only part that does not change)."""
     from memfit.core.frameworks.resolve import resolve_framework_settings
 
-    ci = candidate_inputs(inputs, sc, c)
+    ci = candidate_inputs(inputs, sc, c, files=files)
     fw = resolve_framework_settings(ci, sc.hardware, has_deepspeed_json=False)
     return replace(sc, framework=fw.framework, torch=fw.torch, quant=fw.quant, ddp=fw.ddp, fsdp=fw.fsdp,
                    load=replace(sc.load, dtype=ci.load_dtype or "fp32"),
@@ -208,7 +217,7 @@ def recommend_torch(inputs: ScenarioInputs, *, top: int = 5, headroom: float | N
     for k, c in enumerate(cands, 1):
         if progress is not None and k % 64 == 0:
             progress(k, len(cands))
-        peaks = fast_peaks(inputs, sc, c, cache)
+        peaks = fast_peaks(inputs, sc, c, cache, files=files)
         if peaks is None or any(g > gpu_limit or node > host_limit for g, _, node, _ in peaks):
             continue
         fitting.setdefault(c.signature, []).append((c, peaks, estimate_step_time(sc, c), describe_changes(base, c)))
@@ -233,7 +242,7 @@ def recommend_torch(inputs: ScenarioInputs, *, top: int = 5, headroom: float | N
     for c, peaks, step, changes in best[: top * 3]:
         if enough_fitting(recs, top):
             break
-        ci = candidate_inputs(inputs, sc, c)
+        ci = candidate_inputs(inputs, sc, c, files=files)
         plan = make_plan(build_scenario(ci))
         diff = _fast_exact_diff(peaks, plan)
         max_diff = max(max_diff, diff)
