@@ -19,3 +19,19 @@ def input_findings(sc: Scenario) -> list[Finding]:
             f'"auto" in the DeepSpeed config, resolved as transformers\' Trainer does: {"; ".join(ds.auto_resolved)}.')))
     out.extend(Finding(id="deepspeed-config-note", severity="info", message=n) for n in ds.notes)
     return out
+
+
+def stack_findings(sc: Scenario) -> list[Finding]:
+    """The libraries of the stack memfit assumed (not given, not read from a stack file): each named
+    with the release assumed and why, so no version is a silent guess."""
+    st = sc.versions
+    assumed = [e for e in st.assumed if e.library != "cuda" or not any(x.library == "torch" and x.assumed for x in st.assumed)]
+    if not assumed:
+        return []
+    from memfit.core.stack.releases import library
+
+    return [Finding(id="stack-assumed", severity="info", message=(
+        "Versions memfit assumed (not given): " + "; ".join(f"{library(e.library).label} {e.line} ({e.source})"
+                                                             for e in assumed)
+        + ". Give the run's own with --stack FILE (pip freeze, transformers env, accelerate env or ds_report output) "
+          "or --torch-version, --deepspeed-version, --transformers-version, ..."))]

@@ -23,7 +23,7 @@ from memfit.errors import MemfitError
 
 FRAMEWORKS = ("deepspeed", "torch", "ddp", "fsdp", "fsdp2")
 PRECISION_MODES = ("fp32", "amp_fp16", "amp_bf16", "fp16", "bf16")
-OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adamw_torch_foreach", "adamw_torch_single", "sgd",
+OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adamw_torch_foreach", "adamw_torch_single", "adamw_hf", "sgd",
               "adafactor", "adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit",
               "lion_32bit", "lion_8bit", "paged_lion_32bit", "paged_lion_8bit", "adagrad")
 """Trainer ``optim`` strings memfit models, plus ``adamw_torch_foreach``/``adamw_torch_single``

@@ -51,6 +51,11 @@ def merge_input_files(inputs):
     take("grad_accum", "grad_accum", what="gradient_accumulation_steps")
     take("gradient_checkpointing", "gradient_checkpointing")
     take("optim", "optim")
+    if "optim" in files.defaults and inputs.optim is None:  # the Trainer's default follows the stack
+        from memfit.core.stack.resolve import trainer_optim_default
+
+        changes["optim"], why = trainer_optim_default(inputs)
+        files.notes.append(f"optim {changes['optim']}: {why}")
     take("optim_args", "optim_args")
     take("weight_decay", "weight_decay")
     take("max_grad_norm", "max_grad_norm")

@@ -101,8 +101,11 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
     elif micro != ds.train_micro_batch_size_per_gpu:
         raise MemfitError(f"micro_batch {micro} contradicts the DeepSpeed config's train_micro_batch_size_per_gpu "
                           f"{ds.train_micro_batch_size_per_gpu}")
-    load = LoadSettings(dtype=inputs.load_dtype or "fp32", zero_init=bool(inputs.zero_init),
-                        low_cpu_mem_usage=True if inputs.low_cpu_mem_usage is None else inputs.low_cpu_mem_usage,
+    from memfit.core.stack.resolve import resolve_stack
+
+    stack = resolve_stack(inputs, framework=fw.framework)
+    low_cpu, stack_notes = _low_cpu_mem_usage(inputs, stack, fw)
+    load = LoadSettings(dtype=inputs.load_dtype or "fp32", zero_init=bool(inputs.zero_init), low_cpu_mem_usage=low_cpu,
                         checkpoint=_checkpoint_layout(inputs, source, model))
     seq_len, batch_shape = _sequence_shape(inputs, micro, hw.world_size)
     train = TrainSettings(
@@ -120,17 +123,38 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
 
     ev = eval_settings(inputs, train, model)
     epoch = epoch_settings(inputs, train)
+    from memfit.core.stack.deepspeed import allocation_line
+    from memfit.core.stack.resolve import LABELS
+
     return Scenario(name=inputs.name or f"{source.name} ({spec.method})", model_ref=source.name, model=model,
                     peft=spec, deepspeed=ds, deepspeed_json=ds_json, hardware=hw, load=load, train=train,
-                    ds_version=str(inputs.ds_version or "0.19"), accelerator=inputs.accelerator or "cuda",
-                    runtime=runtime_settings(inputs),
+                    ds_version=allocation_line(stack.deepspeed, where=LABELS["deepspeed"]),
+                    accelerator=inputs.accelerator or "cuda", runtime=runtime_settings(inputs, stack),
                     framework=fw.framework, torch=fw.torch, quant=fw.quant, ddp=fw.ddp, fsdp=fw.fsdp,
-                    eval=ev, epoch=epoch, input_notes=tuple(inputs.input_notes))
+                    eval=ev, epoch=epoch, input_notes=tuple(inputs.input_notes) + stack_notes, stack=stack)
 
 
-def runtime_settings(inputs: ScenarioInputs):  # -> RuntimeSettings
+def _low_cpu_mem_usage(inputs: ScenarioInputs, stack, fw) -> tuple[bool, tuple[str, ...]]:
+    """``from_pretrained``'s low_cpu_mem_usage: as given, else the default of the stack's transformers
+    (``memfit.core.stack.transformers``), said; a False that the release ignores is said too."""
+    from memfit.core.stack.transformers import honours_low_cpu_mem_usage_false, low_cpu_mem_usage_default
+
+    line = stack.transformers
+    if inputs.low_cpu_mem_usage is not None:
+        if not inputs.low_cpu_mem_usage and not honours_low_cpu_mem_usage_false(line):
+            return True, (f"low_cpu_mem_usage false is ignored by transformers {line} (dropped since 4.51): the "
+                          "checkpoint loads straight into a meta-device model",)
+        return bool(inputs.low_cpu_mem_usage), ()
+    value, why = low_cpu_mem_usage_default(
+        line, device_map=False, quantized=fw.quant.enabled,
+        fsdp_efficient=fw.framework in ("fsdp", "fsdp2") and fw.fsdp.cpu_ram_efficient_loading)
+    return value, (f"from_pretrained low_cpu_mem_usage={value}: {why}",)
+
+
+def runtime_settings(inputs: ScenarioInputs, stack=None):  # -> RuntimeSettings
     """torch version, PYTORCH_CUDA_ALLOC_CONF (from the environment only when asked), CUDA version and
-    DeepSpeed's pinning backend, validated (a bad value is one MemfitError line)."""
+    DeepSpeed's pinning backend, validated (a bad value is one MemfitError line). With ``stack``
+    (``memfit.core.stack``) the torch and CUDA versions are the stack's: the runtime is a view of it."""
     import os
 
     from memfit.core.alloc.versions import DEFAULT_TORCH, resolve_torch_version
@@ -138,7 +162,7 @@ def runtime_settings(inputs: ScenarioInputs):  # -> RuntimeSettings
 
     if inputs.alloc_conf_from_env is not None and not isinstance(inputs.alloc_conf_from_env, bool):
         raise MemfitError(f"alloc_conf_from_env must be true or false, got {inputs.alloc_conf_from_env!r}")
-    version = resolve_torch_version(inputs.torch_version or DEFAULT_TORCH)
+    version = resolve_torch_version(stack.torch if stack is not None else inputs.torch_version or DEFAULT_TORCH)
     conf, source = inputs.alloc_conf or "", ""
     if inputs.alloc_conf_from_env:
         if inputs.alloc_conf:
@@ -150,7 +174,8 @@ def runtime_settings(inputs: ScenarioInputs):  # -> RuntimeSettings
         else:
             source = "asked to read PYTORCH_CUDA_ALLOC_CONF from the environment: not set, torch's defaults"
     return RuntimeSettings(torch_version=version.name, alloc_conf=conf, alloc_conf_source=source,
-                           cuda_version=inputs.cuda_version, pin_memory_backend=inputs.pin_memory_backend or "torch")
+                           cuda_version=stack.cuda if stack is not None else inputs.cuda_version,
+                           pin_memory_backend=inputs.pin_memory_backend or "torch")
 
 
 def _model_shape(source, inputs: ScenarioInputs):
@@ -249,6 +274,7 @@ def describe_scenario(sc: Scenario) -> dict[str, Any]:
         "alloc_conf": sc.runtime.alloc_conf,
         "cuda_version": sc.runtime.cuda_version or resolve_torch_version(sc.runtime.torch_version).default_cuda,
         "pin_memory_backend": sc.runtime.pin_memory_backend,
+        "stack": sc.versions.as_dict(),
         "framework": sc.framework,
         **({} if sc.framework == "deepspeed" else {
             "precision_mode": sc.torch.precision, "optim": sc.torch.optim,

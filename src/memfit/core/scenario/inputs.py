@@ -13,6 +13,8 @@ The YAML file (see examples/*.yaml) has the same names as the flags::
     train: {seq_len: 512, micro_batch: 1, gradient_checkpointing: false, model_parameters: trainable}
     runtime: {torch_version: "2.13", alloc_conf: "expandable_segments:True", cuda_version: "12.8",
               pin_memory_backend: torch, alloc_conf_from_env: false}
+    stack: {torch: "1.10.1", cuda: "11.3", deepspeed: "0.5.8", transformers: "4.15.0", peft: none,
+            files: [pip-freeze.txt]}   # versions as strings; files: pip freeze, transformers/accelerate env, ds_report
 
 Flags override the file; anything left unset takes the documented default. Every input, from a
 flag, the file or Python, is checked by ``validate.check_inputs`` against the type its ``ScenarioInputs``
@@ -29,9 +31,11 @@ SCENARIO_KEYS = {"name", "model", "peft", "deepspeed", "deepspeed_version", "har
         "trust_remote_code", "accelerator", "runtime",
         # outside DeepSpeed (memfit.core.frameworks.pytorch; memfit.core.frameworks.resolve)
         "framework", "precision", "optim", "optim_args", "quantization", "ddp", "fsdp", "training_args",
-        "accelerate_config", "bnb_config",
+        "accelerate_config", "bnb_config", "stack",
         # evaluation during training (core/ledger/evaluation.py)
         "eval"}
+STACK_KEYS = {"torch", "cuda", "deepspeed", "transformers", "peft", "bitsandbytes", "accelerate", "trl", "files"}
+"""``stack:``: a version per library (``memfit.core.stack``), and stack files to read them from."""
 RUNTIME_KEYS = {"torch_version", "alloc_conf", "cuda_version", "pin_memory_backend", "alloc_conf_from_env"}
 HARDWARE_KEYS = {"gpus", "nodes", "cpu_ram", "nvme", "shared_gpu", "host_reserve"}
 EVAL_KEYS = {"strategy", "batch", "seq_len", "generate", "max_new_tokens", "generation_max_length", "num_beams", "steps"}
@@ -95,6 +99,15 @@ class ScenarioInputs:
     """Read PYTORCH_CUDA_ALLOC_CONF (then PYTORCH_ALLOC_CONF) from the environment: only when asked."""
     cuda_version: str | None = None
     pin_memory_backend: str | None = None
+    # -- the rest of the stack (memfit.core.stack; torch, CUDA and DeepSpeed are the fields above)
+    transformers_version: str | None = None
+    peft_version: str | None = None
+    """``none`` where the run does not install peft."""
+    bitsandbytes_version: str | None = None
+    accelerate_version: str | None = None
+    trl_version: str | None = None
+    stack_files: tuple[str, ...] = ()
+    """pip freeze / requirements files, ``transformers env``/``accelerate env`` or ``ds_report`` output."""
     # -- outside DeepSpeed (see memfit.core.frameworks.resolve) ---------------------------------
     framework: str | None = None
     """``deepspeed``, ``torch``, ``ddp``, ``fsdp``, ``fsdp2``; None: inferred from the inputs."""
@@ -161,8 +174,8 @@ def merge_inputs(base: ScenarioInputs, override: ScenarioInputs) -> ScenarioInpu
         if f.name in ("peft_options", "optim_args"):
             if v:
                 changes[f.name] = {**getattr(base, f.name), **v}
-        elif f.name == "input_notes":
-            changes[f.name] = tuple(base.input_notes) + tuple(v)
+        elif f.name in ("input_notes", "stack_files"):
+            changes[f.name] = tuple(getattr(base, f.name)) + tuple(v)
         elif v is not None:
             changes[f.name] = v
     if override.deepspeed is not None:

@@ -16,6 +16,7 @@ from memfit.core.frameworks.pytorch import FRAMEWORKS, DdpSettings, FsdpSettings
 from memfit.core.hardware import Hardware
 from memfit.core.model import ModelShape
 from memfit.core.peft.spec import PeftSpec
+from memfit.core.stack.types import Stack
 from memfit.errors import MemfitError
 
 DS_VERSIONS = ("0.19", "0.6", "0.5")
@@ -221,6 +222,11 @@ class Scenario:
     epoch: EpochSettings = EpochSettings()
     input_notes: tuple[str, ...] = field(default=(), hash=False, compare=False)
     """What memfit resolved or ignored while reading the input files (TrainingArguments, ...)."""
+    stack: Stack | None = field(default=None, hash=False, compare=False)
+    """The software stack (``memfit.core.stack``), given, read or assumed per library; ``ds_version``
+    and ``runtime``'s torch and CUDA versions are its views (``build_scenario`` derives them from
+    it). None for a scenario built directly from those fields (tests, replays): ``stack_of`` derives
+    one."""
 
     def __post_init__(self) -> None:
         if self.framework not in FRAMEWORKS:
@@ -241,3 +247,12 @@ class Scenario:
     @property
     def world_size(self) -> int:
         return self.hardware.world_size
+
+    @property
+    def versions(self) -> Stack:
+        """The stack, given or derived from ``ds_version`` and ``runtime`` (see ``stack``)."""
+        if self.stack is not None:
+            return self.stack
+        from memfit.core.stack.resolve import stack_from_fields
+
+        return stack_from_fields(self)

@@ -46,8 +46,11 @@ beyond any real run, and small enough that every size computed from it stays exa
 
 _YAML_KEY = {**{k: f"hardware.{k}" for k in HARDWARE_KEYS}, **{k: f"train.{k}" for k in TRAIN_KEYS},
              "load_dtype": "load.dtype", "zero_init": "load.zero_init", "low_cpu_mem_usage": "load.low_cpu_mem_usage",
-             "peft_method": "peft.method", "ds_version": "deepspeed_version", "deepspeed_inline": "deepspeed"}
-_FLAG = {"peft_method": "--peft", "ds_version": "--deepspeed-version", "deepspeed_inline": "--deepspeed"}
+             "peft_method": "peft.method", "ds_version": "deepspeed_version", "deepspeed_inline": "deepspeed",
+             **{f"{k}_version": f"stack.{k}" for k in ("transformers", "peft", "bitsandbytes", "accelerate", "trl")},
+             "stack_files": "stack.files"}
+_FLAG = {"peft_method": "--peft", "ds_version": "--deepspeed-version", "deepspeed_inline": "--deepspeed",
+         "stack_files": "--stack"}
 
 
 def input_label(name: str) -> str:
