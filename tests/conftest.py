@@ -64,6 +64,30 @@ def cpu_adam_built() -> float:
         return warm_ops(ops, timeout_s=BUILD_TIMEOUT_S)  # now only imports and loads
     except (BuildLockError, RuntimeError) as exc:
         pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def ds058(request, tmp_path_factory) -> Path:
+    """DeepSpeed 0.5.8's source tree (the seed case's release), fetched like ``ds0510``'s."""
+    return _ds_source(request, tmp_path_factory, "0.5.8")
+
+
+def sdist_cache(request, tmp_path_factory) -> Path:
+    cache = getattr(request.config, "cache", None)
+    return Path(cache.mkdir("sdists")) if cache is not None else tmp_path_factory.mktemp("sdists")
+
+
+def _ds_source(request, tmp_path_factory, version: str) -> Path:
+    from sdist_source import SourceUnavailable, deepspeed_source
+
+    try:
+        return deepspeed_source(version, sdist_cache(request, tmp_path_factory))
+    except SourceUnavailable as e:
+        why = str(e)
+    pytest.fail(f"DeepSpeed {version}'s source is needed to check memfit's 0.5.x rules and could not be had: {why}",
+                pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def ds0510(request, tmp_path_factory) -> Path:
     """DeepSpeed 0.5.10's source tree (``<root>/deepspeed/...``): downloaded from PyPI by pip into

@@ -71,7 +71,7 @@ LIBRARIES: dict[str, Library] = {lib.name: lib for lib in (
             default_release="2.13.0", optional=False),
     Library(name="cuda", label="CUDA", pip_names=(), lines=("10.2",) + _lines(11, 0, 8) + _lines(12, 0, 9) + ("13.0",),
             default="", default_release="", optional=False),
-    Library(name="deepspeed", label="DeepSpeed", pip_names=("deepspeed",), lines=_lines(0, 3, 19), default="0.19",
+    Library(name="deepspeed", label="DeepSpeed", pip_names=("deepspeed",), lines=(), default="0.19",
             default_release="0.19.8"),
     Library(name="transformers", label="transformers", pip_names=("transformers",),
             lines=_lines(4, 0, 57) + _lines(5, 0, 24), default="5.24", default_release="5.24.0"),
@@ -84,17 +84,25 @@ LIBRARIES: dict[str, Library] = {lib.name: lib for lib in (
     Library(name="trl", label="TRL", pip_names=("trl",), lines=_lines(0, 1, 29) + _lines(1, 0, 16), default="0.24",
             default_release="0.24.0"),
 )}
-"""torch's lines are ``core/alloc/versions.py``'s (read from there, so both lists are one)."""
+"""torch's lines are ``core/alloc/versions.py``'s and DeepSpeed's ``stack/deepspeed.py``'s (read from
+there, so each list is one)."""
 
 ORDER = ("torch", "cuda", "deepspeed", "transformers", "peft", "bitsandbytes", "accelerate", "trl")
 NOT_INSTALLED = ("none", "not installed", "n/a", "na")
 
 
+def _deepspeed_lines() -> tuple[str, ...]:
+    from memfit.core.stack.deepspeed import ALLOCATION_LINES
+
+    return tuple(sorted(ALLOCATION_LINES, key=line_key))
+
+
 def library(name: str) -> Library:
     lib = LIBRARIES[name]
-    if name == "torch" and not lib.lines:
-        return Library(name=lib.name, label=lib.label, pip_names=lib.pip_names, lines=_torch_lines(),
-                       default=lib.default, default_release=lib.default_release, optional=False)
+    if name in ("torch", "deepspeed") and not lib.lines:
+        lines = _torch_lines() if name == "torch" else _deepspeed_lines()
+        return Library(name=lib.name, label=lib.label, pip_names=lib.pip_names, lines=lines,
+                       default=lib.default, default_release=lib.default_release, optional=lib.optional)
     return lib
 
 

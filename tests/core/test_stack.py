@@ -1,0 +1,194 @@
+"""The stack input (``memfit.core.stack``): versions given as flags or under ``stack:``, read from the
+files users paste (pip freeze, requirements, ``transformers env``, ``accelerate env``, ``ds_report``,
+written in tests/fixtures/stack/ the way each tool prints them), a version memfit does not know as
+one line and exit 2, and the defaults that follow the stack (each checked against the library
+code it cites in tests/exact/test_stack_against_sources.py)."""
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from conftest import FIXTURES, ROOT, SEED
+from memfit.core.inputs.stack_file import read_stack_file
+from memfit.core.scenario.build import build_scenario
+from memfit.core.scenario.inputs import ScenarioInputs, merge_inputs
+from memfit.core.scenario.read import read_scenario_file
+from memfit.errors import MemfitError
+
+STACK = FIXTURES / "stack"
+
+
+def _versions(name: str) -> dict[str, str]:
+    return {k: v for k, (v, _) in read_stack_file(str(STACK / name)).versions.items()}
+
+
+def test_pip_freeze_is_read():
+    r = read_stack_file(str(STACK / "seed-pip-freeze.txt"))
+    assert r.kind == "pip freeze"
+    assert {k: v for k, (v, _) in r.versions.items()} == {
+        "deepspeed": "0.5.8", "torch": "1.10.1+cu113", "cuda": "11.3", "transformers": "4.15.0"}
+    assert r.versions["transformers"][1].endswith("seed-pip-freeze.txt:22")
+
+
+def test_requirements_file_reads_pins_only_and_says_what_it_ignored():
+    r = read_stack_file(str(STACK / "requirements-ranges.txt"))
+    assert r.kind == "requirements"
+    assert {k: v for k, (v, _) in r.versions.items()} == {
+        "transformers": "4.38.2", "bitsandbytes": "0.43.3", "cuda": "12.1"}
+    said = " ".join(r.notes)
+    assert "torch>=2.1 is a range" in said and "peft~=0.9.0 is a range" in said
+    assert "deepspeed installed from a URL" in said and "trl is installed editable" in said
+
+
+def test_transformers_env_is_read_old_and_new():
+    assert _versions("seed-transformers-env.txt") == {"transformers": "4.15.0", "torch": "1.10.1+cu113", "cuda": "11.3"}
+    assert _versions("today-transformers-env.txt") == {"transformers": "5.24.0", "accelerate": "1.15.0",
+                                                        "deepspeed": "0.19.8", "torch": "2.13.0+cu128", "cuda": "12.8"}
+
+
+def test_accelerate_env_is_read():
+    assert _versions("fms-accelerate-env.txt") == {"accelerate": "1.15.0", "torch": "2.4.1+cu121", "cuda": "12.1"}
+
+
+def test_ds_report_is_read_with_its_colour_codes():
+    raw = (STACK / "seed-ds_report.txt").read_text()
+    assert "\x1b[92m[OKAY]\x1b[0m" in raw  # as DeepSpeed prints it
+    assert _versions("seed-ds_report.txt") == {"torch": "1.10.1+cu113", "cuda": "11.3", "deepspeed": "0.5.8"}
+    assert _versions("today-ds_report.txt") == {"torch": "2.13.0+cu128", "cuda": "12.8", "deepspeed": "0.19.8"}
+
+
+def test_a_file_that_states_no_version_is_one_line(tmp_path):
+    f = tmp_path / "notes.txt"
+    f.write_text("numpy==1.26.4\nscipy==1.11\n")
+    with pytest.raises(MemfitError, match="no version of torch, CUDA, DeepSpeed"):
+        read_stack_file(str(f))
+
+
+def _seed(**kw) -> ScenarioInputs:
+    return dataclasses.replace(read_scenario_file(SEED), **kw)
+
+
+def test_stack_files_fill_the_scenario_and_its_views():
+    sc = build_scenario(_seed(ds_version=None, stack_files=(str(STACK / "seed-pip-freeze.txt"),
+                                                            str(STACK / "seed-ds_report.txt"))))
+    st = sc.versions
+    assert (st.torch, st.cuda, st.deepspeed, st.transformers) == ("1.10", "11.3", "0.5", "4.15")
+    assert not st.entry("torch").assumed and st.entry("torch").source.startswith("read: pip freeze")
+    # ds_version and the runtime are views of the stack
+    assert sc.ds_version == "0.5" and sc.runtime.torch_version == "1.10" and sc.runtime.cuda_version == "11.3"
+    assert not sc.load.low_cpu_mem_usage  # transformers 4.15's default
+
+
+def test_a_file_contradicting_a_given_version_is_one_line():
+    with pytest.raises(MemfitError, match=r"seed-pip-freeze.txt:3: DeepSpeed 0.5.8 contradicts --deepspeed-version"):
+        build_scenario(_seed(ds_version="0.19", stack_files=(str(STACK / "seed-pip-freeze.txt"),)))
+    with pytest.raises(MemfitError, match="contradicts"):  # two files disagreeing
+        build_scenario(_seed(ds_version=None, stack_files=(str(STACK / "seed-pip-freeze.txt"),
+                                                           str(STACK / "today-ds_report.txt"))))
+
+
+def test_cuda_contradicting_the_torch_build_is_one_line():
+    with pytest.raises(MemfitError, match=r"CUDA 12.1 contradicts the torch build 1.10.1\+cu113"):
+        build_scenario(_seed(torch_version="1.10.1+cu113", cuda_version="12.1"))
+
+
+@pytest.mark.parametrize("field,value,known", [
+    ("transformers_version", "3.5.1", "transformers 4.0-4.57, 5.0-5.24"),
+    ("torch_version", "1.6.0", "torch 1.10-1.13, 2.0-2.15"),
+    ("peft_version", "0.30", "peft 0.1-0.21"),
+    ("trl_version", "2.0", "TRL 0.1-0.29, 1.0-1.16"),
+    ("ds_version", "0.2.0", "DeepSpeed 0.5-0.6, 0.13-0.19"),
+])
+def test_an_unknown_version_names_what_memfit_knows(field, value, known):
+    with pytest.raises(MemfitError) as e:
+        build_scenario(_seed(**{field: value}))
+    msg = str(e.value)
+    assert "\n" not in msg and known in msg and value in msg
+
+
+def test_unknown_version_on_the_command_line_is_one_line_and_exit_2():
+    r = subprocess.run([sys.executable, "-m", "memfit.cli", "plan", str(SEED), "--transformers-version", "3.5.1"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "memfit knows transformers 4.0-4.57, 5.0-5.24" in lines[0], r.stderr
+
+
+def test_yaml_stack_section_and_the_older_names(tmp_path):
+    base = SEED.read_text()
+    y = tmp_path / "s.yaml"
+    y.write_text(base.replace('deepspeed_version: "0.5"', 'stack: {deepspeed: "0.5.8", torch: "1.10.1", '
+                              'transformers: "4.15.0", peft: none}').replace("deepspeed/seed", str(SEED.parent / "deepspeed/seed")))
+    sc = build_scenario(read_scenario_file(y))
+    assert sc.ds_version == "0.5" and sc.versions.peft is None and sc.runtime.torch_version == "1.10"
+    y.write_text(base.replace('deepspeed_version: "0.5"', 'deepspeed_version: "0.5"\nstack: {deepspeed: "0.19"}'))
+    with pytest.raises(MemfitError, match="deepspeed_version '0.5' contradicts stack.deepspeed '0.19'"):
+        read_scenario_file(y)
+    y.write_text(base.replace('deepspeed_version: "0.5"', "stack: {torch: 1.10}"))
+    with pytest.raises(MemfitError, match="write the version as a string"):
+        read_scenario_file(y)
+
+
+def test_what_is_not_given_is_said_as_assumed():
+    from memfit.core.plan import make_plan
+
+    plan = make_plan(build_scenario(_seed()))
+    f = next(f for f in plan.findings if f.id == "stack-assumed")
+    assert "transformers 5.24 (memfit's default, the release whose source was read (transformers 5.24.0))" in f.message
+    assert any(n.startswith("Software stack: torch 2.13 (assumed)") for n in plan.notes)
+    given = build_scenario(_seed(torch_version="2.13", transformers_version="5.24", peft_version="0.21",
+                                 bitsandbytes_version="none", accelerate_version="none", trl_version="none",
+                                 cuda_version="12.8"))
+    assert not given.versions.assumed
+
+
+@pytest.mark.parametrize("tf,quantized,fsdp,expected", [
+    ("4.15", False, False, False), ("4.30", False, False, False), ("4.30", True, False, True),
+    ("4.35", False, True, True), ("4.34", False, True, False), ("4.50", False, False, False),
+    ("4.51", False, False, True), ("5.24", False, False, True),
+])
+def test_low_cpu_mem_usage_default_follows_transformers(tf, quantized, fsdp, expected):
+    from memfit.core.stack.transformers import low_cpu_mem_usage_default
+
+    assert low_cpu_mem_usage_default(tf, device_map=False, quantized=quantized, fsdp_efficient=fsdp)[0] is expected
+
+
+def test_low_cpu_mem_usage_false_is_said_ignored_by_new_transformers():
+    sc = build_scenario(_seed(low_cpu_mem_usage=False, transformers_version="4.51.0"))
+    assert sc.load.low_cpu_mem_usage and any("ignored by transformers 4.51" in n for n in sc.input_notes)
+    assert not build_scenario(_seed(low_cpu_mem_usage=False, transformers_version="4.50.0")).load.low_cpu_mem_usage
+
+
+def test_the_old_default_books_the_state_dict_next_to_the_model():
+    from memfit.core.plan import make_plan
+
+    old = make_plan(build_scenario(_seed(transformers_version="4.15.0")))
+    new = make_plan(build_scenario(_seed(transformers_version="5.24.0")))
+    held = sum(i.bytes for i in old.phase("load").items if i.key == "load.state_dict")
+    assert held == 6_166_502_400 * 2  # kogpt's fp16 checkpoint, one file (transformers 4.12 did not shard)
+    assert not any(i.key == "load.state_dict" for i in new.phase("load").items)
+
+
+@pytest.mark.parametrize("tf,torch,optim", [("4.26", "1.13", "adamw_hf"), ("4.31", "2.0", "adamw_hf"),
+                                            ("4.32", "2.0", "adamw_torch"), ("4.53", "2.8", "adamw_torch"),
+                                            ("4.54", "2.4", "adamw_torch"), ("4.54", "2.8", "adamw_torch_fused"),
+                                            ("5.24", "2.13", "adamw_torch_fused")])
+def test_trainer_default_optim_follows_the_stack(tmp_path, tf, torch, optim):
+    ta = tmp_path / "training_args.json"
+    ta.write_text('{"per_device_train_batch_size": 1, "output_dir": "out"}')
+    sc = build_scenario(ScenarioInputs(model="gpt2", gpus="1xa100-80gb", training_args=str(ta), transformers_version=tf,
+                                       torch_version=torch))
+    assert sc.torch.optim == optim
+    assert any(n.startswith(f"optim {optim}: the Trainer's default optim in transformers {tf}") for n in sc.input_notes)
+
+
+def test_torch_foreach_default_follows_torch():
+    from memfit.core.frameworks.pytorch import TorchSettings
+    from memfit.core.optimizers import resolve_optimizer
+
+    ts = TorchSettings(optim="adamw_torch")
+    assert resolve_optimizer(ts, "cuda", "1.13").impl == "single"  # adamw.py: foreach None -> False
+    assert resolve_optimizer(ts, "cuda", "2.0").impl == "foreach"  # _default_to_fused_or_foreach
+    assert resolve_optimizer(ts, "cpu", "2.13").impl == "single"
