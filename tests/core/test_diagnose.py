@@ -339,15 +339,17 @@ def _source_root(package: str) -> Path:
 @pytest.mark.parametrize("name", sorted(p.name for p in LOGS.glob("*.txt")))
 def test_fixture_frames_match_the_real_source(name, request):
     """Each DeepSpeed/torch frame's line number and code are the real ones: 0.19.8 and torch from the
-    installed packages, 0.5.10 from its sdist (the ``ds0510`` fixture; torch 1.x frames unchecked)."""
-    old = "ds0510" in name
+    installed packages, 0.5.10 and 0.5.8 from their sdists (the ``ds0510``/``ds058`` fixtures; torch 1.x
+    frames unchecked)."""
+    old_fixture = "ds0510" if "ds0510" in name else "ds058" if "ds058" in name else None
+    old = old_fixture is not None
     checked = 0
     for ev in parse_log(read(name)).events:
         for f in ev.frames:
             pkg = f.short_path.split("/")[0]
             if pkg not in ("deepspeed", "torch") or (old and pkg == "torch"):
                 continue
-            root = request.getfixturevalue("ds0510") if old else _source_root(pkg)
+            root = request.getfixturevalue(old_fixture) if old else _source_root(pkg)
             line = (root / f.short_path).read_text().splitlines()[f.line - 1].strip()
             assert f.code.startswith(line), f"{name}: {f.short_path}:{f.line} is {line!r}, fixture says {f.code!r}"
             checked += 1
