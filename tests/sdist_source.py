@@ -32,6 +32,10 @@ WHEELS = {
     ("transformers", "4.20.0"): "6f14dd3f0560fed2b4fb084e2e36ba7fac8b0335ecad2b41b5368c85a8810970",
     ("transformers", "4.31.0"): "8487aab0195ce1c2a5ae189305118b9720daddbc7b688edb09ccd79e3b149f6b",
     ("transformers", "4.35.0"): "45aa9370d7d9ba1c43e6bfa04d7f8b61238497d4b646e573fd95e597fe4040ff",
+    ("transformers", "4.36.0"): "e5a9d9424bcbc5008782ddd79ecbc3a50991e168cc730a14c4c89e80c61f419d",
+    ("transformers", "4.38.0"): "a6d7ae9afcfcc0773d8b9ef20940344bd1cae54fe49175ddea61c7c8d11fb52a",
+    ("transformers", "4.39.0"): "7801785b1f016d667467e8c372c1c3653c18fe32ba97952059e3bea79ba22b08",
+    ("transformers", "5.0.0"): "587086f249ce64c817213cf36afdb318d087f790723e9b3d4500b97832afd52d",
     ("transformers", "4.51.0"): "2e6baa476735ab8adccbaee6961525a0d1ce8c21d49293af30ef5ee4b082f64d",
     ("transformers", "4.54.0"): "c96e607f848625965b76c677b2c2576f2c7b7097c1c5292b281919d90675a25e",
 }

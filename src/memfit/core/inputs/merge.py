@@ -14,7 +14,9 @@ def merge_input_files(inputs):
     if inputs.training_args:
         from memfit.core.inputs.training_args import read_training_args
 
-        files.merge(read_training_args(inputs.training_args))
+        from memfit.core.stack.resolve import trainer_fsdp_version
+
+        files.merge(read_training_args(inputs.training_args, fsdp_version_default=trainer_fsdp_version(inputs)))
     if inputs.accelerate_config:
         from memfit.core.inputs.accelerate_config import read_accelerate_config
 
@@ -123,6 +125,13 @@ def merge_input_files(inputs):
         ckpt = changes.get("gradient_checkpointing", inputs.gradient_checkpointing) or False
         changes.setdefault("ddp", dict(inputs.ddp or {}))
         changes["ddp"]["find_unused_parameters"] = True if peft not in ("full", "freeze") else not ckpt
+    if inputs.training_args and final_fw in ("fsdp", "fsdp2"):  # the Trainer's FSDP plugin for a PEFT model
+        from memfit.core.stack.resolve import trainer_fsdp_wrap
+
+        wrap = trainer_fsdp_wrap(inputs)
+        if wrap is not None:
+            changes["fsdp"] = {**dict(changes.get("fsdp", inputs.fsdp or {})), "wrap_policy": wrap[0]}
+            files.notes.append(wrap[1])
     notes = tuple(files.notes)
     out = replace(inputs, training_args=None, accelerate_config=None, bnb_config=None, **changes)
     if notes:

@@ -40,7 +40,9 @@ MEMORY_KEYS = {"per_device_train_batch_size", "gradient_accumulation_steps", "gr
 TRAINER_OPTIM_ALIASES = {"adamw_8bit": "adamw_8bit"}
 
 
-def read_training_args(path: str) -> Sourced:
+def read_training_args(path: str, *, fsdp_version_default: int = 2) -> Sourced:
+    """``fsdp_version_default``: FSDP version when ``fsdp_config`` gives none (transformers 5.x: 2;
+    4.x has no version key and runs FSDP1; ``memfit.core.stack.transformers.trainer_fsdp_version``)."""
     raw = read_mapping(path, "TrainingArguments/SFTConfig file")
     out = Sourced()
     sft = bool(SFT_KEYS & set(raw))
@@ -116,7 +118,7 @@ def read_training_args(path: str) -> Sourced:
         if isinstance(fcfg, str):
             fcfg = read_mapping(fcfg, "fsdp_config file")
         fcfg = {k[5:] if k.startswith("fsdp_") else k: v for k, v in fcfg.items()}
-        version = as_int(fcfg.get("version", 2), origin("fsdp_config.version"))
+        version = as_int(fcfg.get("version", fsdp_version_default), origin("fsdp_config.version"))
         out.set("framework", "fsdp2" if version == 2 else "fsdp", origin("fsdp"))
         out.set("fsdp", _fsdp_settings(fsdp, fcfg, version, path), origin("fsdp_config"))
         if as_bool(fcfg.get("activation_checkpointing", False), origin("fsdp_config.activation_checkpointing")):

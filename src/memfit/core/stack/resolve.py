@@ -139,3 +139,30 @@ def trainer_optim_default(inputs: Any) -> tuple[str, str]:
 
     st = resolve_stack(inputs, framework=getattr(inputs, "framework", None) or "torch")
     return trainer_default_optim(st.transformers, st.torch)
+
+
+def trainer_fsdp_version(inputs: Any) -> int:
+    """The FSDP version the Trainer runs when ``fsdp_config`` names none: 2 from transformers 5.0
+    (``training_args.py``: ``int(self.fsdp_config.get("version", 2))``), 1 before (4.x has no
+    version key: accelerate's FSDP1 plugin)."""
+    from memfit.core.stack.releases import at_least
+
+    line = resolve_stack(inputs, framework=getattr(inputs, "framework", None) or "fsdp").transformers
+    return 2 if line is None or at_least(line, "5.0") else 1
+
+
+def trainer_fsdp_wrap(inputs: Any) -> tuple[str, str] | None:
+    """The Trainer's auto-wrap policy for a PEFT LoRA model under FSDP: peft's
+    ``fsdp_auto_wrap_policy`` from transformers 4.39 (``trainer.py:_fsdp_qlora_plugin_updates``; 5.x
+    ``distributed/fsdp.py:update_fsdp_plugin_peft``), whatever the FSDP config said; None before 4.39
+    or without LoRA."""
+    from memfit.core.stack.releases import at_least
+
+    method = str(inputs.peft_method or "full")
+    if method in ("full", "freeze", "prefix", "prompt"):
+        return None
+    line = resolve_stack(inputs, framework="fsdp").transformers
+    if line is None or not at_least(line, "4.39"):
+        return None
+    return "peft", (f"FSDP auto-wrap policy peft (each LoRA Linear a unit of its own): the Trainer of transformers {line} "
+                    "sets peft's fsdp_auto_wrap_policy for a PEFT model (since 4.39)")

@@ -78,3 +78,43 @@ def checkpointing_reentrant(line: str | None) -> tuple[bool, str]:
     if at_least(line, "4.38"):
         return True, f"transformers {line}: gradient_checkpointing_enable passes use_reentrant=True (4.38-4.57)"
     return True, f"transformers {line}: torch.utils.checkpoint's own default (use_reentrant=True)"
+
+
+def fsdp_efficient_loading(line: str | None, *, quantized: bool) -> tuple[str, str]:
+    """How ``from_pretrained`` loads under accelerate's FSDP ``cpu_ram_efficient_loading``
+    (``is_fsdp_enabled()``: ``ACCELERATE_USE_FSDP`` and ``FSDP_CPU_RAM_EFFICIENT_LOADING`` set by
+    ``accelerate launch``), as (mode, why):
+
+    - ``rank0_host``: rank 0 reads the weights into host memory, every other rank builds the model
+      on the meta device (4.36.0 ``modeling_utils.py:load_state_dict``: ``map_location = "meta"`` when
+      ``is_fsdp_enabled() and not is_local_dist_rank_0()``; 4.35 only set low_cpu_mem_usage; 5.x
+      keeps it: ``_move_missing_keys_from_meta_to_device`` skips non-rank-0 of a non-quantized model);
+    - ``rank0_host_quantized`` (a bitsandbytes base, 4.45-4.57): each weight is quantized on the GPU
+      (the quantizer's ``device_map = {"": current_device}``) and its packed storage then moved to
+      rank 0's host, to meta elsewhere (``_load_state_dict_into_meta_model``: "quantize the parameter
+      on the GPU and then cast it to CPU", ``param_to = "meta"`` off rank 0 since 4.45); the
+      quantization state stays on the GPU;
+    - ``every_rank_host_quantized`` (4.39-4.44): the same, but every rank keeps the packed storage in
+      its own host memory (4.39.0: ``value.data.to("cpu")`` on all ranks);
+    - ``every_rank``: no FSDP path: a bitsandbytes base is quantized onto every rank's GPU as on one
+      GPU (before 4.39, and in 5.x, which dropped that branch), other models load on every rank.
+    """
+    if line is None:
+        return "every_rank", "transformers not installed"
+    if quantized:
+        if at_least(line, "4.45") and not at_least(line, "5.0"):
+            return "rank0_host_quantized", (f"transformers {line}: under FSDP's cpu_ram_efficient_loading each weight is "
+                                            "quantized on the GPU, its packed storage moved to rank 0's host (meta "
+                                            "elsewhere), the quantization state kept on the GPU (4.45-4.57)")
+        if at_least(line, "4.39") and not at_least(line, "5.0"):
+            return "every_rank_host_quantized", (f"transformers {line}: under FSDP each weight is quantized on the GPU and "
+                                                 "its packed storage moved to every rank's host (4.39-4.44; rank 0 "
+                                                 "only from 4.45)")
+        return "every_rank", (f"transformers {line}: a bitsandbytes model loads onto every rank's GPU (device_map "
+                              "current device), cpu_ram_efficient_loading or not"
+                              + (" (its FSDP branch arrived in 4.39)" if not at_least(line, "4.39") else
+                                 " (5.x dropped the FSDP branch of 4.39-4.57)"))
+    if at_least(line, "4.36"):
+        return "rank0_host", (f"transformers {line}: only rank 0 reads the weights; the other ranks build the model on "
+                              "the meta device (cpu_ram_efficient_loading, since 4.36)")
+    return "every_rank", f"transformers {line}: every rank loads the weights (rank-0-only loading arrived in 4.36)"
