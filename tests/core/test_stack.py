@@ -70,9 +70,14 @@ def _seed(**kw) -> ScenarioInputs:
     return dataclasses.replace(read_scenario_file(SEED), **kw)
 
 
+NO_STACK = dict(ds_version=None, torch_version=None, cuda_version=None, transformers_version=None, peft_version=None,
+                bitsandbytes_version=None, accelerate_version=None, trl_version=None)
+"""The seed scenario without the stack its file states."""
+
+
 def test_stack_files_fill_the_scenario_and_its_views():
-    sc = build_scenario(_seed(ds_version=None, stack_files=(str(STACK / "seed-pip-freeze.txt"),
-                                                            str(STACK / "seed-ds_report.txt"))))
+    sc = build_scenario(_seed(**NO_STACK, stack_files=(str(STACK / "seed-pip-freeze.txt"),
+                                                       str(STACK / "seed-ds_report.txt"))))
     st = sc.versions
     assert (st.torch, st.cuda, st.deepspeed, st.transformers) == ("1.10", "11.3", "0.5", "4.15")
     assert not st.entry("torch").assumed and st.entry("torch").source.startswith("read: pip freeze")
@@ -83,15 +88,15 @@ def test_stack_files_fill_the_scenario_and_its_views():
 
 def test_a_file_contradicting_a_given_version_is_one_line():
     with pytest.raises(MemfitError, match=r"seed-pip-freeze.txt:3: DeepSpeed 0.5.8 contradicts --deepspeed-version"):
-        build_scenario(_seed(ds_version="0.19", stack_files=(str(STACK / "seed-pip-freeze.txt"),)))
+        build_scenario(_seed(**{**NO_STACK, "ds_version": "0.19"}, stack_files=(str(STACK / "seed-pip-freeze.txt"),)))
     with pytest.raises(MemfitError, match="contradicts"):  # two files disagreeing
-        build_scenario(_seed(ds_version=None, stack_files=(str(STACK / "seed-pip-freeze.txt"),
-                                                           str(STACK / "today-ds_report.txt"))))
+        build_scenario(_seed(**NO_STACK, stack_files=(str(STACK / "seed-pip-freeze.txt"),
+                                                      str(STACK / "today-ds_report.txt"))))
 
 
 def test_cuda_contradicting_the_torch_build_is_one_line():
     with pytest.raises(MemfitError, match=r"CUDA 12.1 contradicts the torch build 1.10.1\+cu113"):
-        build_scenario(_seed(torch_version="1.10.1+cu113", cuda_version="12.1"))
+        build_scenario(_seed(**{**NO_STACK, "torch_version": "1.10.1+cu113", "cuda_version": "12.1"}))
 
 
 @pytest.mark.parametrize("field,value,known", [
@@ -99,7 +104,7 @@ def test_cuda_contradicting_the_torch_build_is_one_line():
     ("torch_version", "1.6.0", "torch 1.10-1.13, 2.0-2.15"),
     ("peft_version", "0.30", "peft 0.1-0.21"),
     ("trl_version", "2.0", "TRL 0.1-0.29, 1.0-1.16"),
-    ("ds_version", "0.2.0", "DeepSpeed 0.5-0.6, 0.13-0.19"),
+    ("ds_version", "0.2.0", "DeepSpeed 0.3, 0.5-0.8, 0.13-0.19"),
 ])
 def test_an_unknown_version_names_what_memfit_knows(field, value, known):
     with pytest.raises(MemfitError) as e:
@@ -119,14 +124,16 @@ def test_unknown_version_on_the_command_line_is_one_line_and_exit_2():
 def test_yaml_stack_section_and_the_older_names(tmp_path):
     base = SEED.read_text()
     y = tmp_path / "s.yaml"
-    y.write_text(base.replace('deepspeed_version: "0.5"', 'stack: {deepspeed: "0.5.8", torch: "1.10.1", '
-                              'transformers: "4.15.0", peft: none}').replace("deepspeed/seed", str(SEED.parent / "deepspeed/seed")))
+    head, _, rest = base.partition("stack:")
+    tail = rest.split("\n# today's stack")[1]
+    body = head.replace("deepspeed/seed", str(SEED.parent / "deepspeed/seed"))
+    y.write_text(body + 'stack: {deepspeed: "0.5.8", torch: "1.10.1", transformers: "4.15.0", peft: none}\n# today' + tail)
     sc = build_scenario(read_scenario_file(y))
     assert sc.ds_version == "0.5" and sc.versions.peft is None and sc.runtime.torch_version == "1.10"
-    y.write_text(base.replace('deepspeed_version: "0.5"', 'deepspeed_version: "0.5"\nstack: {deepspeed: "0.19"}'))
+    y.write_text(body + 'deepspeed_version: "0.5"\nstack: {deepspeed: "0.19"}\n# today' + tail)
     with pytest.raises(MemfitError, match="deepspeed_version '0.5' contradicts stack.deepspeed '0.19'"):
         read_scenario_file(y)
-    y.write_text(base.replace('deepspeed_version: "0.5"', "stack: {torch: 1.10}"))
+    y.write_text(body + "stack: {torch: 1.10}\n# today" + tail)
     with pytest.raises(MemfitError, match="write the version as a string"):
         read_scenario_file(y)
 
@@ -134,13 +141,13 @@ def test_yaml_stack_section_and_the_older_names(tmp_path):
 def test_what_is_not_given_is_said_as_assumed():
     from memfit.core.plan import make_plan
 
-    plan = make_plan(build_scenario(_seed()))
+    plan = make_plan(build_scenario(_seed(**NO_STACK)))
     f = next(f for f in plan.findings if f.id == "stack-assumed")
     assert "transformers 5.24 (memfit's default, the release whose source was read (transformers 5.24.0))" in f.message
     assert any(n.startswith("Software stack: torch 2.13 (assumed)") for n in plan.notes)
-    given = build_scenario(_seed(torch_version="2.13", transformers_version="5.24", peft_version="0.21",
-                                 bitsandbytes_version="none", accelerate_version="none", trl_version="none",
-                                 cuda_version="12.8"))
+    given = build_scenario(_seed(ds_version="0.19", torch_version="2.13", transformers_version="5.24",
+                                 peft_version="0.21", bitsandbytes_version="none", accelerate_version="none",
+                                 trl_version="none", cuda_version="12.8"))
     assert not given.versions.assumed
 
 
@@ -156,16 +163,17 @@ def test_low_cpu_mem_usage_default_follows_transformers(tf, quantized, fsdp, exp
 
 
 def test_low_cpu_mem_usage_false_is_said_ignored_by_new_transformers():
-    sc = build_scenario(_seed(low_cpu_mem_usage=False, transformers_version="4.51.0"))
+    sc = build_scenario(_seed(**{**NO_STACK, "transformers_version": "4.51.0"}, low_cpu_mem_usage=False))
     assert sc.load.low_cpu_mem_usage and any("ignored by transformers 4.51" in n for n in sc.input_notes)
-    assert not build_scenario(_seed(low_cpu_mem_usage=False, transformers_version="4.50.0")).load.low_cpu_mem_usage
+    assert not build_scenario(_seed(**{**NO_STACK, "transformers_version": "4.50.0"}, low_cpu_mem_usage=False)
+                              ).load.low_cpu_mem_usage
 
 
 def test_the_old_default_books_the_state_dict_next_to_the_model():
     from memfit.core.plan import make_plan
 
-    old = make_plan(build_scenario(_seed(transformers_version="4.15.0")))
-    new = make_plan(build_scenario(_seed(transformers_version="5.24.0")))
+    old = make_plan(build_scenario(_seed(**{**NO_STACK, "transformers_version": "4.15.0"})))
+    new = make_plan(build_scenario(_seed(**{**NO_STACK, "transformers_version": "5.24.0"})))
     held = sum(i.bytes for i in old.phase("load").items if i.key == "load.state_dict")
     assert held == 6_166_502_400 * 2  # kogpt's fp16 checkpoint, one file (transformers 4.12 did not shard)
     assert not any(i.key == "load.state_dict" for i in new.phase("load").items)
@@ -192,3 +200,31 @@ def test_torch_foreach_default_follows_torch():
     assert resolve_optimizer(ts, "cuda", "1.13").impl == "single"  # adamw.py: foreach None -> False
     assert resolve_optimizer(ts, "cuda", "2.0").impl == "foreach"  # _default_to_fused_or_foreach
     assert resolve_optimizer(ts, "cpu", "2.13").impl == "single"
+
+
+@pytest.mark.parametrize("release,allocation", [("0.3.10", "0.5"), ("0.5.8", "0.5"), ("0.7.7", "0.6"), ("0.8.0", "0.6"),
+                                                ("0.13.1", "0.19"), ("0.19.8", "0.19")])
+def test_deepspeed_releases_map_to_the_allocation_model_they_share(release, allocation):
+    stage2 = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}, "fp16": {"enabled": True},
+              "train_micro_batch_size_per_gpu": 1}
+    sc = build_scenario(ScenarioInputs(model="gpt2", gpus="1xa100-80gb", deepspeed_inline=stage2, ds_version=release))
+    assert sc.ds_version == allocation
+
+
+@pytest.mark.parametrize("release,pinned", [("0.5.8", False), ("0.8.0", False), ("0.19.4", False), ("0.19.5", True),
+                                            ("0.19", True)])
+def test_offload_pin_memory_default_follows_the_release(release, pinned):
+    cfg = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}},
+           "fp16": {"enabled": True}, "train_micro_batch_size_per_gpu": 1}
+    sc = build_scenario(ScenarioInputs(model="gpt2", gpus="1xa100-80gb", deepspeed_inline=cfg, ds_version=release))
+    z = sc.deepspeed.zero
+    assert z.offload_param.pin_memory is pinned and z.offload_optimizer.pin_memory is pinned
+    given = dict(cfg, zero_optimization={**cfg["zero_optimization"], "offload_param": {"device": "cpu", "pin_memory": True}})
+    sc = build_scenario(ScenarioInputs(model="gpt2", gpus="1xa100-80gb", deepspeed_inline=given, ds_version=release))
+    assert sc.deepspeed.zero.offload_param.pin_memory  # given: kept
+
+
+def test_zero3_on_deepspeed_0_3_is_refused():
+    cfg = {"zero_optimization": {"stage": 3}, "fp16": {"enabled": True}, "train_micro_batch_size_per_gpu": 1}
+    with pytest.raises(MemfitError, match="DeepSpeed 0.3.10 has no ZeRO stage 3"):
+        build_scenario(ScenarioInputs(model="gpt2", gpus="1xa100-80gb", deepspeed_inline=cfg, ds_version="0.3.10"))

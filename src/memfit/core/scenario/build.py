@@ -105,6 +105,11 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
 
     stack = resolve_stack(inputs, framework=fw.framework)
     low_cpu, stack_notes = _low_cpu_mem_usage(inputs, stack, fw)
+    if fw.framework == "deepspeed":
+        from memfit.core.stack.deepspeed import apply_release_defaults
+
+        ds, ds_notes = apply_release_defaults(ds, raw, stack)
+        stack_notes += ds_notes
     load = LoadSettings(dtype=inputs.load_dtype or "fp32", zero_init=bool(inputs.zero_init), low_cpu_mem_usage=low_cpu,
                         checkpoint=_checkpoint_layout(inputs, source, model))
     seq_len, batch_shape = _sequence_shape(inputs, micro, hw.world_size)

@@ -132,7 +132,11 @@ class ScenarioAggregates:
         """``zero3.optimized_params``: every passed param in 0.5/0.6 with ``model_parameters=all``,
         else the trainable ones."""
         def build():
-            if ds_version != "0.19" and self.scenario.train.model_parameters == "all":
+            from memfit.core.stack.deepspeed import optimizes_frozen_params
+
+            sc = self.scenario
+            if sc.train.model_parameters == "all" and optimizes_frozen_params(ds_version, sc.versions.deepspeed,
+                                                                               sc.deepspeed.zero.stage):
                 return tuple(range(len(self.numels)))
             return tuple(i for i, t in enumerate(self.trainable) if t)
         return self._cached(("opt", ds_version), build)
