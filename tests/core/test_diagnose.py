@@ -443,7 +443,9 @@ def test_plan_that_fails_at_move_predicts_the_log(seed):
     from memfit.core.scenario.inputs import ScenarioInputs, merge_inputs
     from memfit.core.scenario.read import read_scenario_file
 
-    small = build_scenario(merge_inputs(read_scenario_file(SEED), ScenarioInputs(gpus="2x12GiB")))
+    # low_cpu_mem_usage: the example's transformers 4.15 would otherwise put the host over its RAM at load first
+    small = build_scenario(merge_inputs(read_scenario_file(SEED), ScenarioInputs(gpus="2x12GiB",
+                                                                                 low_cpu_mem_usage=True)))
     plan = make_plan(small)
     first = plan.verdict.failures[0]
     assert (first.phase, first.device) == ("initialize.move", "gpu")  # the premise, from the real ledger
@@ -465,6 +467,22 @@ def test_seed_pinned_failure_shows_pinned_bytes_per_rank_and_node(seed):
     assert rows["host RAM per node"] == sc.hardware.cpu_ram_bytes
     assert r.device == "cpu" and all(it.device != Device.GPU for it in r.items)
     assert any(it.key == "zero3.param_partitions" for it in r.items)
+
+
+def test_seed_traceback_of_deepspeed_058_names_the_plans_resource(seed):
+    """The issue-style traceback (DeepSpeed 0.5.8's frames) against the plan of the example as it ran:
+    the same resource (host RAM), the plan's first failure earlier (from_pretrained, transformers
+    4.15's default), and the reconciliation says so."""
+    sc, plan = seed
+    d = diagnose_log(read("seed-pinned-partition-ds058.txt"), plan, sc)
+    assert d.primary.kind == EventKind.PINNED_HOST_OOM and d.phase == "initialize.partition"
+    assert d.deepspeed_version == "0.5.8" and not any(f.id == "log-deepspeed-version" for f in d.findings)
+    first = plan.verdict.failures[0]
+    assert (first.phase, first.device) == ("load", "cpu")  # the premise, from the ledger of the 2021 stack
+    r = d.reconciliation
+    assert r.device == "cpu" and r.plan_verdict == "predicted_elsewhere" and r.plan_failure == first
+    assert r.lines[1].startswith("Resource: the same one, host RAM; the plan has it exhausted before "
+                                 "initialize.partition, in load")
 
 
 def test_host_kill_from_progress_line_is_bounded_from_below(seed):

@@ -280,10 +280,24 @@ print(json.dumps({{'opened': opened - before, 'touched': rss() - before, 'tokens
 """
 
 
+ARROW_WORKERS = """
+import datasets, torch
+from torch.utils.data import DataLoader
+ds = datasets.load_from_disk({dir!r}).with_format('torch')
+loader = DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True, prefetch_factor=2)
+it = iter(loader)
+for _ in range({rows} // 4):
+    next(it)
+pids = [w.pid for w in it._workers]
+print(json.dumps({{'private': sorted(private(p) for p in pids), 'trainer_rss': rss()}}))
+"""
+
+
 def measure_datasets(python: str) -> dict:
     """``import datasets`` (pyarrow with it), and an Arrow dataset as ``datasets.map`` writes it
     (``save_to_disk``: an int64 list column), memory-mapped by ``load_from_disk`` and read row by
-    row: the mapped file pages count in RSS once touched (page cache the kernel may reclaim)."""
+    row: the mapped file pages count in RSS once touched (page cache the kernel may reclaim); and two
+    DataLoader workers iterating it (their private pages: the mapped file is shared, not copied)."""
     import tempfile
 
     out = {"python": python}
@@ -292,7 +306,8 @@ def measure_datasets(python: str) -> dict:
     for n in (4_000, 16_000):
         with tempfile.TemporaryDirectory(prefix="memfit-arrow-") as d:
             _run(DATASET_MAKE.format(rows=n, seq=512, dir=d + "/ds"), python=python)
-            rows[str(n)] = {"rows": n, "seq_len": 512, **_run(DATASET_TOUCH.format(dir=d + "/ds"), python=python)}
+            rows[str(n)] = {"rows": n, "seq_len": 512, **_run(DATASET_TOUCH.format(dir=d + "/ds"), python=python),
+                            "workers": _run(ARROW_WORKERS.format(dir=d + "/ds", rows=n), python=python)}
     out["mapped"] = rows
     return out
 
