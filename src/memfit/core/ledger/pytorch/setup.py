@@ -168,6 +168,8 @@ def record_load(t: Timeline, sc: Scenario, m: TorchModel, *, rank0_only: bool = 
             t.free("load.untied_head")
         _buffers(t, sc, Device.CPU_PAGEABLE, HOST_BUFFERS)
     on_gpu = loads_onto_gpu(sc) and not quant_to_host
+    if sc.load.from_checkpoint:  # what from_pretrained leaves in the process (host_process.from_pretrained_part)
+        host_process.record(t, [host_process.from_pretrained_part()])
     if ads:
         dev = Device.GPU if on_gpu else Device.CPU_PAGEABLE
         key = GPU_PARAMS if on_gpu else HOST_ADAPTERS

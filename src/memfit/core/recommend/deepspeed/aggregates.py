@@ -252,7 +252,7 @@ class ScenarioAggregates:
             layout = self.scenario.load.checkpoint
             # load.small_freed_bytes: the shards after the first (one file: none)
             sizes = [b for shard in layout.shards[1:] for _, b in shard] if layout is not None else []
-            part = host_process.heap_kept_part(sum(b for b in sizes if b <= MMAP_THRESHOLD_MAX))
+            part = host_process.heap_kept_part(sum(b for b in sizes if b < MMAP_THRESHOLD_MAX))
             return part.bytes if part is not None else 0
         return self._cached(("heapkept", load_bytes), build)
 

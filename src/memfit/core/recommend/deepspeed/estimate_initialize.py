@@ -50,6 +50,7 @@ def initialize_phases(agg: ScenarioAggregates, c: Candidate) -> tuple:
             t.g -= agg.zero_init_largest_gathered_module() * nb
             t.h -= shard
             t.host(agg.heap_kept_bytes(lb))  # load.record_heap_kept
+            t.host(host_process.from_pretrained_part().bytes)  # load.record_from_pretrained_kept
         t.host(agg.buffer_bytes)  # module buffers, in their own dtypes; they stay on the host
         t.host(agg.n_adapter * 4)
         t.phase()  # initialize.cast: skipped
@@ -65,6 +66,8 @@ def initialize_phases(agg: ScenarioAggregates, c: Candidate) -> tuple:
             t.host(agg.heap_kept_bytes(lb))  # load.record_heap_kept
         else:
             t.host(agg.n_base * lb)
+        if sc.load.from_checkpoint:
+            t.host(host_process.from_pretrained_part().bytes)  # load.record_from_pretrained_kept
         t.host(agg.buffer_bytes)  # module buffers, in their own dtypes
         t.host(agg.n_adapter * 4)
         t.phase()  # initialize.cast: per-param .to(precision) where the model sits
