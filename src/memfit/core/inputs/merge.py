@@ -52,6 +52,7 @@ def merge_input_files(inputs):
     take("micro_batch", "micro_batch")
     take("grad_accum", "grad_accum", what="gradient_accumulation_steps")
     take("gradient_checkpointing", "gradient_checkpointing")
+    take("dataloader_pin_memory", "dataloader_pin_memory")
     take("optim", "optim")
     if "optim" in files.defaults and inputs.optim is None:  # the Trainer's default follows the stack
         from memfit.core.stack.resolve import trainer_optim_default

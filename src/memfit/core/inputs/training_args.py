@@ -32,7 +32,7 @@ MEMORY_KEYS = {"per_device_train_batch_size", "gradient_accumulation_steps", "gr
                "activation_checkpointing", "bf16", "fp16", "optim", "optim_args", "weight_decay", "max_grad_norm",
                "fsdp", "fsdp_config", "deepspeed", "ddp_find_unused_parameters", "ddp_bucket_cap_mb",
                "ddp_broadcast_buffers", "ddp_static_graph", "max_length", "max_seq_length", "packing",
-               "model_init_kwargs", "torch_dtype", "use_cpu", "gradient_checkpointing_kwargs",
+               "model_init_kwargs", "torch_dtype", "use_cpu", "gradient_checkpointing_kwargs", "dataloader_pin_memory",
                # evaluation and the epoch (core/scenario/run_settings.py)
                "eval_strategy", "evaluation_strategy", "per_device_eval_batch_size", "predict_with_generate",
                "generation_max_length", "generation_num_beams", "eval_steps", "torch_empty_cache_steps",
@@ -134,6 +134,8 @@ def read_training_args(path: str, *, fsdp_version_default: int = 2) -> Sourced:
     if raw.get("ddp_static_graph") is not None:
         ddp["static_graph"] = as_bool(raw["ddp_static_graph"], origin("ddp_static_graph"))
     out.set("ddp_trainer", ddp, f"{path}: ddp_*")
+    out.set("dataloader_pin_memory", as_bool(raw.get("dataloader_pin_memory", True), origin("dataloader_pin_memory")),
+            origin("dataloader_pin_memory"))
     ignored = sorted(set(raw) - MEMORY_KEYS - SFT_KEYS)
     out.notes.append(f"{path} read as a {kind}" + (f"; {len(ignored)} key(s) that change no memory ignored "
                                                    f"({', '.join(ignored[:6])}{', ...' if len(ignored) > 6 else ''})"

@@ -242,3 +242,44 @@ def record(t: Timeline, parts: list[HostPart]) -> None:
 
 def total(parts: list[HostPart | None]) -> int:
     return sum(p.bytes for p in parts if p is not None)
+
+
+def _pinned_batch_shape(sc) -> tuple[int, int]:  # noqa: ANN001
+    """(bytes of one batch tensor, batches pinned at once)."""
+    tr = sc.train
+    return tr.micro_batch * tr.seq_len * 8, (2 if tr.dataloader_workers == 0 else 2 * tr.dataloader_workers + 1)
+
+
+def pinned_batches_bytes(sc) -> int:  # noqa: ANN001
+    """The bytes ``record_pinned_batches`` asks for (0 without pin_memory or off CUDA)."""
+    if not sc.train.dataloader_pin_memory or sc.accelerator != "cuda":
+        return 0
+    n, batches = _pinned_batch_shape(sc)
+    return n * batches * len(BATCH_TENSORS)
+
+
+PINNED_BATCHES = "host.pinned_batches"
+BATCH_TENSORS = ("input_ids", "attention_mask", "labels")
+"""What transformers' collators hand the Trainer (``DataCollatorForLanguageModeling``,
+``default_data_collator``): int64 tensors of micro-batch x sequence length."""
+
+
+def record_pinned_batches(t: Timeline, sc) -> None:  # noqa: ANN001 (Scenario)
+    """``DataLoader(pin_memory=True)``: each batch's tensors copied to page-locked memory
+    (``torch/utils/data/_utils/pin_memory.py:pin_memory``, ``tensor.pin_memory()``: torch's pinned
+    allocator, power-of-two blocks since 1.11). Batches pinned at once: without workers the main
+    thread pins the next batch while the current one is still bound (2; ``dataloader.py:
+    _SingleProcessDataLoaderIter._next_data``); with workers the pin-memory thread pins what they
+    prefetch (``prefetch_factor`` 2 per worker) and the loop holds one more."""
+    tr = sc.train
+    if not tr.dataloader_pin_memory or t.accelerator != "cuda":
+        return
+    n, batches = _pinned_batch_shape(sc)
+    t.declare(PINNED_BATCHES, name=f"DataLoader batches in page-locked memory ({batches} at once)",
+              device=Device.CPU_PINNED, category="runtime", exact=False,
+              formula=f"{batches} batches x {len(BATCH_TENSORS)} int64 tensors ({', '.join(BATCH_TENSORS)}) x "
+                      f"{tr.micro_batch} x {tr.seq_len} x 8 B",
+              source="torch/utils/data/_utils/pin_memory.py:pin_memory; dataloader.py (pin_memory_thread, "
+                     "prefetch_factor 2)")
+    for _ in range(batches * len(BATCH_TENSORS)):
+        t.alloc(PINNED_BATCHES, n)

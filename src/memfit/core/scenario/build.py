@@ -122,6 +122,7 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
         target_len=_target_len(base, inputs.target_len),
         batch_shape=batch_shape,
         dataloader_workers=count_value(inputs.dataloader_workers, "dataloader_workers"),
+        dataloader_pin_memory=bool(inputs.dataloader_pin_memory),
         dataset_tokens=count_value(inputs.dataset_tokens, "dataset_tokens"),
     )
     from memfit.core.scenario.run_settings import epoch_settings, eval_settings

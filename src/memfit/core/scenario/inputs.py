@@ -41,6 +41,7 @@ HARDWARE_KEYS = {"gpus", "nodes", "cpu_ram", "nvme", "shared_gpu", "host_reserve
 EVAL_KEYS = {"strategy", "batch", "seq_len", "generate", "max_new_tokens", "generation_max_length", "num_beams", "steps"}
 LOAD_KEYS = {"dtype", "zero_init", "low_cpu_mem_usage", "checkpoint_index", "max_shard_size"}
 TRAIN_KEYS = {"seq_len", "micro_batch", "gradient_checkpointing", "model_parameters", "attention", "dataloader_workers",
+          "dataloader_pin_memory",
           "dataset_tokens", "task", "target_len", "lengths", "batching", "max_seq_length", "precision", "grad_accum",
           "gradient_accumulation_steps", "max_grad_norm", "weight_decay",
           # the epoch simulation (core/epoch/)
@@ -73,6 +74,8 @@ class ScenarioInputs:
     max_shard_size: str | None = None
     """The checkpoint's shard size (e.g. 5GB); default: that of the transformers that saved it."""
     dataloader_workers: int | None = None
+    dataloader_pin_memory: bool | None = None
+    """``DataLoader(pin_memory=...)`` (the Trainer's ``dataloader_pin_memory``, True by default)."""
     """DataLoader worker processes per rank (default 0)."""
     dataset_tokens: int | None = None
     """Tokens of the in-memory tokenized dataset (default: not counted)."""

@@ -157,6 +157,7 @@ def read_scenario_mapping(raw: Any, p: Path) -> ScenarioInputs:
         gradient_checkpointing=train.get("gradient_checkpointing"), model_parameters=train.get("model_parameters"),
         attention=train.get("attention"), trust_remote_code=raw.get("trust_remote_code"),
         dataloader_workers=train.get("dataloader_workers"), dataset_tokens=train.get("dataset_tokens"),
+        dataloader_pin_memory=train.get("dataloader_pin_memory"),
         task=train.get("task"), target_len=train.get("target_len"),
         lengths=(str(p.parent / train["lengths"]) if train.get("lengths") and not Path(str(train["lengths"])).is_absolute()
                  else train.get("lengths")),

@@ -72,6 +72,8 @@ class TrainSettings:
     """From a length distribution: the largest batch the batching rule forms (``seq_len`` is its length)."""
     dataloader_workers: int = 0
     """``DataLoader(num_workers=...)``: forked worker processes per rank (their host memory)."""
+    dataloader_pin_memory: bool = False
+    """``DataLoader(pin_memory=True)``: each batch copied to page-locked memory (the Trainer's default)."""
     dataset_tokens: int = 0
     """Tokens of the tokenized dataset held in memory (0: not given, not counted)."""
 

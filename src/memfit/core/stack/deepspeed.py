@@ -48,7 +48,7 @@ def optimizes_frozen_params(allocation: str, release: str | None, stage: int) ->
     before 0.7 (0.7.7 ``stage_1_and_2.py``: ``trainable_parameters = [param for param in
     param_group['params'] if param.requires_grad]``), ZeRO-3 before 0.8 (0.8.0 ``stage3.py``:
     ``_get_trainable_parameter_groups``)."""
-    from memfit.core.stack.releases import at_least
+    from memfit.core.stack.lines import at_least
 
     if allocation == "0.19":
         return False
@@ -72,7 +72,7 @@ def offload_pin_memory_default(version: str | None, release: str | None) -> tupl
     """``offload_param`` / ``offload_optimizer`` ``pin_memory`` when the JSON leaves it out:
     False up to 0.19.4 (``OFFLOAD_*_PIN_MEMORY_DEFAULT = False`` in 0.5.10/0.6.0;
     ``offload_config.py: pin_memory: bool = False`` in 0.7.7-0.19.4), True from 0.19.5."""
-    from memfit.core.stack.releases import at_least, split_local
+    from memfit.core.stack.lines import at_least, split_local
 
     if release is None:
         return True, "DeepSpeed not installed"

@@ -19,7 +19,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from memfit.core.stack.lines import at_least, line_key, split_local
 from memfit.errors import MemfitError
+
+__all__ = ["LIBRARIES", "ORDER", "Library", "at_least", "cuda_from_local", "library", "line_key", "release_line",
+           "split_local"]
 
 
 def _lines(major: int, lo: int, hi: int) -> tuple[str, ...]:
@@ -109,12 +113,6 @@ def library(name: str) -> Library:
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?([.\-+_a-zA-Z0-9]*)$")
 
 
-def split_local(text: str) -> tuple[str, str]:
-    """``'1.10.1+cu113'`` -> ``('1.10.1', 'cu113')``."""
-    base, _, local = str(text).strip().partition("+")
-    return base, local
-
-
 def release_line(name: str, text: str, *, where: str) -> str | None:
     """The release line of ``text`` for library ``name``: ``'0.5.8'`` -> ``'0.5'``; ``None`` for a
     library given as not installed (``none``). Anything else is one MemfitError line naming ``where``
@@ -144,13 +142,3 @@ def cuda_from_local(local: str) -> str | None:
         return None
     digits = m.group(1)
     return f"{digits[:-1]}.{digits[-1]}"
-
-
-def line_key(line: str) -> tuple[int, int]:
-    major, minor = line.split(".")
-    return int(major), int(minor)
-
-
-def at_least(line: str | None, since: str) -> bool:
-    """``line`` is ``since`` or later (``None``, not installed: False)."""
-    return line is not None and line_key(line) >= line_key(since)
