@@ -37,6 +37,9 @@ def pytest_sessionfinish(session, exitstatus):
 EXAMPLES = ROOT / "examples"
 FIXTURES = ROOT / "tests" / "fixtures"
 SEED = EXAMPLES / "kogpt-prefix-zero3-offload.yaml"
+TODAY = {"ds_version": "0.19", "torch_version": "2.13", "transformers_version": "5.24"}
+"""Today's stack for the seed scenario (its file states the December 2021 one): the releases memfit's
+current models were read from."""
 
 
 @pytest.fixture(scope="session")

@@ -42,11 +42,11 @@ def make_plan(sc: Scenario, traced: TracedStep | None = None) -> Plan:
         traced.note if traced is not None else
         "Activations are analytic (Korthikanti-style, corrected for frozen weights and PEFT); "
         "`memfit plan --exact` traces them from the model's code.",
-        sc.versions.summary(),
         (f"Allocation behaviour of DeepSpeed {sc.ds_version}.x ({allocation_reason(sc.versions.deepspeed)}). "
          if sc.framework == "deepspeed" and sc.stack is not None else
          f"Allocation behaviour of DeepSpeed {sc.ds_version}.x. " if sc.framework == "deepspeed" else "")
         + allocator_note(sc),
+        sc.versions.summary(),
         *sc.versions.notes,
         *timeline.granularity_notes,
         *sc.model.notes,
