@@ -160,12 +160,12 @@ def param_states(opt: OptimizerModel, shape: tuple[int, ...], elem_bytes: int, a
     """The state tensors one trained param of ``shape`` (stored with ``elem_bytes`` per element) gets
     at its first ``step()``, in the order the code creates them."""
     n = _prod(shape)
-    if opt.family == "adamw" and opt.impl == "hf":  # state["step"] is a Python int
-        return (StateTensor("exp_avg", n * elem_bytes, "device"), StateTensor("exp_avg_sq", n * elem_bytes, "device"))
     if opt.family == "adamw" and not opt.bnb:
+        moments = (StateTensor("exp_avg", n * elem_bytes, "device"), StateTensor("exp_avg_sq", n * elem_bytes, "device"))
+        if opt.impl == "hf":  # transformers' AdamW: state["step"] is a Python int
+            return moments
         step_where = "device" if opt.impl == "fused" else "host"
-        return (StateTensor("step", 4, step_where), StateTensor("exp_avg", n * elem_bytes, "device"),
-                StateTensor("exp_avg_sq", n * elem_bytes, "device"))
+        return (StateTensor("step", 4, step_where),) + moments
     if opt.family == "sgd":
         return (StateTensor("momentum_buffer", n * elem_bytes, "device"),) if opt.momentum else ()
     if opt.family == "adagrad":

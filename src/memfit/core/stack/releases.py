@@ -126,8 +126,8 @@ def release_line(name: str, text: str, *, where: str) -> str | None:
     base, _ = split_local(raw)
     m = _VERSION.match(base)
     if m is None:
-        raise MemfitError(f"{where}: {raw!r} is not a {lib.label} version (expected e.g. {lib.lines[-1]}); "
-                          f"memfit knows {lib.label} {lib.known_text()}")
+        raise MemfitError(f"{where}: unknown {lib.label} version {raw!r} (not a version number such as "
+                          f"{lib.lines[-1]}); memfit knows {lib.label} {lib.known_text()}")
     line = f"{int(m.group(1))}.{int(m.group(2))}"
     if not lib.knows(line):
         raise MemfitError(f"{where}: unknown {lib.label} version {raw!r}; memfit knows {lib.label} {lib.known_text()}")

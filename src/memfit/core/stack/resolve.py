@@ -56,11 +56,11 @@ def resolve_stack(inputs: Any, *, framework: str) -> Stack:
         notes.extend(r.notes)
         for lib, (version, where) in r.versions.items():
             old = read.get(lib)
-            if old is not None and _line_or_text(lib, old[0], old[1]) != _line_or_text(lib, version, where):
+            if old is not None and _line(lib, old[0], old[1]) != _line(lib, version, where):
                 raise MemfitError(f"{where}: {library(lib).label} {version} contradicts {old[0]} read at {old[1]}")
             read.setdefault(lib, (version, f"{r.kind} {where}"))
     for lib, (version, where) in read.items():
-        if lib in given and _line_or_text(lib, given[lib][0], given[lib][1]) != _line_or_text(lib, version, where):
+        if lib in given and _line(lib, given[lib][0], given[lib][1]) != _line(lib, version, where):
             raise MemfitError(f"{where}: {library(lib).label} {version} contradicts {given[lib][1]} = "
                               f"{given[lib][0]!r}; give one of them")
     merged = {**read, **given}
@@ -68,7 +68,7 @@ def resolve_stack(inputs: Any, *, framework: str) -> Stack:
     if torch_text is not None:
         local_cuda = cuda_from_local(split_local(torch_text[0])[1])
         if local_cuda is not None:
-            if "cuda" in merged and _line_or_text("cuda", merged["cuda"][0], merged["cuda"][1]) != local_cuda:
+            if "cuda" in merged and _line("cuda", merged["cuda"][0], merged["cuda"][1]) != local_cuda:
                 raise MemfitError(f"{merged['cuda'][1]}: CUDA {merged['cuda'][0]} contradicts the torch build "
                                   f"{torch_text[0]} ({torch_text[1]}), which is built with CUDA {local_cuda}")
             merged.setdefault("cuda", (local_cuda, f"{torch_text[1]}: the torch build's +cu suffix"))
@@ -83,7 +83,8 @@ def resolve_stack(inputs: Any, *, framework: str) -> Stack:
     return Stack(entries=tuple(entries), notes=tuple(notes))
 
 
-def _line_or_text(lib: str, text: str, where: str) -> str | None:
+def _line(lib: str, text: str, where: str) -> str | None:
+    """The release line of a version (two versions agree when their lines do: 0.5 and 0.5.8)."""
     return release_line(lib, text, where=where)
 
 

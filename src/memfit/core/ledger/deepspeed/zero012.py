@@ -181,7 +181,7 @@ def _record_zero12_old(t: Timeline, ctx: RecipeContext, where: Where, opt, n_tr:
               source=f"{src}:__init__ (.to(self.device).clone().float().detach())")
     if off:
         t.alloc(OLD_TO_DEVICE, part * nb)  # the partition copied to the host
-    t.alloc(CLONE_TMP, part * nb)  # .clone()
+    t.alloc(CLONE_TMP, nb * part)  # .clone()
     if off:
         t.free(OLD_TO_DEVICE, part * nb)  # the .to() result dies once clone() returns
     if nb == 4:  # .float() of an fp32 tensor returns it: the clone is the master
