@@ -12,6 +12,7 @@ from typing import Any
 
 from memfit.core.recommend.results import Recommendation, RecommendResult
 from memfit.core.recommend.deepspeed.space import Candidate
+from memfit.core.recommend.stack_doc import stack_section
 from memfit.core.scenario.inputs import ScenarioInputs
 from memfit.errors import MemfitError
 
@@ -67,19 +68,6 @@ def scenario_document(inputs: ScenarioInputs, *, deepspeed_file: str, hardware: 
     if stack:  # the rest of the stack it was judged under (from_pretrained's defaults follow it)
         doc["stack"] = stack
     return doc
-
-
-def stack_section(inputs: ScenarioInputs) -> dict[str, Any]:
-    """The ``stack:`` mapping of the versions and stack files ``inputs`` gives beyond torch, CUDA and
-    DeepSpeed (those are written as ``runtime:`` and ``deepspeed_version``)."""
-    out: dict[str, Any] = {k: v for k, v in (("transformers", inputs.transformers_version),
-                                             ("peft", inputs.peft_version),
-                                             ("bitsandbytes", inputs.bitsandbytes_version),
-                                             ("accelerate", inputs.accelerate_version),
-                                             ("trl", inputs.trl_version)) if v}
-    if inputs.stack_files:
-        out["files"] = [str(Path(f).resolve()) for f in inputs.stack_files]
-    return out
 
 
 def _hardware(result: RecommendResult, inputs: ScenarioInputs) -> dict[str, Any]:
