@@ -4,11 +4,12 @@ host allocator and the GPU memory outside PyTorch."""
 from __future__ import annotations
 
 from mutations.model import Mutation
-from mutations.selections import ALLOC_RULES, ALLOC_SEED, PINNED_RULES, NON_PYTORCH
+from mutations.selections import ALLOC_RULES, ALLOC_SEED, PINNED_RULES, NON_PYTORCH, TRACKER
 
 BK, CC, EX, CF = ("src/memfit/core/alloc/blocks.py", "src/memfit/core/alloc/device_caching.py",
                   "src/memfit/core/alloc/expandable.py", "src/memfit/core/alloc/conf.py")
 PH, NP = "src/memfit/core/alloc/pinned_host.py", "src/memfit/core/alloc/non_pytorch.py"
+VR, TR = "src/memfit/core/alloc/versions.py", "src/memfit/core/alloc/tracker.py"
 
 
 ALLOCATOR_MUTATIONS: tuple[Mutation, ...] = (
@@ -84,6 +85,20 @@ ALLOCATOR_MUTATIONS: tuple[Mutation, ...] = (
     Mutation("pinned-thc-rounded", "allocator", PH, "            b = self._thc_malloc(size)",
              "            b = self._thc_malloc(power_of_two_ceil(size))", PINNED_RULES + ALLOC_SEED,
              "torch <= 1.10 pinning rounded to powers of two (pytorch#95823 measured exact sizes)"),
+    # ---- the rules per torch release (versions.py) and the ledger's tracker (tracker.py) ---------------------
+    Mutation("versions-pinned-pow2-late", "allocator", VR, "pinned_power_of_two=k >= (1, 11)",
+             "pinned_power_of_two=k >= (2, 0)", PINNED_RULES + ALLOC_SEED,
+             "pinned requests exact up to torch 1.13 (pytorch#95823 measured 1.13.1 rounded to a power of two)"),
+    Mutation("versions-cublas-outside-late", "allocator", VR, "cublas_workspace_in_allocator=k >= (1, 13)",
+             "cublas_workspace_in_allocator=k >= (2, 14)", NON_PYTORCH,
+             "cuBLAS's workspace outside the caching allocator on torch 2.13 (test_cuda.py checks it is inside)"),
+    Mutation("tracker-oom-without-outside", "allocator", TR,
+             "self.oom_peak = max(self.oom_peak, s.nonreleasable_bytes.current + self.outside_gpu)",
+             "self.oom_peak = max(self.oom_peak, s.nonreleasable_bytes.current)", TRACKER,
+             "the OOM-relevant figure without the memory outside PyTorch that shares the card"),
+    Mutation("tracker-pinned-block-as-request", "allocator", TR, "            handle, locked = b, b.size  # type: ignore[union-attr]",
+             "            handle, locked = b, nbytes  # type: ignore[union-attr]", TRACKER,
+             "pinned memory locked counted at the request, not the block the host allocator gave"),
     # ---- GPU memory outside PyTorch ------------------------------------------------------------------------
     Mutation("context-eager-sm86-with-segment", "allocator", NP, 'CONTEXT_EAGER = {"sm_86": (999 * MiB,',
              'CONTEXT_EAGER = {"sm_86": (1001 * MiB,', NON_PYTORCH,

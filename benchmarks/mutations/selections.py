@@ -36,7 +36,14 @@ FSDP1_FLAT = ("tests/replay/test_fsdp1_vs_torch.py",) + TORCH_FIXTURES
 """FSDP1's flat parameters against real FullyShardedDataParallel's (fake world, W = 3 and 4)."""
 BNB = ("tests/exact/test_quant_against_bnb.py",) + TORCH_FIXTURES
 """Quantized storage against bitsandbytes' real Params4bit/Int8Params on this CPU."""
-OPTIM = ("tests/replay/test_optimizers_vs_torch.py",) + TORCH_FIXTURES
-"""Optimizer states and step temporaries against the real optimizers' state dicts and allocations."""
+OPTIM = ("tests/replay/test_optimizers_vs_torch.py", "tests/exact/test_optimizer_states_against_libraries.py") + TORCH_FIXTURES
+"""Optimizer states and step temporaries against the real optimizers' state dicts and allocations, and each
+state tensor against the one the library creates (per shape class)."""
 AMP = ("tests/trace/test_amp_casts_vs_autocast.py",) + TORCH_FIXTURES
 """Autocast's weight copies against torch.autocast on this CPU (made, alive, kept for backward)."""
+PUBLIC_RUNS = ("tests/core/test_public_runs.py",)
+"""Published measured GPU runs (tests/fixtures/public_runs): no figure's error against its measurement may
+grow, no verdict that agreed with the run's outcome may disagree."""
+TRACKER = ("tests/core/test_alloc_tracker_vs_published.py",)
+"""The ledger's path into the simulators (MemoryTracker's per-phase figures) against published readings:
+pytorch#86509's cudaMemGetInfo, pytorch#54564's nvidia-smi, pytorch#95823's locked pinned memory."""

@@ -15,7 +15,8 @@ runs), so the measured references for the allocator rules are:
 - Published one-line programs with the device memory they left in use: pytorch#54564 (nvidia-smi,
   RTX 3090, CUDA 11.1) and pytorch#86509 (``cudaMemGetInfo``, ``CUDA_MODULE_LOADING=DEFAULT``). The
   program's tensors go through the caching allocator simulator; what it reserves plus memfit's
-  non-PyTorch model must equal the reading.
+  non-PyTorch model must equal the reading. And pytorch#76811 (``memory_allocated`` after moving an
+  ``nn.Linear(100, 100)``: odd sizes, so the 512-byte rounding of each request shows).
 """
 
 from __future__ import annotations
@@ -81,6 +82,19 @@ def test_memory_stats_one_kib(extra):
     sim.free(b)
     sim.empty_cache()
     assert sim.stats.active_bytes.current == 0
+
+
+def test_pytorch_76811_linear_100_allocated():
+    """pytorch#76811 (torch 1.11.0, A100-SXM4-40GB): ``torch.nn.Linear(100, 100).to(device)`` then
+    ``torch.cuda.memory_allocated(device)`` prints 40960. The weight is 40,000 B and the bias 400 B,
+    neither a multiple of 512: ``round_size`` gives each its own block, 40,448 and 512 B (kMinBlockSize
+    rounding), 40,960 together. The one published reading here whose sizes exercise the 512-byte rule:
+    the recorded sequences of torch's test_cuda.py use multiples of it. With 256-byte rounding it would be
+    40,192 + 512 = 40,704."""
+    sim = CudaCachingAllocator(device_total_bytes=40 * 2**30)
+    sim.malloc(100 * 100 * 4)
+    sim.malloc(100 * 4)
+    assert sim.stats.allocated_bytes.current == 40_960
 
 
 # ------------------------------------------------------------------ max_split_size, expandable segments and the OOM path

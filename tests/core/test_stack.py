@@ -86,10 +86,17 @@ def test_stack_files_fill_the_scenario_and_its_views():
     assert not sc.load.low_cpu_mem_usage  # transformers 4.15's default
 
 
-def test_a_file_contradicting_a_given_version_is_one_line():
-    with pytest.raises(MemfitError, match=r"seed-pip-freeze.txt:3: DeepSpeed 0.5.8 contradicts --deepspeed-version"):
-        build_scenario(_seed(**{**NO_STACK, "ds_version": "0.19"}, stack_files=(str(STACK / "seed-pip-freeze.txt"),)))
-    with pytest.raises(MemfitError, match="contradicts"):  # two files disagreeing
+def test_a_given_version_overrides_a_file_and_two_files_disagreeing_are_one_line():
+    # stack files are the precedence layer's "stack", just above the defaults: a version given (flag,
+    # scenario) wins over one read, said in a note; two files that disagree name both
+    given = _seed(**{**NO_STACK, "ds_version": "0.19"}, stack_files=(str(STACK / "seed-pip-freeze.txt"),))
+    sc = build_scenario(dataclasses.replace(given, origins={**given.origins, "ds_version": "--deepspeed-version"}))
+    assert sc.ds_version == "0.19" and sc.versions.entry("deepspeed").source == "given"
+    assert sc.versions.entry("torch").source.startswith("read: pip freeze")
+    assert any(n.startswith("--deepspeed-version = '0.19' overrides ") and
+               n.endswith("seed-pip-freeze.txt:3: DeepSpeed (pip freeze) = '0.5.8'") for n in sc.input_notes)
+    with pytest.raises(MemfitError, match=r"seed-pip-freeze.txt:20: torch \(pip freeze\) = '1.10.1\+cu113' "
+                                          r"contradicts .*today-ds_report.txt:3: torch \(ds_report\)"):
         build_scenario(_seed(**NO_STACK, stack_files=(str(STACK / "seed-pip-freeze.txt"),
                                                       str(STACK / "today-ds_report.txt"))))
 

@@ -255,16 +255,17 @@ class Measurement:
 
 
 def save_fixture(measurement: Measurement, path: str, *, overwrite: bool = False) -> str:
-    """Write ``measurement`` as JSON to ``path``; refuse to replace an existing file unless told to."""
-    if os.path.exists(path) and not overwrite:
-        raise MemfitError(f"fixture {path} exists; pass overwrite=True (--overwrite) to replace it")
+    """Write ``measurement`` as JSON to ``path``; refuse to replace an existing file unless told to,
+    and never write through a symbolic link (memfit's one writer, ``memfit.core.writing``)."""
+    from memfit.core.writing import write_file
+
     parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(measurement.to_json())
-        fh.write("\n")
-    os.replace(tmp, path)
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as e:
+        raise MemfitError(f"fixture: cannot create {parent}: {e.strerror or type(e).__name__}") from None
+    write_file(path, measurement.to_json() + "\n", what="fixture", overwrite=overwrite,
+               exists_hint="pass overwrite=True (--overwrite) to replace it")
     return path
 
 

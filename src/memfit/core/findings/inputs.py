@@ -21,6 +21,12 @@ def input_findings(sc: Scenario) -> list[Finding]:
     return out
 
 
+def input_file_findings(sc: Scenario) -> list[Finding]:
+    """What a library would ignore in the user's TrainingArguments, accelerate or BitsAndBytesConfig file, or
+    memfit reads but does not model (any framework): one warning each."""
+    return [Finding(id="input-file-ignored", severity="warning", message=w) for w in sc.input_warnings]
+
+
 def stack_findings(sc: Scenario) -> list[Finding]:
     """The libraries of the stack memfit assumed (not given, not read from a stack file): each named
     with the release assumed and why, so no version is a silent guess."""

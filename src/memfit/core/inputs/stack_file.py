@@ -2,11 +2,14 @@
 ``accelerate env`` output, or a ``pip freeze`` / requirements file (``--stack FILE``, the scenario's
 ``stack.files``). Read through ``memfit.core.reading`` (a regular file of at most 4 MiB, UTF-8);
 nothing in it is executed. A file that is none of these, or that names none of the stack's
-libraries, is one error line."""
+libraries, is one error line. ``stack_sourced`` gives its versions to the precedence layer
+(``precedence.LAYERS``' ``stack``, just above the defaults: a flag, the scenario or another file
+overrides it; two stack files that disagree are one line naming both)."""
 
 from __future__ import annotations
 
-from memfit.core.inputs.stack_reading import StackReading, clean_lines
+from memfit.core.inputs.common import Sourced
+from memfit.core.inputs.stack_reading import KIND_NAMES, StackReading, clean_lines, read_from
 from memfit.errors import MemfitError
 
 KINDS = "pip freeze / requirements file, `transformers env` or `accelerate env` output, or `ds_report` output"
@@ -32,4 +35,17 @@ def read_stack_file(path: str) -> StackReading:
     return out
 
 
-__all__ = ["StackReading", "read_stack_file", "KINDS"]
+def stack_sourced(path: str) -> Sourced:
+    """The file's versions as ``ScenarioInputs`` settings (``torch_version``, ``ds_version``, ...),
+    each with the file, line and library it was read from, and the file's kind (``read_from``)."""
+    from memfit.core.stack.releases import library
+    from memfit.core.stack.resolve import FIELDS
+
+    r = read_stack_file(path)
+    out = Sourced(layer="stack", notes=list(r.notes))
+    for lib, (version, where) in r.versions.items():
+        out.set(FIELDS[lib], version, f"{where}: {library(lib).label} ({r.kind})")
+    return out
+
+
+__all__ = ["StackReading", "read_stack_file", "stack_sourced", "read_from", "KINDS", "KIND_NAMES"]

@@ -41,3 +41,16 @@ class StackReading:
                               f"{self.kind} output")
         if old is None:
             self.versions[library] = (version, where)
+
+
+KIND_NAMES = ("pip freeze", "requirements", "transformers env", "accelerate env", "ds_report")
+"""``StackReading.kind``: what a stack file is."""
+
+
+def read_from(origin: str) -> str | None:
+    """``'pip freeze f.txt:3'`` for the origin of a version read from a stack file
+    (``'f.txt:3: DeepSpeed (pip freeze)'``); None for any other origin (a flag, the scenario)."""
+    for kind in KIND_NAMES:
+        if origin.endswith(f" ({kind})"):
+            return f"{kind} {origin[:-len(kind) - 3].rsplit(': ', 1)[0]}"
+    return None

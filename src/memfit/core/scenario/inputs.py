@@ -36,7 +36,8 @@ SCENARIO_KEYS = {"name", "model", "peft", "deepspeed", "deepspeed_version", "har
         "eval"}
 STACK_KEYS = {"torch", "cuda", "deepspeed", "transformers", "peft", "bitsandbytes", "accelerate", "trl", "files"}
 """``stack:``: a version per library (``memfit.core.stack``), and stack files to read them from."""
-RUNTIME_KEYS = {"torch_version", "alloc_conf", "cuda_version", "pin_memory_backend", "alloc_conf_from_env"}
+RUNTIME_KEYS = {"torch_version", "alloc_conf", "cuda_version", "pin_memory_backend", "alloc_conf_from_env",
+                "transformers_version"}
 HARDWARE_KEYS = {"gpus", "nodes", "cpu_ram", "nvme", "shared_gpu", "host_reserve"}
 EVAL_KEYS = {"strategy", "batch", "seq_len", "generate", "max_new_tokens", "generation_max_length", "num_beams", "steps"}
 LOAD_KEYS = {"dtype", "zero_init", "low_cpu_mem_usage", "checkpoint_index", "max_shard_size"}
@@ -104,6 +105,9 @@ class ScenarioInputs:
     pin_memory_backend: str | None = None
     # -- the rest of the stack (memfit.core.stack; torch, CUDA and DeepSpeed are the fields above)
     transformers_version: str | None = None
+    """The transformers release whose Trainer and from_pretrained run (its DeepSpeed-config handling
+    changed in 4.6; ``memfit.core.stack.transformers``); default 5.24. (``stack.transformers`` or
+    ``runtime.transformers_version`` in YAML.)"""
     peft_version: str | None = None
     """``none`` where the run does not install peft."""
     bitsandbytes_version: str | None = None
@@ -167,20 +171,36 @@ class ScenarioInputs:
     """``torch_empty_cache_steps``."""
     input_notes: tuple[str, ...] = ()
     """What memfit resolved or ignored while reading the input files (shown in the plan's notes)."""
+    input_warnings: tuple[str, ...] = ()
+    """What a library would ignore in the input files, or memfit reads but does not model (printed
+    as warnings, and findings)."""
+    assumed: tuple[tuple[str, str, str], ...] = ()
+    """``(setting, value, why)`` for each value taken from a library's default in an input file."""
+    origins: dict[str, str] = field(default_factory=dict)
+    """Where each given field came from, as the user would find it: ``--micro-batch``,
+    ``run.yaml: train.micro_batch`` (``memfit.core.inputs.precedence``)."""
 
 
 def merge_inputs(base: ScenarioInputs, override: ScenarioInputs) -> ScenarioInputs:
-    """``override``'s given values win; PEFT options merge key by key."""
-    changes = {}
+    """``override``'s given values win (flags over a scenario file), each override said in a note;
+    PEFT options and optimizer arguments merge key by key."""
+    changes: dict[str, Any] = {}
+    notes = []
     for f in fields(ScenarioInputs):
         v = getattr(override, f.name)
+        old = getattr(base, f.name)
         if f.name in ("peft_options", "optim_args"):
             if v:
-                changes[f.name] = {**getattr(base, f.name), **v}
-        elif f.name in ("input_notes", "stack_files"):
-            changes[f.name] = tuple(getattr(base, f.name)) + tuple(v)
+                changes[f.name] = {**old, **v}
+        elif f.name in ("input_notes", "input_warnings", "assumed", "stack_files"):
+            changes[f.name] = tuple(old) + tuple(v)
+        elif f.name == "origins":
+            changes[f.name] = {**old, **v}
         elif v is not None:
             changes[f.name] = v
+            if old is not None and old != v and f.name in override.origins and f.name in base.origins:
+                notes.append(f"{override.origins[f.name]} {v!r:.60} overrides {base.origins[f.name]} = {old!r:.60}")
     if override.deepspeed is not None:
         changes["deepspeed_inline"] = None
+    changes["input_notes"] = tuple(changes["input_notes"]) + tuple(notes)
     return replace(base, **changes)

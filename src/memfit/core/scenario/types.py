@@ -188,6 +188,17 @@ class RuntimeSettings:
                               f"got {self.pin_memory_backend!r}")
 
 
+@dataclass(frozen=True, slots=True)
+class Assumption:
+    """A value the plan uses that no input gave: what it is, the value, and where it comes from."""
+
+    kind: str
+    """``hardware``, ``lengths``, ``stack`` or ``defaults``: the group it is shown in."""
+    what: str
+    value: str
+    why: str
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Scenario:
     """Everything a plan needs."""
@@ -224,6 +235,10 @@ class Scenario:
     epoch: EpochSettings = EpochSettings()
     input_notes: tuple[str, ...] = field(default=(), hash=False, compare=False)
     """What memfit resolved or ignored while reading the input files (TrainingArguments, ...)."""
+    input_warnings: tuple[str, ...] = field(default=(), hash=False, compare=False)
+    """What a library would ignore in the input files, or memfit reads but does not model."""
+    assumptions: tuple[Assumption, ...] = field(default=(), hash=False, compare=False)
+    """Every value the plan uses that no input gave (``memfit.core.scenario.assumptions``)."""
     stack: Stack | None = field(default=None, hash=False, compare=False)
     """The software stack (``memfit.core.stack``), given, read or assumed per library; ``ds_version``
     and ``runtime``'s torch and CUDA versions are its views (``build_scenario`` derives them from

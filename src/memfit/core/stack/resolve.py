@@ -1,10 +1,13 @@
 """The stack of a scenario from what the user gave: versions as flags or under ``stack:`` in the
-scenario file (``deepspeed_version`` and ``runtime.torch_version``/``cuda_version`` are the same
-inputs under their older names), versions read from stack files (``--stack FILE``,
-``stack.files``), and for every library left unsaid its named default, said as an assumption.
+scenario file (``deepspeed_version`` and ``runtime.torch_version``/``cuda_version``/
+``transformers_version`` are the same inputs under their older names), versions read from stack
+files (``--stack FILE``, ``stack.files``), and for every library left unsaid its named default, said
+as an assumption.
 
-A version read from a file that contradicts one given, or two files that disagree, is one error
-line naming both; so is a torch build whose CUDA (``+cu113``) contradicts the CUDA given.
+The stack files are an input layer like any other (``memfit.core.inputs.precedence``: ``stack``,
+just above the defaults), merged by ``memfit.core.inputs.merge`` before this runs: a flag or the
+scenario overriding a file is a note, two files that disagree one error line naming both. A torch
+build whose CUDA (``+cu113``) contradicts the CUDA given is one error line too.
 """
 
 from __future__ import annotations
@@ -41,29 +44,15 @@ def _uses(library_name: str, framework: str, inputs: Any) -> str | None:
 
 
 def resolve_stack(inputs: Any, *, framework: str) -> Stack:
-    """``inputs``: a ``ScenarioInputs``; ``framework``: the resolved one (which libraries matter)."""
-    given: dict[str, tuple[str, str]] = {}
+    """``inputs``: a ``ScenarioInputs`` whose stack files the precedence layer has merged
+    (``memfit.core.inputs.merge``: a version read from a file fills its field, the origin saying
+    where); ``framework``: the resolved one (which libraries matter)."""
+    origins = getattr(inputs, "origins", None) or {}
+    merged: dict[str, tuple[str, str]] = {}
     for lib, fld in FIELDS.items():
         value = getattr(inputs, fld, None)
         if value is not None:
-            given[lib] = (str(value), LABELS[lib])
-    read: dict[str, tuple[str, str]] = {}
-    notes: list[str] = []
-    for path in getattr(inputs, "stack_files", None) or ():
-        from memfit.core.inputs.stack_file import read_stack_file
-
-        r = read_stack_file(path)
-        notes.extend(r.notes)
-        for lib, (version, where) in r.versions.items():
-            old = read.get(lib)
-            if old is not None and _line(lib, old[0], old[1]) != _line(lib, version, where):
-                raise MemfitError(f"{where}: {library(lib).label} {version} contradicts {old[0]} read at {old[1]}")
-            read.setdefault(lib, (version, f"{r.kind} {where}"))
-    for lib, (version, where) in read.items():
-        if lib in given and _line(lib, given[lib][0], given[lib][1]) != _line(lib, version, where):
-            raise MemfitError(f"{where}: {library(lib).label} {version} contradicts {given[lib][1]} = "
-                              f"{given[lib][0]!r}; give one of them")
-    merged = {**read, **given}
+            merged[lib] = (str(value), origins.get(fld) or LABELS[lib])
     torch_text = merged.get("torch")
     if torch_text is not None:
         local_cuda = cuda_from_local(split_local(torch_text[0])[1])
@@ -80,7 +69,7 @@ def resolve_stack(inputs: Any, *, framework: str) -> Stack:
             entries.append(StackEntry(library=lib, version=text, line=line, source=_short(where)))
             continue
         entries.append(_default(lib, entries, framework, inputs))
-    return Stack(entries=tuple(entries), notes=tuple(notes))
+    return Stack(entries=tuple(entries))
 
 
 def _line(lib: str, text: str, where: str) -> str | None:
@@ -89,7 +78,10 @@ def _line(lib: str, text: str, where: str) -> str | None:
 
 
 def _short(where: str) -> str:
-    return "given" if where.startswith("--") else f"read: {where}"
+    from memfit.core.inputs.stack_reading import read_from
+
+    read = read_from(where)
+    return f"read: {read}" if read is not None else "given"
 
 
 def _default(lib: str, entries: list[StackEntry], framework: str, inputs: Any) -> StackEntry:
