@@ -60,9 +60,9 @@ FRAMEWORK_MUTATIONS: tuple[Mutation, ...] = (
              "the 16-entry NF4/FP4 code table booked in 16 bits"),
     Mutation("bnb8-scb-per-column", "frameworks", QNT, 'QuantTensor("SCB", shape[0] * 4)', 'QuantTensor("SCB", shape[1] * 4)',
              BNB, "LLM.int8()'s SCB per input column instead of per output row"),
-    Mutation("bnb-conv1d-not-transposed", "frameworks", TPAR,
-             'quantized_tensors(q, tuple(p.shape)[::-1] if kind == "conv1d" else tuple(p.shape))',
-             "quantized_tensors(q, tuple(p.shape))", BNB,
+    Mutation("bnb-conv1d-not-transposed", "frameworks", "src/memfit/core/quant.py",
+             'out[p.name] = tuple(p.shape)[::-1] if kind == "conv1d" else tuple(p.shape)',
+             "out[p.name] = tuple(p.shape)", BNB,
              "GPT-2's Conv1D weights quantized as stored (transformers quantizes their transpose)"),
     # ---- optimizer states (torch 2.13, bitsandbytes 0.50.2, transformers' Adafactor) -------------------------
     Mutation("bnb8-blocksize-2048", "frameworks", OPT, "BNB_BLOCKSIZE = 256", "BNB_BLOCKSIZE = 2048", OPTIM,

@@ -25,6 +25,14 @@ measurements pytorch#95823 and vllm-backport#67, and cases derived from CachingH
 NON_PYTORCH = ("tests/core/test_alloc_vs_torch_tests.py",)
 """GPU memory outside the caching allocator against published programs' readings and test_cuda.py's
 cuBLAS workspace check."""
+NON_PYTORCH_MODEL = ("tests/core/test_alloc_timeline.py",)
+"""The model of memory outside PyTorch per stack (context, NCCL per world size and interconnect)."""
+SEQUENCE = ("tests/core/test_alloc_sequence.py", "tests/core/test_activation_tensors.py")
+"""Alloc/free sequences: tensor by tensor activations, ZeRO-3's side streams, deferred frees."""
+SEQUENCE_REPLAY = ("tests/replay/test_sequence_vs_replay.py",)
+"""The alloc/free sequences recorded by torch.profiler in real CPU runs of DeepSpeed and torch/DDP/FSDP
+(tests/fixtures/replay_sequence): the recording's simulated peaks against the host tracker's own figures,
+and the ledger's sequence through the allocator simulation against the recording's."""
 TORCH_FIXTURES = ("tests/replay/test_torch_plan_vs_replay.py",)
 """Every torch/DDP/FSDP replay fixture (real runs on this CPU) against the re-planned ledger: sizes
 read off the objects to the byte, phase peaks (fast: JSON only)."""
@@ -46,4 +54,4 @@ PUBLIC_RUNS = ("tests/core/test_public_runs.py",)
 grow, no verdict that agreed with the run's outcome may disagree."""
 TRACKER = ("tests/core/test_alloc_tracker_vs_published.py",)
 """The ledger's path into the simulators (MemoryTracker's per-phase figures) against published readings:
-pytorch#86509's cudaMemGetInfo, pytorch#54564's nvidia-smi, pytorch#95823's locked pinned memory."""
+pytorch#86509's cudaMemGetInfo (and nvidia-smi), pytorch#95823's locked pinned memory."""

@@ -135,13 +135,19 @@ def test_an_input_file_given_as_the_scenario_says_which_flag_it_needs(tmp_path, 
         read_scenario_file(path)
 
 
-def test_quantization_under_deepspeed_is_refused_not_ignored(tmp_path):
+def test_quantization_under_deepspeed_is_planned_not_ignored(tmp_path):
     from pathlib import Path
+
+    from memfit.core.plan import make_plan
 
     ds = Path(__file__).resolve().parents[2] / "examples" / "deepspeed" / "zero2_bf16.json"
     bnb = _write(tmp_path, "bnb.json", {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4"})
-    with pytest.raises(MemfitError, match="quantization under DeepSpeed is not modelled"):
-        build_scenario(ScenarioInputs(model="gpt2", peft_method="lora", deepspeed=str(ds), bnb_config=bnb))
+    sc = build_scenario(ScenarioInputs(model="gpt2", peft_method="lora", deepspeed=str(ds), bnb_config=bnb))
+    keys = {i.key for p in make_plan(sc).phases for i in p.items}
+    assert "quant.state" in keys  # the quantization state, on the GPU from the load on
+    eight = _write(tmp_path, "bnb8.json", {"load_in_8bit": True})
+    with pytest.raises(MemfitError, match="8-bit .LLM.int8... under DeepSpeed is not modelled"):
+        build_scenario(ScenarioInputs(model="gpt2", peft_method="lora", deepspeed=str(ds), bnb_config=eight))
 
 
 @pytest.mark.parametrize("sft,rule,seq", [({"max_length": 512, "packing": True}, "pack", 512),

@@ -79,7 +79,7 @@ def _scenario_flags(
     cuda_version: Optional[str] = typer.Option(None, "--cuda-version", help="CUDA of the torch build, e.g. 12.8 (default: the usual one for that torch); lazy kernel loading needs >= 11.7."),
     pin_memory_backend: Optional[str] = typer.Option(None, "--pin-memory-backend", help="DeepSpeed 0.19's DS_PIN_MEMORY_BACKEND: torch (default) or native (mlock, no torch cache)."),
     peft_version: Optional[str] = typer.Option(None, "--peft-version", help="The run's peft release (none: not installed; default 0.21)."),
-    bitsandbytes_version: Optional[str] = typer.Option(None, "--bitsandbytes-version", help="The run's bitsandbytes release (default 0.50)."),
+    bitsandbytes_version: Optional[str] = typer.Option(None, "--bitsandbytes-version", help="The run's bitsandbytes release, e.g. 0.43.1 (4-bit layers keep their input up to 0.43.1; none: not installed); default 0.50.2."),
     accelerate_version: Optional[str] = typer.Option(None, "--accelerate-version", help="The run's accelerate release (default 1.15)."),
     trl_version: Optional[str] = typer.Option(None, "--trl-version", help="The run's TRL release (default 0.24)."),
     stack: Optional[list[Path]] = typer.Option(None, "--stack", help="A file that states the run's versions: pip freeze or requirements.txt, `transformers env` or `accelerate env` output, or `ds_report` output (repeatable; below every other input: a version flag, the scenario or another file overrides it)."),

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from memfit.core.alloc.sequence import AllocSequence
 from memfit.errors import MemfitError
 from memfit.replay.spec import ReplaySpec
 
@@ -197,6 +198,10 @@ class Measurement:
     wall_s: float = 0.0
     returncode: int | None = None
     notes: tuple[str, ...] = ()
+    alloc_sequence: AllocSequence | None = None
+    """With ``spec.alloc_sequence``: every host tensor the CPU allocator reported from the first
+    forward to the end of the last optimizer step (``memfit.replay.host_tracker.alloc_sequence``);
+    its marks are ledger phase names (``sequence_phase``)."""
 
     @property
     def ok(self) -> bool:
@@ -227,6 +232,9 @@ class Measurement:
             value = getattr(self, f.name)
             if f.name == "spec":
                 out[f.name] = value.to_dict()
+            elif f.name == "alloc_sequence":
+                if value is not None:
+                    out[f.name] = value.to_dict()
             else:
                 out[f.name] = _to_plain(value)
         return out
@@ -244,6 +252,7 @@ class Measurement:
         d["attributed"] = tuple(AttributedItem(**a) for a in d.get("attributed", ()))
         d["timeline"] = tuple(TimelinePoint(**t) for t in d.get("timeline", ()))
         d["error"] = ReplayError(**d["error"]) if d.get("error") else None
+        d["alloc_sequence"] = AllocSequence.from_dict(d["alloc_sequence"]) if d.get("alloc_sequence") else None
         return cls(**d)
 
     def to_json(self) -> str:
@@ -252,6 +261,14 @@ class Measurement:
     @classmethod
     def from_json(cls, text: str) -> Measurement:
         return cls.from_dict(json.loads(text))
+
+
+def sequence_phase(name: str, step: int | None, micro_step: int | None) -> str:
+    """The ledger phase a replay's step phase occurrence is: step 1's first micro-step is ``forward``/
+    ``backward``, its later ones ``accum.*``; every later step is ``step2.*``."""
+    if not step:
+        return name if not micro_step or name == "optimizer_step" else f"accum.{name}"
+    return f"step2.{name}"
 
 
 def save_fixture(measurement: Measurement, path: str, *, overwrite: bool = False) -> str:

@@ -36,7 +36,7 @@ class Ctx:
     """One call's numbers (a plain class: the recommender calls this >10k times per second)."""
 
     __slots__ = ("D", "b", "s", "skv", "t", "h", "a", "hq", "hkv", "kv", "i", "eager", "full", "trains",
-                 "cache", "gqa", "attention")
+                 "cache", "gqa", "attention", "qk_grads")
 
     def __init__(self, **kw) -> None:
         for k, v in kw.items():
@@ -140,8 +140,10 @@ def _attention(arch: ArchSpec, L: LayerLayout, c: Ctx, *, masked: bool, qk_norm:
         if L.attn_softcap:
             n += D * b * a * s * skv  # tanh output of the soft-capped scores
         n += 2 * D * b * skv * hkv if c.cache and c.gqa else 0  # the cache (outputs) besides the repeats
-        if not grad_in:
-            n -= D * t * hq  # only one of q, k needs a gradient in the first layer
+        if not c.trains("o_proj"):  # the merged heads are a copy only o_proj's input needs
+            n -= D * t * hq
+        if not grad_in:  # the score matmul keeps k for q's gradient and q for k's; in the first layer
+            n -= D * t * hq * (2 - getattr(c, "qk_grads", 1))  # only the adapted ones need one
         return n
     kernel, repeat = sdpa_kernel_bytes(c, masked=masked, heads=a, d_qk=arch.head_dim, d_v=arch.head_dim, s=s, skv=skv)
     n += D * t * hq + kernel + D * t * hq  # q, kernel state, output

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import NamedTuple
 
+from memfit.core.activations.adapters import AdapterActivations, first_block_adapters, first_block_qk_grads
 from memfit.core.activations.common import CAUSAL_LM_LOSS, _lora_targets
 from memfit.core.activations.estimate import ActivationEstimate, LayerGroup
 from memfit.core.activations.families import Ctx, llama_layer, norm_bytes
@@ -33,17 +34,17 @@ _LM_TASKS = ("causal-lm", "masked-lm", "seq2seq-lm")
 def estimate_from_layout(
     arch: ArchSpec, peft: PeftSpec, *, seq_len: int, micro_batch: int, dtype_bytes: int,
     gradient_checkpointing: bool, attention: str, keep_outputs: bool, linear_saves_frozen_inputs: bool,
-    target_len: int | None,
+    target_len: int | None, adapters: AdapterActivations | None = None,
 ) -> ActivationEstimate:
     L = arch.layout
     method = peft.method
     D, b = dtype_bytes, micro_batch
-    P = peft.num_virtual_tokens if method in ("prefix", "prompt") else 0
-    s = seq_len + P if method == "prompt" else seq_len
-    skv = s + P if method == "prefix" else s
+    s = seq_len + peft.prompt_tokens
+    skv = s + peft.prefix_tokens
     t = b * s
     full = method in ("full", "freeze")
-    targets = _lora_targets(arch, peft) if method == "lora" else ()
+    targets = (adapters.kept_inputs(D) if adapters is not None else
+               _lora_targets(arch, peft) if method == "lora" else ())
     frozen_saves = linear_saves_frozen_inputs
 
     def trains(*names: str) -> bool:
@@ -56,9 +57,12 @@ def estimate_from_layout(
             # SequenceClassifierOutputWithPast, Seq2SeqLMOutput); transformers disables it under checkpointing
             cache=keep_outputs and not gradient_checkpointing and arch.task in ("causal-lm", "sequence-classification", "seq2seq-lm"),
             gqa=arch.num_kv_heads != arch.num_heads,
-            attention=attention)
-    grad_first = full or method == "prompt"
-    lora = len(targets) * D * t * peft.lora_r if method == "lora" else 0
+            attention=attention,
+            qk_grads=first_block_qk_grads(adapters, targets, peft))
+    grad_first = full or peft.prompt_tokens > 0
+    lora = (max(adapters.block_bytes(t, D), default=0) if adapters is not None else
+            len(targets) * D * t * peft.lora_r if method == "lora" else 0)
+    lora_first = first_block_adapters(adapters, arch, t, D, grad_first) if adapters is not None else lora
     fused = attention != "eager" and attention != "sdpa"  # flash/flex take windows without a mask
 
     groups: list[LayerGroup] = []
@@ -72,15 +76,15 @@ def estimate_from_layout(
             kw = dict(moe="m" in kind, masked=masked, qk_norm="n" not in kind)
             groups.append(LayerGroup(_kind_name(kind), counted[kind], llama_layer(arch, L, c, grad_in=True, **kw) + lora))
             if kind == kinds[0]:
-                first = llama_layer(arch, L, c, grad_in=grad_first, **kw) + lora
+                first = llama_layer(arch, L, c, grad_in=grad_first, **kw) + lora_first
     elif L.family == "neox":
         per = neox_layer(arch, L, c, grad_in=True) + lora
         groups.append(LayerGroup("layer", arch.num_layers, per))
-        first = neox_layer(arch, L, c, grad_in=grad_first) + lora
+        first = neox_layer(arch, L, c, grad_in=grad_first) + lora_first
     elif L.family == "bert":
         per = bert_layer(arch, L, c, grad_in=True) + lora
         groups.append(LayerGroup("layer", arch.num_layers, per))
-        first = bert_layer(arch, L, c, grad_in=grad_first) + lora
+        first = bert_layer(arch, L, c, grad_in=grad_first) + lora_first
     elif L.family == "t5":
         groups, first, extra = _t5_groups(arch, c, target_len or seq_len, lora)
     else:  # a layout family without a model here is a builder bug
@@ -90,6 +94,9 @@ def estimate_from_layout(
     embed = _embedding_bytes(arch, c, grad_first or gradient_checkpointing)
     hd = _head_bytes(arch, c, t_out, keep_outputs=keep_outputs)
     head, logits = hd.head, hd.logits
+    if adapters is not None:  # adapted (or quantized) embeddings and heads, outside the blocks
+        before, after = adapters.outside_bytes(t, D)
+        embed, head = embed + before, head + after
     layers_total = sum(g.count * g.bytes for g in groups) - (groups[0].bytes - first if groups else 0)
     n_layers = sum(g.count for g in groups)
     biggest = max(groups, key=lambda g: g.count * g.bytes) if groups else LayerGroup("layer", 0, 0)

@@ -138,10 +138,9 @@ def resolve_framework_settings(inputs, hw: Hardware, *, has_deepspeed_json: bool
         raise MemfitError(f"framework torch trains on one GPU, but the hardware has {hw.world_size}; use framework "
                           "ddp, fsdp or fsdp2 (or one GPU)")
     if fw == "deepspeed":
-        if quant.enabled:  # the DeepSpeed recipes partition by the param dtype; quant_storage is not modelled there
-            raise MemfitError(f"bitsandbytes {quant.method} quantization under DeepSpeed is not modelled (ZeRO-3 would "
-                              "shard the packed weights by bnb_4bit_quant_storage); plan QLoRA with framework torch, "
-                              "ddp, fsdp or fsdp2, or drop the quantization")
+        if quant.method == "8bit":
+            raise MemfitError("bitsandbytes 8-bit (LLM.int8()) under DeepSpeed is not modelled; plan it with framework "
+                              "torch or ddp, or use a 4-bit base (QLoRA), which memfit models under DeepSpeed")
         return FrameworkResolution(framework=fw, torch=TorchSettings(), quant=quant, ddp=ddp, fsdp=fsdp)
     precision = inputs.precision or "fp32"
     if precision in ("amp_bf16", "bf16") and not hw.gpu.bf16:

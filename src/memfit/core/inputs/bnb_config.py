@@ -2,8 +2,8 @@
 ``quantization_config``), with transformers 5.24's defaults (``utils/quantization_config.py``):
 ``bnb_4bit_quant_type`` fp4, ``bnb_4bit_use_double_quant`` false, ``bnb_4bit_compute_dtype``
 float32, ``bnb_4bit_quant_storage`` uint8, ``llm_int8_skip_modules`` none (transformers' default
-skips). Types are checked as ``BitsAndBytesConfig.post_init`` checks them; a key it does not have is a
-warning with the key it most likely misspells (it logs "Unused kwargs" and ignores it); the 8-bit
+skips; an explicit empty list skips nothing). Types are checked as ``BitsAndBytesConfig.post_init``
+checks them; a key it does not have is a warning with the key it most likely misspells (it logs "Unused kwargs" and ignores it); the 8-bit
 options memfit does not model (``llm_int8_enable_fp32_cpu_offload``, ``llm_int8_has_fp16_weight``) are
 warnings when set."""
 

@@ -65,7 +65,8 @@ def scenario_document(inputs: ScenarioInputs, *, deepspeed_file: str, hardware: 
     if inputs.trust_remote_code:
         doc["trust_remote_code"] = True
     runtime = {k: v for k, v in (("torch_version", inputs.torch_version), ("alloc_conf", inputs.alloc_conf),
-                                 ("cuda_version", inputs.cuda_version), ("pin_memory_backend", inputs.pin_memory_backend))
+                                 ("cuda_version", inputs.cuda_version), ("pin_memory_backend", inputs.pin_memory_backend),
+                                 ("bitsandbytes_version", inputs.bitsandbytes_version))
                if v}
     if runtime:  # the allocator rules the recommendation was judged under
         doc["runtime"] = runtime

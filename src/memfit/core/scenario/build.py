@@ -238,7 +238,19 @@ def runtime_settings(inputs: ScenarioInputs, stack=None):  # -> RuntimeSettings
             source = "asked to read PYTORCH_CUDA_ALLOC_CONF from the environment: not set, torch's defaults"
     return RuntimeSettings(torch_version=version.name, alloc_conf=conf, alloc_conf_source=source,
                            cuda_version=stack.cuda if stack is not None else inputs.cuda_version,
-                           pin_memory_backend=inputs.pin_memory_backend or "torch")
+                           pin_memory_backend=inputs.pin_memory_backend or "torch", **_bitsandbytes(inputs, stack))
+
+
+def _bitsandbytes(inputs: ScenarioInputs, stack) -> dict:
+    """The runtime's bitsandbytes release (its matmuls' saved tensors, ``memfit.core.quant_kernels``):
+    the stack's, as given or read, when it names one; else the default (noted as assumed)."""
+    if stack is not None:
+        entry = stack.entry("bitsandbytes")
+        if entry.assumed or entry.line is None or entry.version is None:
+            return {}
+        return {"bitsandbytes_version": entry.version, "bitsandbytes_version_given": True}
+    return ({"bitsandbytes_version": inputs.bitsandbytes_version, "bitsandbytes_version_given": True}
+            if inputs.bitsandbytes_version else {})
 
 
 def _model_shape(source, inputs: ScenarioInputs):
@@ -343,6 +355,7 @@ def describe_scenario(sc: Scenario) -> dict[str, Any]:
         "cuda_version": sc.runtime.cuda_version or resolve_torch_version(sc.runtime.torch_version).default_cuda,
         "pin_memory_backend": sc.runtime.pin_memory_backend,
         "stack": sc.versions.as_dict(),
+        "bitsandbytes_version": sc.runtime.bitsandbytes_version,
         "framework": sc.framework,
         **({} if sc.framework == "deepspeed" else {
             "precision_mode": sc.torch.precision, "optim": sc.torch.optim,

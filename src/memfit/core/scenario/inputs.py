@@ -37,7 +37,7 @@ SCENARIO_KEYS = {"name", "model", "peft", "deepspeed", "deepspeed_version", "har
 STACK_KEYS = {"torch", "cuda", "deepspeed", "transformers", "peft", "bitsandbytes", "accelerate", "trl", "files"}
 """``stack:``: a version per library (``memfit.core.stack``), and stack files to read them from."""
 RUNTIME_KEYS = {"torch_version", "alloc_conf", "cuda_version", "pin_memory_backend", "alloc_conf_from_env",
-                "transformers_version"}
+                "transformers_version", "bitsandbytes_version"}
 HARDWARE_KEYS = {"gpus", "nodes", "cpu_ram", "nvme", "shared_gpu", "host_reserve"}
 EVAL_KEYS = {"strategy", "batch", "seq_len", "generate", "max_new_tokens", "generation_max_length", "num_beams", "steps"}
 LOAD_KEYS = {"dtype", "zero_init", "low_cpu_mem_usage", "checkpoint_index", "max_shard_size"}
@@ -111,6 +111,8 @@ class ScenarioInputs:
     peft_version: str | None = None
     """``none`` where the run does not install peft."""
     bitsandbytes_version: str | None = None
+    """The bitsandbytes release of the run (its quantized matmuls: ``memfit.core.quant_kernels``).
+    (``stack.bitsandbytes`` or ``runtime.bitsandbytes_version`` in YAML.)"""
     accelerate_version: str | None = None
     trl_version: str | None = None
     stack_files: tuple[str, ...] = ()

@@ -135,7 +135,11 @@ def read_scenario_mapping(raw: Any, p: Path) -> ScenarioInputs:
     rt_transformers = None if rt.get("transformers_version") is None else str(rt["transformers_version"])
     transformers_version = one_of(("runtime.transformers_version", rt_transformers),
                                   ("stack.transformers", versions["transformers"]))
-    aliased = {"ds_version": ("stack.deepspeed", raw.get("deepspeed_version")),
+    rt_bnb = None if rt.get("bitsandbytes_version") is None else str(rt["bitsandbytes_version"])
+    bitsandbytes_version = one_of(("runtime.bitsandbytes_version", rt_bnb),
+                                  ("stack.bitsandbytes", versions["bitsandbytes"]))
+    aliased = {"bitsandbytes_version": ("stack.bitsandbytes", rt_bnb),
+               "ds_version": ("stack.deepspeed", raw.get("deepspeed_version")),
                "torch_version": ("stack.torch", rt.get("torch_version")),
                "cuda_version": ("stack.cuda", rt.get("cuda_version")),
                "transformers_version": ("stack.transformers", rt_transformers)}
@@ -184,7 +188,7 @@ def read_scenario_mapping(raw: Any, p: Path) -> ScenarioInputs:
         eval_steps=ev.get("steps"),
         epoch=train.get("epoch"), epoch_steps=train.get("epoch_steps"), empty_cache_steps=train.get("empty_cache_steps"),
         transformers_version=transformers_version, peft_version=versions["peft"],
-        bitsandbytes_version=versions["bitsandbytes"], accelerate_version=versions["accelerate"],
+        bitsandbytes_version=bitsandbytes_version, accelerate_version=versions["accelerate"],
         trl_version=versions["trl"], stack_files=stack_files,
     )
     from dataclasses import fields, replace

@@ -16,6 +16,7 @@ from memfit.core.frameworks.pytorch import FRAMEWORKS, DdpSettings, FsdpSettings
 from memfit.core.hardware import Hardware
 from memfit.core.model import ModelShape
 from memfit.core.peft.spec import PeftSpec
+from memfit.core.quant_kernels import DEFAULT_BNB_VERSION, bnb_release
 from memfit.core.stack.types import Stack
 from memfit.errors import MemfitError
 
@@ -172,6 +173,11 @@ class RuntimeSettings:
     """DeepSpeed 0.19's ``DS_PIN_MEMORY_BACKEND``: ``torch`` (tensor.pin_memory()) or ``native`` (mlock)."""
     alloc_conf_source: str = ""
     """Where ``alloc_conf`` came from when not typed in (e.g. the environment, on request)."""
+    bitsandbytes_version: str = DEFAULT_BNB_VERSION
+    """bitsandbytes release (``memfit.core.quant_kernels``: what its 4-bit and 8-bit matmuls keep);
+    the default is the one installed here, and a plan with quantization says when it assumed it."""
+    bitsandbytes_version_given: bool = False
+    """The version came from the user (else the plan notes the assumption)."""
 
     def __post_init__(self) -> None:
         from memfit.core.alloc.conf import parse_alloc_conf
@@ -183,6 +189,7 @@ class RuntimeSettings:
             parts = str(self.cuda_version).split(".")
             if not (1 <= len(parts) <= 3 and all(p.isdigit() for p in parts)):
                 raise MemfitError(f"--cuda-version: expected e.g. 12.8 or 11.3, got {self.cuda_version!r}")
+        bnb_release(self.bitsandbytes_version)  # a version memfit did not read is refused in one line
         if self.pin_memory_backend not in PIN_MEMORY_BACKENDS:
             raise MemfitError(f"--pin-memory-backend must be one of {', '.join(PIN_MEMORY_BACKENDS)}, "
                               f"got {self.pin_memory_backend!r}")
