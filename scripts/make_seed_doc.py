@@ -33,10 +33,19 @@ OUT = ROOT / "docs" / "kogpt-prefix-tuning.md"
 GiB = 2**30
 
 
+TODAY = dict(ds_version="0.19", torch_version="2.13", transformers_version="5.24")
+"""Today's stack: the releases memfit's current models were read from (DeepSpeed 0.19.8, torch 2.13,
+transformers 5.24; the prefix encoder's shapes are peft 0.21's either way)."""
+
+
 def plan_for(**changes):
     inputs = dataclasses.replace(read_scenario_file(SEED), **changes)
     sc = build_scenario(inputs)
     return sc, make_plan(sc)
+
+
+def today(**changes):
+    return plan_for(**{**TODAY, **changes})
 
 
 def gib(n: int) -> str:
@@ -62,6 +71,43 @@ def peaks(plan):
     g = max(plan.phases, key=gpu_figure)
     h = max(plan.phases, key=host_figure)
     return g, h
+
+
+def stack_text(sc) -> str:
+    st = sc.versions
+    return (f"DeepSpeed {st.entry('deepspeed').version or st.deepspeed}, torch {st.entry('torch').version or st.torch}, "
+            f"transformers {st.entry('transformers').version or st.transformers}")
+
+
+def first_failure_text(sc, plan) -> str:
+    if plan.verdict.fits:
+        return "every phase fits."
+    f = plan.verdict.failures[0]
+    where = "host RAM per node" if f.device == "cpu" else "the GPU per rank"
+    return (f"phase `{f.phase}` needs {gib(f.needed_bytes)} GiB of {where}, {gib(f.available_bytes)} GiB available "
+            f"({gib(f.needed_bytes - f.available_bytes)} GiB short).")
+
+
+def state_dict_bytes(plan) -> int:
+    return sum(i.bytes for i in plan.phase("load").items if i.key == "load.state_dict")
+
+
+def loaded_bytes(plan) -> int:
+    return sum(i.bytes for i in plan.phase("load").items if i.key == "load.weights")
+
+
+SEED_LOG = ROOT / "tests" / "fixtures" / "logs" / "seed-pinned-partition-ds058.txt"
+
+
+def seed_diagnosis(sc, plan) -> dict:
+    """``memfit diagnose`` on the issue-style traceback (DeepSpeed 0.5.8), against the plan."""
+    from memfit.core.diagnose import diagnose_log
+
+    d = diagnose_log(SEED_LOG.read_text(encoding="utf-8"), plan, sc)
+    rec = d.reconciliation
+    return {"log": str(SEED_LOG.relative_to(ROOT)), "headline": d.headline, "phase": d.phase,
+            "first_line": rec.lines[0] if rec else "", "verdict": rec.plan_verdict if rec else "",
+            "resource_line": next((ln for ln in (rec.lines if rec else ()) if ln.startswith("Resource:")), "")}
 
 
 def allocator_section(sc, plan, sc19, plan19) -> list[str]:
@@ -121,7 +167,7 @@ def retrace() -> None:
 
     rows = []
     for seq in SEQ_LENS:
-        sc, _ = plan_for(ds_version="0.19", seq_len=seq)
+        sc, _ = today(seq_len=seq)
         tr = trace_scenario(sc)
         rows.append({"seq_len": seq, "saved_bytes": tr.saved_bytes, "activation_bytes": tr.activation_bytes,
                      "forward_peak_bytes": tr.forward.peak_bytes, "backward_peak_bytes": tr.backward.peak_bytes,
@@ -140,7 +186,7 @@ def activation_table() -> list[str]:
     out = ["| seq len | traced: saved for backward | traced: activations at end of forward | analytic | "
            "analytic with gradient checkpointing |", "|---:|---:|---:|---:|---:|"]
     for r in rows:
-        sc, _ = plan_for(ds_version="0.19", seq_len=r["seq_len"])
+        sc, _ = today(seq_len=r["seq_len"])
         kw = dict(seq_len=r["seq_len"], micro_batch=1, dtype_bytes=2, attention="sdpa", linear_saves_frozen_inputs=True)
         a = estimate_activation_bytes(sc.model.arch, sc.peft, gradient_checkpointing=False, **kw)
         g = estimate_activation_bytes(sc.model.arch, sc.peft, gradient_checkpointing=True, **kw)
@@ -202,8 +248,9 @@ def REPLAY_FIXTURES() -> list[Path]:
 def recommendations() -> list[str]:
     from memfit.core.recommend import recommend
 
-    res = recommend(dataclasses.replace(read_scenario_file(SEED), ds_version="0.19"), top=3)
-    out = [f"`memfit recommend examples/kogpt-prefix-zero3-offload.yaml --deepspeed-version 0.19` searched "
+    res = recommend(dataclasses.replace(read_scenario_file(SEED), **TODAY), top=3)
+    out = [f"`memfit recommend examples/kogpt-prefix-zero3-offload.yaml --deepspeed-version 0.19 --torch-version "
+           f"2.13 --transformers-version 5.24` (today's stack) searched "
            f"{res.candidates_searched:,} configurations ({res.candidates_fitting:,} fit with "
            f"{res.headroom_words}); the best by estimated step time, each confirmed by the "
            "exact ledger:", "", "| rank | changes | GPU OOM-relevant / rank | host peak / node |", "|---:|---|---:|---:|"]
@@ -217,12 +264,14 @@ def recommendations() -> list[str]:
 
 
 def build() -> str:
-    sc, plan = plan_for(torch_version="1.10")               # the case as run: DeepSpeed 0.5.x, torch 1.10 (2021)
-    sc19, plan19 = plan_for(ds_version="0.19")              # the same with today's DeepSpeed and torch
-    _, fix16 = plan_for(ds_version="0.19", load_dtype="fp16")
-    _, fixzi = plan_for(ds_version="0.19", zero_init=True)
-    _, fixboth = plan_for(ds_version="0.19", zero_init=True, load_dtype="fp16")
-    _, old_tf = plan_for(torch_version="1.10", low_cpu_mem_usage=False)  # transformers' early-2022 default
+    sc, plan = plan_for()                                   # the case as it ran: the example's December 2021 stack
+    sc19, plan19 = today()                                  # the same on today's stack
+    _, fix16 = today(load_dtype="fp16")
+    _, fixzi = today(zero_init=True)
+    _, fixboth = today(zero_init=True, load_dtype="fp16")
+    _, low_mem = plan_for(low_cpu_mem_usage=True)           # 2021 stack, from_pretrained(low_cpu_mem_usage=True)
+    _, half21 = plan_for(load_dtype="fp16")                 # 2021 stack, from_pretrained(torch_dtype=torch.float16)
+    diag = seed_diagnosis(sc, plan)
     m = sc.model
     W = sc.world_size
     move = plan.phase("initialize.move")
@@ -244,9 +293,11 @@ def build() -> str:
         "the right accounting, and why does initialization fail?",
         "",
         "Scenario: [`examples/kogpt-prefix-zero3-offload.yaml`](../examples/kogpt-prefix-zero3-offload.yaml) "
-        "with the issue's DeepSpeed config verbatim. Reproduce with "
-        "`memfit plan examples/kogpt-prefix-zero3-offload.yaml` (add `--deepspeed-version 0.19` for today's "
-        "DeepSpeed, `--exact` for traced activations, `--report out.html` for charts).",
+        "with the issue's DeepSpeed config verbatim and the software stack of the issue's month (it is dated "
+        "2021-12-27): DeepSpeed 0.5.8, torch 1.10.1+cu113, transformers 4.15.0, no peft. Reproduce with "
+        "`memfit plan examples/kogpt-prefix-zero3-offload.yaml` (add `--deepspeed-version 0.19 --torch-version 2.13 "
+        "--transformers-version 5.24` for today's stack, `--exact` for traced activations, `--report out.html` for "
+        "charts).",
         "",
         "## Short answer",
         "",
@@ -265,7 +316,7 @@ def build() -> str:
                           f"{gib(g.gpu_allocated_bytes)} GiB; the rest is segments the allocator cannot hand "
                           f"back and memory outside PyTorch)."),
         f"- **The 16 bytes per trained parameter.** {f.get('sixteen-bytes-per-trainable-param', '')}",
-        f"- **Host memory is the tight resource.** {f.get('host-ram-per-node', '')} "
+        f"- **Host memory is what runs out.** {f.get('first-failure', '')} {f.get('host-ram-per-node', '')} "
         f"Pinned (page-locked) memory reaches {fmt_bytes(pinned, 'GB')} per rank with DeepSpeed 0.5 on torch "
         f"{sc.runtime.torch_version} ({fmt_bytes(pinned19, 'GB')} with DeepSpeed 0.19 on torch "
         f"{sc19.runtime.torch_version}, whose pinned allocator rounds blocks up to powers of two), every "
@@ -274,30 +325,37 @@ def build() -> str:
         "",
         "## Why initialization fails",
         "",
-        f"With the numbers above, no phase of `initialize` exceeds the GPU: its peak is the whole-model copy, "
-        f"{gib(gpu_figure(move))} GiB of {gib(sc.hardware.gpu.total_bytes)} (what a CUDA OOM depends on; see below). "
-        f"What is close to the limit is "
-        f"**host memory on the one 64 GB node that both ranks share**: {gib(host_figure(h))} GiB at "
-        f"{h.name}, before the operating system and anything else. Small changes push it over:",
+        f"As the case ran ({stack_text(sc)}; the example's `stack:`), the plan does not fit, and not on the GPUs: "
+        f"{first_failure_text(sc, plan)} transformers 4.15's `from_pretrained` defaults to `low_cpu_mem_usage=False` "
+        f"(`modeling_utils.py`: `kwargs.pop(\"low_cpu_mem_usage\", False)`): it `torch.load`s the checkpoint "
+        f"(kogpt's fp16 file, {fmt_bytes(state_dict_bytes(plan), 'GB')}), builds a randomly initialized fp32 model "
+        f"next to it ({fmt_bytes(loaded_bytes(plan), 'GB')}) and only then drops the state dict, in each of the "
+        f"{W} ranks on the node. The GPUs have room throughout: the highest GPU figure is {gib(gpu_figure(g))} GiB "
+        f"of {gib(sc.hardware.gpu.total_bytes)} ({g.name}).",
         "",
-        "| variant | host peak / node | phase | verdict |",
+        "| variant (the December 2021 stack) | host peak / node | phase | verdict |",
         "|---|---:|---|---|",
         *[f"| {label} | {gib(host_figure(peaks(p)[1]))} GiB | {peaks(p)[1].name} | "
           + (LEVEL[p.verdict.level] if p.verdict.fits else f"**fails** in {p.verdict.failures[0].phase} ({p.verdict.failures[0].device})") + " |"
-          for label, p in (("as given (fp32 load, low_cpu_mem_usage)", plan),
-                           ("from_pretrained without low_cpu_mem_usage (the 2022 default)", old_tf))],
+          for label, p in (("as it ran: fp32, transformers 4.15's default low_cpu_mem_usage=False", plan),
+                           ("`from_pretrained(..., low_cpu_mem_usage=True)` (kogpt's model card)", low_mem),
+                           ("`from_pretrained(..., torch_dtype=torch.float16)`", half21))],
         "",
-        "The issue's traceback was not posted, so this is a reading of the numbers, not of the error. By the "
-        "ledger the GPUs are never the problem. The host is: both ranks load and cast their own copy of the model "
-        "on the same node, and with transformers' early-2022 default the load alone needs more than the node has, "
-        "so the processes reach `deepspeed.initialize` swapping. Page-locked memory cannot be swapped out: the ~10 GB "
-        "per rank that ZeRO-3 pins inside `initialize` (partitions of every parameter, the optimizer's gradient "
-        "buffers) is then the allocation that fails, and PyTorch reports a failed pinned allocation as "
-        "`CUDA error: out of memory`, without a \"Tried to allocate\" line: an out-of-memory error inside "
-        "`deepspeed.initialize` that is not about GPU memory. `memfit diagnose --log` reads such a traceback and "
-        "names the phase; the configurations below keep the host well inside 64 GB.",
+        "The issue reports the failure inside `deepspeed.initialize`, as a CUDA error, and its traceback was not "
+        "posted. A failed page-locked allocation is reported that way (`RuntimeError: CUDA error: out of memory`, "
+        f"no \"Tried to allocate\"). `memfit diagnose` on such a traceback, written as DeepSpeed 0.5.8 prints it "
+        f"(`{diag['log']}`): \"{diag['headline']}\". Against this plan: \"{diag['first_line']}\" "
+        f"{diag['resource_line']}",
         "",
-        f"## Per phase, as the case ran (DeepSpeed 0.5.x, torch {sc.runtime.torch_version}; GiB = 2^30 bytes)",
+        f"So the plan and the traceback agree on the resource, host RAM, and disagree on the phase. The plan puts the "
+        f"node over its RAM in `load` ({gib(host_figure(plan.phase('load')))} GiB) and "
+        f"`initialize.cast` ({gib(host_figure(plan.phase('initialize.cast')))} GiB); a run that got past them did it "
+        f"through swap, or loaded less than the 2021 default (the variants above). At `initialize.partition`, where "
+        f"the traceback fails, the plan's node holds {gib(host_figure(plan.phase('initialize.partition')))} GiB: the "
+        f"arithmetic does not put the pinned allocation itself over the limit, and memfit does not claim it does. "
+        f"Either way the fixes are the host's: load in fp16 and build under `zero.Init` (below), or pin less.",
+        "",
+        f"## Per phase, as the case ran ({stack_text(sc)}; GiB = 2^30 bytes)",
         "",
         "GPU figures per rank, peaks within the phase: allocated (torch's blocks), reserved (segments), "
         "OOM-relevant (segments holding a live block + memory outside PyTorch: what the verdict compares), and "
@@ -312,8 +370,8 @@ def build() -> str:
         + ("" if plan.verdict.fits else f" (first failure: {plan.verdict.failures[0].phase} on {plan.verdict.failures[0].device})")
         + ".",
         "",
-        f"The same with DeepSpeed 0.19 and torch {sc19.runtime.torch_version} (Adam states are created at the "
-        "first step, not inside initialize; no 1 GiB of pinned CPU-Adam tiles):",
+        f"The same on today's stack ({stack_text(sc19)}: the checkpoint loads straight into a meta-device model, "
+        "Adam states are created at the first step, not inside initialize; no 1 GiB of pinned CPU-Adam tiles):",
         "",
         *phase_table(plan19),
         "",
@@ -335,7 +393,7 @@ def build() -> str:
         "",
         "## A configuration that fits",
         "",
-        "| change (DeepSpeed 0.19) | GPU OOM-relevant / rank | phase | host peak / node | phase |",
+        "| change (today's stack) | GPU OOM-relevant / rank | phase | host peak / node | phase |",
         "|---|---:|---|---:|---|",
     ]
     for label, p in (("as given", plan19), ("`from_pretrained(..., torch_dtype=torch.float16)`", fix16),

@@ -37,6 +37,9 @@ def pytest_sessionfinish(session, exitstatus):
 EXAMPLES = ROOT / "examples"
 FIXTURES = ROOT / "tests" / "fixtures"
 SEED = EXAMPLES / "kogpt-prefix-zero3-offload.yaml"
+TODAY = {"ds_version": "0.19", "torch_version": "2.13", "transformers_version": "5.24"}
+"""Today's stack for the seed scenario (its file states the December 2021 one): the releases memfit's
+current models were read from."""
 
 
 @pytest.fixture(scope="session")
@@ -73,6 +76,28 @@ def ds_ops_built() -> float:
 def cpu_adam_built(ds_ops_built) -> float:
     """``ds_ops_built`` by its older name (cpu_adam among the ops it builds)."""
     return ds_ops_built
+
+
+@pytest.fixture(scope="session")
+def ds058(request, tmp_path_factory) -> Path:
+    """DeepSpeed 0.5.8's source tree (the seed case's release), fetched like ``ds0510``'s."""
+    return _ds_source(request, tmp_path_factory, "0.5.8")
+
+
+def sdist_cache(request, tmp_path_factory) -> Path:
+    cache = getattr(request.config, "cache", None)
+    return Path(cache.mkdir("sdists")) if cache is not None else tmp_path_factory.mktemp("sdists")
+
+
+def _ds_source(request, tmp_path_factory, version: str) -> Path:
+    from sdist_source import SourceUnavailable, deepspeed_source
+
+    try:
+        return deepspeed_source(version, sdist_cache(request, tmp_path_factory))
+    except SourceUnavailable as e:
+        why = str(e)
+    pytest.fail(f"DeepSpeed {version}'s source is needed to check memfit's 0.5.x rules and could not be had: {why}",
+                pytrace=False)
 
 
 @pytest.fixture(scope="session")

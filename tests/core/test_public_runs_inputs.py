@@ -68,7 +68,11 @@ def test_accelerate_deepspeed_and_training_arguments_plan_as_the_trainer_runs_th
     assert sc.framework == "deepspeed" and sc.deepspeed.zero.stage == 3 and sc.load.zero_init
     assert (sc.train.micro_batch, sc.deepspeed.gradient_accumulation_steps, sc.deepspeed.precision) == (8, 4, "bf16")
     assert not sc.deepspeed.optimizer.in_config and any("client optimizer" in n for n in sc.input_notes)
-    own = build_scenario(read_scenario_file(_scenario_file(_case(cid)["scenario"], tmp_path)))
+    scenario = _case(cid)["scenario"]
+    # the Trainer's DataLoader pins its batches (TrainingArguments' dataloader_pin_memory, True by
+    # default), which the case's hand-built scenario leaves out
+    own = build_scenario(read_scenario_file(_scenario_file(
+        {**scenario, "train": {**scenario.get("train", {}), "dataloader_pin_memory": True}}, tmp_path)))
     # the training phases equal the hand-built config's; the published TrainingArguments also evaluate
     # each epoch (evaluation_strategy: epoch), which the case's own scenario leaves out
     planned = make_plan(sc)
@@ -77,10 +81,13 @@ def test_accelerate_deepspeed_and_training_arguments_plan_as_the_trainer_runs_th
     assert planned.verdict.fits == (_case(cid)["outcome"] == "fits")
 
 
-def test_qlora_under_accelerate_deepspeed_is_refused_for_what_memfit_does_not_model(tmp_path):
+def test_qlora_under_accelerate_deepspeed_plans(tmp_path):
+    # refused until main's peft branch modelled QLoRA under ZeRO-3 (packed 4-bit params partitioned,
+    # checked against a replay in tests/replay/); the published files now plan as the Trainer runs them
     cid = "peft-docs-ds-zero3-qlora-llama2-70b-2xa100-40gb"
-    with pytest.raises(MemfitError, match="quantization under DeepSpeed is not modelled"):
-        build_scenario(read_scenario_file(_published_pair(cid, tmp_path)))
+    sc = build_scenario(read_scenario_file(_published_pair(cid, tmp_path)))
+    assert sc.framework == "deepspeed" and sc.deepspeed.zero.stage == 3 and sc.quant.enabled
+    make_plan(sc)
 
 
 @pytest.mark.parametrize("cid,extra", [
@@ -109,7 +116,12 @@ def test_an_older_trainer_writes_the_batch_keys_itself(tmp_path, cid):
     old = {**scenario, "runtime": {**scenario.get("runtime", {}), "transformers_version": "4.2"}}
     planned = make_plan(build_scenario(read_scenario_file(_scenario_file(old, tmp_path, "old.yaml"))))
     own = make_plan(build_scenario(read_scenario_file(_scenario_file(case["scenario"], tmp_path, "own.yaml"))))
-    assert _figures(planned) == _figures(own)
+    # from load on the phases equal the case's own (today's Trainer, the keys written in its copy);
+    # transformers 4.2's from_pretrained loads without low_cpu_mem_usage (a second host copy: the
+    # stack's loading path, core/stack/transformers.py), so only load's host figure differs
+    assert _figures(planned)[1:] == _figures(own)[1:]
+    assert planned.phases[0].name == "load" and \
+        planned.phases[0].node_cpu_peak_bytes > own.phases[0].node_cpu_peak_bytes
     # and that Trainer refused the keys in the file
     with_keys = {**old, "deepspeed": str(RUNS / f"{cid}.ds.json")}
     with pytest.raises(MemfitError, match="Do not include"):

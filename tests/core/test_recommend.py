@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, SEED
+from conftest import EXAMPLES, SEED, TODAY
 
 from memfit.core.dsconfig import AutoContext, load_deepspeed_config
 from memfit.core.plan import make_plan
@@ -47,7 +47,7 @@ FP32_ZERO1 = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps"
 
 GRID = {
     "seed-0.5": lambda: read_scenario_file(SEED),
-    "seed-0.19-nvme": lambda: dataclasses.replace(read_scenario_file(SEED), ds_version="0.19", nvme="1TB"),
+    "seed-0.19-nvme": lambda: dataclasses.replace(read_scenario_file(SEED), **TODAY, nvme="1TB"),
     "llama2-lora-trainer": lambda: read_scenario_file(LLAMA2_LORA),
     "llama3-70b-full": lambda: read_scenario_file(LLAMA3_FULL),
     "gpt2-lora-bias-zero2-bf16": lambda: ScenarioInputs(
@@ -435,9 +435,9 @@ def test_prefix_tuning_is_never_offered_gradient_checkpointing():
     from memfit.core.recommend import recommend
     from memfit.core.scenario.read import read_scenario_file
 
-    from conftest import SEED
+    from conftest import SEED, TODAY
 
-    res = recommend(dataclasses.replace(read_scenario_file(SEED), ds_version="0.19"), top=5)
+    res = recommend(dataclasses.replace(read_scenario_file(SEED), **TODAY), top=5)
     assert res.recommendations
     assert not any(r.candidate.gradient_checkpointing for r in res.recommendations)
 

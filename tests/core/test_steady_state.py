@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import SEED
+from conftest import SEED, TODAY
 
 from memfit.core.ledger.context import ceil_div
 from memfit.core.ledger_types import Device, LedgerItem, TracedStep
@@ -54,7 +54,7 @@ def test_steady_state_holds_the_states_created_at_the_first_step():
     """0.19: DeepSpeedCPUAdam creates exp_avg and exp_avg_sq at the first step (ops/adam/cpu_adam.py
     step: torch.zeros_like per fp32 sub group): 2 x 478,287,872 x 4 B, alive from then on, with the
     step's own memory. Not there in step 1's forward."""
-    inputs = dataclasses.replace(read_scenario_file(SEED), ds_version="0.19")
+    inputs = dataclasses.replace(read_scenario_file(SEED), **TODAY)
     plan = make_plan(build_scenario(inputs))
     states = 2 * N_PART_SEED * 4
     assert "optimizer.states" not in {i.key for i in plan.phase("forward").resident}
@@ -188,7 +188,7 @@ def test_deepspeed_05_keeps_grads_in_partition_when_accumulating_with_offload():
 def test_exact_zero3_has_no_zero12_buckets():
     """--exact under ZeRO-3: the traced step's items replace activations, gathered params and
     gradients; nothing of ZeRO-1/2 (setup_buckets, grads_in_partition) may appear."""
-    sc = build_scenario(dataclasses.replace(read_scenario_file(SEED), ds_version="0.19"))
+    sc = build_scenario(dataclasses.replace(read_scenario_file(SEED), **TODAY))
     act = LedgerItem(key="step.activations", name="a", device=Device.GPU, bytes=10**9, formula="f", source="s")
     traced = TracedStep(forward_items=(act,), backward_items=(act,), note="synthetic")
     plan = make_plan(sc, traced)

@@ -88,7 +88,7 @@ def test_checks_can_fail(tmp_path):
     case = tmp_path / "seed_full_24gb"
     shutil.copytree(FIXTURES / "records" / "seed-synthetic", case)
     sc = build_scenario(merge_inputs(read_scenario_file(ROOT / "examples" / "kogpt-prefix-zero3-offload.yaml"),
-                                     ScenarioInputs(ds_version="0.19")))
+                                     ScenarioInputs(ds_version="0.19", torch_version="2.13", transformers_version="5.24")))
     spec = spec_from_scenario(sc, accelerator="cuda", world_size=2, steps=2, name="seed_full_24gb")
     (case / "case.json").write_text(json.dumps({"kind": "deepspeed", "spec": spec.to_dict(), "device": "cuda",
                                                 "device_name": "synthetic", "device_total_bytes": 25_438_126_080,

@@ -37,3 +37,22 @@ def test_dataloader_worker_private_bytes_match_the_fixture():
     now = _run(WORKERS.format(samples=row["samples"], seq=row["seq_len"]))
     for got, shipped in zip(now["private"], row["worker_private"]):
         assert abs(got - shipped) / shipped <= TOL_WORKER_PRIVATE_REL, (got, shipped)
+
+
+TOL_FROM_PRETRAINED_KEPT_BYTES = 16 * 2**20
+"""What from_pretrained leaves behind (about 81 MiB here): the loading code's imports and the module
+tree, plus whatever the allocator keeps. Observed spread over 3 fresh processes per path: 2.4 MiB
+(safetensors) and 0.4 MiB (torch.load); the three paths span 79.0-81.4 MiB. 16 MiB: a few times the
+spread, a fifth of the figure."""
+
+
+@pytest.mark.slow
+def test_from_pretrained_residue_matches_the_fixture(tmp_path):
+    """A fresh safetensors checkpoint of the shipped shapes, loaded and freed in a fresh process."""
+    from memfit.replay.host_baseline import CHECKPOINT_CONFIG, LOAD, MAKE_CHECKPOINT, _run
+
+    _run(MAKE_CHECKPOINT.format(config=CHECKPOINT_CONFIG, dir=str(tmp_path)), timeout=1800)
+    now = _run(LOAD.format(config=CHECKPOINT_CONFIG, dir=str(tmp_path), path="safetensors"), timeout=1800)
+    shipped = hp.measured()["from_pretrained_kept"]["safetensors"]
+    kept_now, kept_shipped = now["after_free"] - now["before"], shipped["after_free"] - shipped["before"]
+    assert abs(kept_now - kept_shipped) <= TOL_FROM_PRETRAINED_KEPT_BYTES, (kept_now, kept_shipped)

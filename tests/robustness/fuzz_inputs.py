@@ -204,7 +204,7 @@ def _byte_problems(value: Any, where: str = "") -> list[str]:
     if isinstance(value, dict):
         for k, v in value.items():
             path = f"{where}.{k}" if where else k
-            if k.endswith("bytes") or k in ("bytes",):
+            if k == "bytes" or k.endswith("_bytes"):  # not the package bitsandbytes (under "stack")
                 vals = v if isinstance(v, list) else [v]
                 for x in vals:
                     if x is None:

@@ -10,7 +10,7 @@ from memfit.core.activations.analytic import estimate_activation_bytes
 from memfit.core.scenario.build import build_scenario
 from memfit.core.scenario.read import read_scenario_file
 
-from conftest import FIXTURES, SEED
+from conftest import FIXTURES, SEED, TODAY
 
 ROWS = json.loads((FIXTURES / "trace" / "seed_activations.json").read_text())
 SEED_TOLERANCE = 0.0023
@@ -18,7 +18,7 @@ SEED_TOLERANCE = 0.0023
 
 
 def _scenario(seq):
-    return build_scenario(dataclasses.replace(read_scenario_file(SEED), ds_version="0.19", seq_len=seq))
+    return build_scenario(dataclasses.replace(read_scenario_file(SEED), **TODAY, seq_len=seq))
 
 
 @pytest.mark.slow

@@ -48,7 +48,7 @@ def _scenario_flags(
     lora_bias: Optional[str] = typer.Option(None, help="lora: none | all | lora_only."),
     freeze: Optional[str] = typer.Option(None, help="freeze: comma-separated glob patterns of parameter names to freeze."),
     deepspeed: Optional[Path] = typer.Option(None, "--deepspeed", "-d", help="Your DeepSpeed config JSON (\"auto\" values are resolved as the HF Trainer does)."),
-    deepspeed_version: Optional[str] = typer.Option(None, help="Allocation behaviour to model: 0.19 (current, default), 0.6 or 0.5 (early 2022)."),
+    deepspeed_version: Optional[str] = typer.Option(None, help="The run's DeepSpeed release, e.g. 0.5.8 or 0.19 (default 0.19.8, said as assumed); its allocation model: 0.5 (Jan 2022), 0.6, or 0.19 (0.13-0.19)."),
     gpus: Optional[str] = typer.Option(None, "--gpus", "-g", help="GPUs per node, e.g. 2xrtx3090, 8xa100-80gb, 2x24GiB (default 1xa100-80gb, said as an assumption)."),
     nodes: Optional[int] = typer.Option(None, help="Number of nodes."),
     cpu_ram: Optional[str] = typer.Option(None, help="Host RAM per node with its unit, e.g. 64GB or 256GiB (default 256GB, said as an assumption; a number alone is refused)."),
@@ -73,13 +73,18 @@ def _scenario_flags(
     batching: Optional[str] = typer.Option(None, "--batching", help="With --lengths: pad-longest (default: each batch padded to its longest sample), bucket (group_by_length) or pack (rows of --max-seq-length)."),
     max_seq_length: Optional[int] = typer.Option(None, "--max-seq-length", help="Truncation length: with --lengths, each sample is cut to it (and the row length of --batching pack); without, every sequence is taken at it (instead of --seq-len)."),
     torch_version: Optional[str] = typer.Option(None, "--torch-version", help="torch release whose allocator rules apply, e.g. 2.13 (default) or 1.10 (pinned blocks not rounded to powers of two)."),
-    transformers_version: Optional[str] = typer.Option(None, "--transformers-version", help="transformers release of the Trainer (default 5.24); before 4.6 it writes the DeepSpeed config's micro batch and accumulation itself."),
+    transformers_version: Optional[str] = typer.Option(None, "--transformers-version", help="The run's transformers release, e.g. 4.15.0 (default 5.24): from_pretrained's loading path and low_cpu_mem_usage default and the Trainer's defaults follow it; before 4.6 the Trainer writes the DeepSpeed config's micro batch and accumulation itself."),
     alloc_conf: Optional[str] = typer.Option(None, "--alloc-conf", help="PYTORCH_CUDA_ALLOC_CONF of the run, e.g. expandable_segments:True (checked against that torch version)."),
     alloc_conf_from_env: bool = typer.Option(False, "--alloc-conf-from-env", help="Read PYTORCH_CUDA_ALLOC_CONF (then PYTORCH_ALLOC_CONF) from this environment; never done unless asked."),
     cuda_version: Optional[str] = typer.Option(None, "--cuda-version", help="CUDA of the torch build, e.g. 12.8 (default: the usual one for that torch); lazy kernel loading needs >= 11.7."),
     pin_memory_backend: Optional[str] = typer.Option(None, "--pin-memory-backend", help="DeepSpeed 0.19's DS_PIN_MEMORY_BACKEND: torch (default) or native (mlock, no torch cache)."),
-    bitsandbytes_version: Optional[str] = typer.Option(None, "--bitsandbytes-version", help="bitsandbytes release of a quantized run, e.g. 0.43.1 (4-bit layers keep their input up to 0.43.1); default 0.50.2."),
+    peft_version: Optional[str] = typer.Option(None, "--peft-version", help="The run's peft release (none: not installed; default 0.21)."),
+    bitsandbytes_version: Optional[str] = typer.Option(None, "--bitsandbytes-version", help="The run's bitsandbytes release, e.g. 0.43.1 (4-bit layers keep their input up to 0.43.1; none: not installed); default 0.50.2."),
+    accelerate_version: Optional[str] = typer.Option(None, "--accelerate-version", help="The run's accelerate release (default 1.15)."),
+    trl_version: Optional[str] = typer.Option(None, "--trl-version", help="The run's TRL release (default 0.24)."),
+    stack: Optional[list[Path]] = typer.Option(None, "--stack", help="A file that states the run's versions: pip freeze or requirements.txt, `transformers env` or `accelerate env` output, or `ds_report` output (repeatable; below every other input: a version flag, the scenario or another file overrides it)."),
     dataloader_workers: Optional[int] = typer.Option(None, "--dataloader-workers", help="DataLoader num_workers per rank (forked processes: their host memory; default 0)."),
+    dataloader_pin_memory: Optional[bool] = typer.Option(None, "--dataloader-pin-memory/--no-dataloader-pin-memory", help="DataLoader(pin_memory=True): batches in page-locked memory (the Trainer's default; off for a plain loop)."),
     dataset_tokens: Optional[int] = typer.Option(None, "--dataset-tokens", help="Tokens of the tokenized dataset held in host memory (default: not counted)."),
     framework: Optional[str] = typer.Option(None, "--framework", help="deepspeed | torch (one GPU: a plain loop or the HF Trainer) | ddp | fsdp | fsdp2 (default: inferred; a DeepSpeed JSON means deepspeed)."),
     optim: Optional[str] = typer.Option(None, "--optim", help="The Trainer's optim string (adamw_torch, adamw_torch_fused, adafactor, sgd, adamw_bnb_8bit, paged_adamw_8bit, paged_adamw_32bit, lion_32bit, lion_8bit, ...); under DeepSpeed, the client optimizer when the config has no optimizer section."),
@@ -104,12 +109,13 @@ def _scenario_flags(
     """The inputs every command takes (``scenario_command``): their options and help, in one place."""
 
 
-_FIELD = {"peft": "peft_method", "deepspeed_version": "ds_version"}
+_FIELD = {"peft": "peft_method", "deepspeed_version": "ds_version", "stack": "stack_files"}
 _PEFT_OPTIONS = {"num_virtual_tokens": "num_virtual_tokens", "prefix_projection": "prefix_projection",
                  "encoder_hidden_size": "encoder_hidden_size", "lora_r": "lora_r", "target_modules": "target_modules",
                  "lora_bias": "lora_bias", "freeze": "freeze_patterns"}
 _PRECEDENCE_HELP = ("Inputs: a scenario YAML and/or the flags; flags > scenario > TrainingArguments/SFTConfig > "
-                    "accelerate config > BitsAndBytesConfig > DeepSpeed \"auto\" > defaults (docs/inputs.md).")
+                    "accelerate config > BitsAndBytesConfig > DeepSpeed \"auto\" > stack files (--stack) > defaults "
+                    "(docs/inputs.md).")
 
 
 def _flag_name(param) -> str:
@@ -132,7 +138,8 @@ def inputs_from_flags(**given) -> "ScenarioInputs":  # noqa: F821
     origins: dict[str, str] = {}
     options: dict = {}
     for name, value in given.items():
-        if value is None or value is False and name in ("trust_remote_code", "alloc_conf_from_env", "shared_gpu"):
+        if value is None or value is False and name in ("trust_remote_code", "alloc_conf_from_env", "shared_gpu") \
+                or isinstance(value, (list, tuple)) and not value:
             continue
         if name in _PEFT_OPTIONS:
             options[_PEFT_OPTIONS[name]] = value
@@ -143,6 +150,8 @@ def inputs_from_flags(**given) -> "ScenarioInputs":  # noqa: F821
             value = quant_flag(value)
         elif isinstance(value, Path):
             value = str(value)
+        elif isinstance(value, (list, tuple)):  # --stack FILE, repeatable
+            value = tuple(str(v) for v in value)
         fields[field] = value
         origins[field] = flags[name]
     return ScenarioInputs(peft_options=options, origins=origins, **fields)

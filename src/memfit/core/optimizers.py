@@ -15,6 +15,14 @@ Each is read from the code it mirrors (torch 2.13, transformers 5.24, bitsandbyt
   ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)`` per param: two param-sized
   tensors at once, and the previous param's ``denom`` is still bound while the next is computed.
   Fused: one kernel, no temporaries.
+- ``adamw_hf``: transformers' own ``AdamW`` (``transformers/optimization.py:AdamW``, the Trainer's
+  default until 4.31; read in 4.26.0): ``state["step"] = 0`` (a Python int, no tensor),
+  ``exp_avg``/``exp_avg_sq`` ``torch.zeros_like(p)``; ``step`` per param: ``denom =
+  exp_avg_sq.sqrt().add_(eps)`` (one param-sized tensor, the previous param's still bound while it
+  is made), then in-place updates.
+- torch's ``foreach`` default: torch 1.10-1.13 ``adamw.py:adamw`` turns ``foreach=None`` into
+  False (single tensor); torch 2.0 added ``optimizer.py:_default_to_fused_or_foreach`` (foreach
+  where every param is on CUDA): ``resolve_optimizer`` follows the stack's torch.
 - ``sgd``: ``torch.optim.SGD`` (``_get_sgd``): ``momentum_buffer = grad.clone()`` at the first step
   when momentum != 0, nothing otherwise; weight decay != 0 adds a grad-sized copy
   (``grad.add(param, alpha=wd)``: per param, or the whole group under foreach).
@@ -89,10 +97,16 @@ class OptimizerModel:
         return self.impl == "bnb"
 
 
-def resolve_optimizer(ts: TorchSettings, accelerator: str) -> OptimizerModel:
-    """The optimizer ``ts.optim`` builds, as it runs on ``accelerator`` (``cuda`` or ``cpu``)."""
+def resolve_optimizer(ts: TorchSettings, accelerator: str, torch_line: str = "2.13") -> OptimizerModel:
+    """The optimizer ``ts.optim`` builds, as it runs on ``accelerator`` (``cuda`` or ``cpu``) under the
+    stack's torch release line (``foreach=None`` defaults to foreach on CUDA from torch 2.0)."""
     name = ts.optim
     wd = ts.weight_decay
+    foreach_default = accelerator == "cuda" and int(torch_line.split(".")[0]) >= 2
+    if name == "adamw_hf":
+        return OptimizerModel(optim=name, family="adamw", impl="hf", weight_decay=wd,
+                              label="transformers AdamW (adamw_hf)",
+                              source="transformers/optimization.py:AdamW.step (transformers 4.26)")
     if name in ("adamw_torch", "adamw_torch_fused", "adamw_torch_foreach", "adamw_torch_single"):
         if name == "adamw_torch_fused":
             impl = "fused"
@@ -100,18 +114,18 @@ def resolve_optimizer(ts: TorchSettings, accelerator: str) -> OptimizerModel:
             impl = "foreach"
         elif name == "adamw_torch_single":
             impl = "single"
-        else:  # foreach=None: torch's default for the params' device
-            impl = "foreach" if accelerator == "cuda" else "single"
+        else:  # foreach=None: torch's default for the params' device (and release)
+            impl = "foreach" if foreach_default else "single"
         return OptimizerModel(optim=name, family="adamw", impl=impl, weight_decay=wd,
                               label=f"torch.optim.AdamW ({impl})",
                               source=f"torch/optim/adam.py:_{'fused' if impl == 'fused' else 'multi_tensor' if impl == 'foreach' else 'single_tensor'}_adam ({TORCH})")
     if name == "sgd":
-        impl = "foreach" if accelerator == "cuda" else "single"
+        impl = "foreach" if foreach_default else "single"
         return OptimizerModel(optim=name, family="sgd", impl=impl, momentum=ts.momentum, weight_decay=wd,
                               label=f"torch.optim.SGD (momentum {ts.momentum:g}, {impl})",
                               source=f"torch/optim/sgd.py:_{'multi' if impl == 'foreach' else 'single'}_tensor_sgd ({TORCH})")
     if name == "adagrad":
-        impl = "foreach" if accelerator == "cuda" else "single"
+        impl = "foreach" if foreach_default else "single"
         return OptimizerModel(optim=name, family="adagrad", impl=impl, weight_decay=wd,
                               label=f"torch.optim.Adagrad ({impl})", source=f"torch/optim/adagrad.py ({TORCH})")
     if name == "adafactor":
@@ -148,9 +162,11 @@ def param_states(opt: OptimizerModel, shape: tuple[int, ...], elem_bytes: int, a
     at its first ``step()``, in the order the code creates them."""
     n = _prod(shape)
     if opt.family == "adamw" and not opt.bnb:
+        moments = (StateTensor("exp_avg", n * elem_bytes, "device"), StateTensor("exp_avg_sq", n * elem_bytes, "device"))
+        if opt.impl == "hf":  # transformers' AdamW: state["step"] is a Python int
+            return moments
         step_where = "device" if opt.impl == "fused" else "host"
-        return (StateTensor("step", 4, step_where), StateTensor("exp_avg", n * elem_bytes, "device"),
-                StateTensor("exp_avg_sq", n * elem_bytes, "device"))
+        return (StateTensor("step", 4, step_where),) + moments
     if opt.family == "sgd":
         return (StateTensor("momentum_buffer", n * elem_bytes, "device"),) if opt.momentum else ()
     if opt.family == "adagrad":

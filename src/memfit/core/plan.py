@@ -8,6 +8,7 @@ from memfit.core.ledger.evaluation import eval_notes
 from memfit.core.ledger_types import ParamCounts, Plan, TracedStep
 from memfit.core.quant import quant_notes
 from memfit.core.scenario.types import Scenario
+from memfit.core.stack.deepspeed import allocation_reason
 from memfit.core.verdict import judge
 from memfit.errors import MemfitError
 
@@ -47,8 +48,12 @@ def make_plan(sc: Scenario, traced: TracedStep | None = None) -> Plan:
         traced.note if traced is not None else
         "Activations are analytic (Korthikanti-style, corrected for frozen weights and PEFT); "
         "`memfit plan --exact` traces them from the model's code.",
-        (f"Allocation behaviour of DeepSpeed {sc.ds_version}.x. " if sc.framework == "deepspeed" else
-         "Allocation behaviour of torch 2.13, transformers 5.24, peft 0.21, bitsandbytes 0.50. ") + allocator_note(sc),
+        (f"Allocation behaviour of DeepSpeed {sc.ds_version}.x ({allocation_reason(sc.versions.deepspeed)}). "
+         if sc.framework == "deepspeed" and sc.stack is not None else
+         f"Allocation behaviour of DeepSpeed {sc.ds_version}.x. " if sc.framework == "deepspeed" else "")
+        + allocator_note(sc),
+        sc.versions.summary(),
+        *sc.versions.notes,
         *timeline.granularity_notes,
         *sc.model.notes,
         *((sc.train.batch_shape.describe(),) if sc.train.batch_shape is not None else ()),

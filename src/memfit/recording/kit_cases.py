@@ -125,7 +125,7 @@ def deepspeed_spec(ctx: KitContext):
         from memfit.core.scenario.inputs import ScenarioInputs, merge_inputs
         from memfit.core.scenario.read import read_scenario_file
 
-        sc = build_scenario(merge_inputs(read_scenario_file(SEED_YAML), ScenarioInputs(ds_version="0.19")))
+        sc = build_scenario(merge_inputs(read_scenario_file(SEED_YAML), ScenarioInputs(ds_version="0.19", torch_version="2.13", transformers_version="5.24")))
         cap = None
         if p.get("cap") == "rtx3090":
             cap = RTX3090_BYTES - ctx.info["cuda_context_bytes"]

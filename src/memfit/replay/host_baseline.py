@@ -22,7 +22,14 @@ Measured (CPU parts; the CUDA-only parts are documented estimates in host_proces
   (glibc maps allocations above its mmap threshold and unmaps them on free; the threshold starts at
   128 KiB and rises to the size of each freed mapped block, at most 32 MiB (malloc.c
   ``DEFAULT_MMAP_THRESHOLD_MAX``), so later allocations below it come from the heap, which glibc
-  returns only by trimming its top).
+  returns only by trimming its top);
+- ``trainer``: + ``from transformers import Trainer`` (accelerate with it);
+- ``from_pretrained_kept``: a Llama-3-8B-shaped checkpoint (2 layers, bf16) loaded the ways
+  transformers' releases load it (safetensors into a meta-device model; ``torch.load`` of one .bin
+  or of 1 GB shards next to a random model), then freed as ``model.to(device)`` frees it: what the
+  process keeps;
+- ``datasets`` (with ``--datasets-python``): ``import datasets`` and an Arrow dataset memory-mapped by
+  ``load_from_disk`` and read row by row (its touched file pages are resident).
 """
 
 from __future__ import annotations
@@ -53,11 +60,12 @@ HEADER = textwrap.dedent("""
 """)
 
 
-def _run(body: str, env: dict[str, str] | None = None, timeout: float = 900) -> dict:
+def _run(body: str, env: dict[str, str] | None = None, timeout: float = 900, python: str | None = None) -> dict:
     code = HEADER + textwrap.dedent(body)
     full_env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     full_env.update(env or {})
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=timeout)
+    out = subprocess.run([python or sys.executable, "-c", code], capture_output=True, text=True, env=full_env,
+                         timeout=timeout)
     if out.returncode != 0:
         raise RuntimeError(f"measurement failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -73,6 +81,8 @@ IMPORTS = {
     "cpu_adam": "import torch\nimport transformers, peft\nfrom transformers.models.llama import modeling_llama\n"
                 "from transformers.models.gptj import modeling_gptj\nimport deepspeed\n"
                 "from deepspeed.ops.op_builder import CPUAdamBuilder\nCPUAdamBuilder().load()",
+    "trainer": "import torch\nimport transformers, peft\nfrom transformers.models.llama import modeling_llama\n"
+               "from transformers.models.gptj import modeling_gptj\nfrom transformers import Trainer",
 }
 
 
@@ -183,11 +193,134 @@ def measure_heap() -> dict[str, dict]:
     return out
 
 
+CHECKPOINT_CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
+                     "intermediate_size": 14336, "num_hidden_layers": 2, "num_attention_heads": 32,
+                     "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
+                     "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": False,
+                     "torch_dtype": "bfloat16"}
+"""Llama-3-8B's layer and vocabulary shapes, 2 layers, bf16: q/o 32 MiB, k/v 8 MiB (inside glibc's
+dynamic mmap range), the MLP's 112 MiB and the 1,002 MiB embedding and head (always mapped)."""
+
+MAKE_CHECKPOINT = """
+import torch, transformers
+cfg = transformers.LlamaConfig(**{config})
+torch.manual_seed(0)
+m = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+m.save_pretrained({dir!r} + '/safetensors', max_shard_size='1GB')
+sd = m.state_dict()
+torch.save(sd, {dir!r} + '/single.bin')
+keys, shards, cur, size = list(sd), [], [], 0
+for k in keys:  # transformers' split (a tensor that would overflow the shard starts a new one)
+    n = sd[k].numel() * sd[k].element_size()
+    if cur and size + n > 10**9:
+        shards.append(cur); cur, size = [], 0
+    cur.append(k); size += n
+shards.append(cur)
+for i, ks in enumerate(shards):
+    torch.save({{k: sd[k] for k in ks}}, {dir!r} + f'/shard{{i}}.bin')
+print(json.dumps({{'tensor_bytes': [sd[k].numel() * sd[k].element_size() for k in keys], 'shards': len(shards)}}))
+"""
+
+LOAD = """
+import gc, glob, torch, transformers
+from transformers import AutoModelForCausalLM
+cfg = transformers.LlamaConfig(**{config})
+before = rss()
+if {path!r} == 'safetensors':  # the current loading path: meta-device model, safetensors shards
+    m = AutoModelForCausalLM.from_pretrained({dir!r} + '/safetensors', dtype=torch.bfloat16)
+else:  # transformers <= 4.50 with low_cpu_mem_usage=False: a random model, then each shard's state dict
+    m = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    files = [{dir!r} + '/single.bin'] if {path!r} == 'torch_load' else sorted(glob.glob({dir!r} + '/shard*.bin'))
+    for f in files:
+        sd = torch.load(f, weights_only=True)
+        m.load_state_dict(sd, strict=False)
+        del sd
+        gc.collect()
+loaded = rss()
+m.to('meta')  # what model.to(cuda) does to the host copies: every storage freed
+gc.collect()
+print(json.dumps({{'before': before, 'loaded': loaded, 'after_free': rss()}}))
+"""
+
+
+def measure_from_pretrained() -> dict[str, dict]:
+    """What the process keeps of a loaded checkpoint once the model has left host memory, for the
+    loading paths of transformers' releases: safetensors into a meta-device model (4.51+, and
+    low_cpu_mem_usage before), and torch.load of a .bin next to a random model (<= 4.50's default),
+    one file and sharded at 1 GB (median of three fresh processes each)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="memfit-ckpt-") as d:
+        made = _run(MAKE_CHECKPOINT.format(config=CHECKPOINT_CONFIG, dir=d), timeout=1800)
+        out = {}
+        for path in ("safetensors", "torch_load", "torch_load_sharded"):
+            runs = [_run(LOAD.format(config=CHECKPOINT_CONFIG, dir=d, path=path), timeout=1800) for _ in range(3)]
+            runs.sort(key=lambda r: r["after_free"] - r["before"])
+            out[path] = {**runs[1], "tensor_bytes": made["tensor_bytes"], "files": 1 if path == "torch_load" else
+                         made["shards"], "config": "Llama-3-8B shapes, 2 layers, bf16"}
+    return out
+
+
+DATASET_IMPORT = "import torch\nimport transformers\nbefore = rss()\nimport datasets\nprint(json.dumps({'delta': rss() - before}))"
+DATASET_MAKE = """
+import datasets
+rows = [[(i * 31 + j) % 32000 for j in range({seq})] for i in range({rows})]
+datasets.Dataset.from_dict({{'input_ids': rows}}).save_to_disk({dir!r})
+print(json.dumps({{}}))
+"""
+DATASET_TOUCH = """
+import datasets
+before = rss()
+ds = datasets.load_from_disk({dir!r})
+opened = rss()
+n = 0
+for row in ds.with_format('numpy'):  # what a DataLoader's sampler does over an epoch: every row read
+    n += len(row['input_ids'])
+print(json.dumps({{'opened': opened - before, 'touched': rss() - before, 'tokens': n}}))
+"""
+
+
+ARROW_WORKERS = """
+import datasets, torch
+from torch.utils.data import DataLoader
+ds = datasets.load_from_disk({dir!r}).with_format('torch')
+loader = DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True, prefetch_factor=2)
+it = iter(loader)
+for _ in range({rows} // 4):
+    next(it)
+pids = [w.pid for w in it._workers]
+print(json.dumps({{'private': sorted(private(p) for p in pids), 'trainer_rss': rss()}}))
+"""
+
+
+def measure_datasets(python: str) -> dict:
+    """``import datasets`` (pyarrow with it), and an Arrow dataset as ``datasets.map`` writes it
+    (``save_to_disk``: an int64 list column), memory-mapped by ``load_from_disk`` and read row by
+    row: the mapped file pages count in RSS once touched (page cache the kernel may reclaim); and two
+    DataLoader workers iterating it (their private pages: the mapped file is shared, not copied)."""
+    import tempfile
+
+    out = {"python": python}
+    out["import_delta"] = sorted(_run(DATASET_IMPORT, python=python)["delta"] for _ in range(3))[1]
+    rows = {}
+    for n in (4_000, 16_000):
+        with tempfile.TemporaryDirectory(prefix="memfit-arrow-") as d:
+            _run(DATASET_MAKE.format(rows=n, seq=512, dir=d + "/ds"), python=python)
+            rows[str(n)] = {"rows": n, "seq_len": 512, **_run(DATASET_TOUCH.format(dir=d + "/ds"), python=python),
+                            "workers": _run(ARROW_WORKERS.format(dir=d + "/ds", rows=n), python=python)}
+    out["mapped"] = rows
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m memfit.replay.host_baseline", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.path.join("src", "memfit", "core", "ledger", "host_process_measured.json"))
     parser.add_argument("--only", nargs="*", default=None,
-                        help="re-measure only these parts (imports, tokenizer, workers, heap) into the existing --out")
+                        help="re-measure only these parts (imports, tokenizer, workers, heap, from_pretrained, "
+                             "datasets) into the existing --out")
+    parser.add_argument("--datasets-python", default=None,
+                        help="a Python with the `datasets` package (it is not one of memfit's dependencies), for the "
+                             "datasets part; without it that part is skipped")
     args = parser.parse_args(argv)
     import importlib.metadata as md
 
@@ -199,7 +332,10 @@ def main(argv: list[str] | None = None) -> int:
             versions[pkg] = "missing"
     t0 = time.time()
     parts = {"imports": ("imports_rss", measure_imports), "tokenizer": ("tokenizer_rss_delta", measure_tokenizer),
-             "workers": ("dataloader_workers", measure_workers), "heap": ("heap_after_free", measure_heap)}
+             "workers": ("dataloader_workers", measure_workers), "heap": ("heap_after_free", measure_heap),
+             "from_pretrained": ("from_pretrained_kept", measure_from_pretrained)}
+    if args.datasets_python:
+        parts["datasets"] = ("datasets", lambda: measure_datasets(args.datasets_python))
     result = {}
     if args.only and os.path.exists(args.out):
         with open(args.out, encoding="utf-8") as fh:

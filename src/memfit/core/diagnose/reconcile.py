@@ -164,6 +164,14 @@ def reconcile(ev: LogEvent, phase: str | None, plan: Plan, scenario: Scenario | 
                         f"{'the GPU' if first.device == 'gpu' else 'host RAM' if first.device == 'cpu' else 'NVMe'} "
                         f"({fmt_bytes(first.needed_bytes)} {failure_figure_name(plan, first)} of "
                         f"{fmt_bytes(first.available_bytes)}), not here.")
+        same = [f for f in failures if f.device == device]
+        if same:
+            order = [p.name for p in plan.phases]
+            earlier = order.index(same[0].phase) < order.index(ph.name) if ph.name in order else False
+            lines.insert(1, f"Resource: the same one, {'host RAM' if device == 'cpu' else 'GPU memory'}; the plan "
+                            f"has it exhausted {'before' if earlier else 'after'} {ph.name}, in {same[0].phase}"
+                            + (": a run that got this far got past that phase only through swap or with less to load "
+                               "than the scenario says" if earlier and device == "cpu" else "") + ".")
     else:
         verdict = "not_predicted"
         lines.insert(0, f"The plan does not predict this failure: it has every phase fitting, {ph.name} at "

@@ -53,9 +53,13 @@ def deepspeed_findings(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: V
 
     out.extend(_host_findings(sc, phases, verdict))
 
-    if sc.ds_version != "0.19" and sc.train.model_parameters == "all" and model.frozen_params:
+    from memfit.core.stack.deepspeed import frozen_filter_release, optimizes_frozen_params
+
+    if sc.train.model_parameters == "all" and model.frozen_params and \
+            optimizes_frozen_params(sc.ds_version, sc.versions.deepspeed, z.stage):
         out.append(Finding(id="frozen-params-get-optimizer-state", severity="warning", message=(
-            f"DeepSpeed before 0.8 gives every param passed to initialize an fp16 partition, an fp32 master, a "
+            f"DeepSpeed before {frozen_filter_release(z.stage)} gives every param passed to initialize a 16-bit "
+            f"partition, an fp32 master, a "
             f"gradient buffer and optimizer state, frozen ones too: passing model.parameters() costs "
             f"{model.frozen_params:,} frozen params x 16 B / {W} per rank. Pass only the trained params.")))
     if sc.load.zero_init and z.stage != 3:

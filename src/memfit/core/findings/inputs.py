@@ -25,3 +25,19 @@ def input_file_findings(sc: Scenario) -> list[Finding]:
     """What a library would ignore in the user's TrainingArguments, accelerate or BitsAndBytesConfig file, or
     memfit reads but does not model (any framework): one warning each."""
     return [Finding(id="input-file-ignored", severity="warning", message=w) for w in sc.input_warnings]
+
+
+def stack_findings(sc: Scenario) -> list[Finding]:
+    """The libraries of the stack memfit assumed (not given, not read from a stack file): each named
+    with the release assumed and why, so no version is a silent guess."""
+    st = sc.versions
+    assumed = [e for e in st.assumed if e.library != "cuda" or not any(x.library == "torch" and x.assumed for x in st.assumed)]
+    if not assumed:
+        return []
+    from memfit.core.stack.releases import library
+
+    return [Finding(id="stack-assumed", severity="info", message=(
+        "Versions memfit assumed (not given): " + "; ".join(f"{library(e.library).label} {e.line} ({e.source})"
+                                                             for e in assumed)
+        + ". Give the run's own with --stack FILE (pip freeze, transformers env, accelerate env or ds_report output) "
+          "or --torch-version, --deepspeed-version, --transformers-version, ..."))]

@@ -23,7 +23,7 @@ from memfit.errors import MemfitError
 
 FRAMEWORKS = ("deepspeed", "torch", "ddp", "fsdp", "fsdp2")
 PRECISION_MODES = ("fp32", "amp_fp16", "amp_bf16", "fp16", "bf16")
-OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adamw_torch_foreach", "adamw_torch_single", "sgd",
+OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adamw_torch_foreach", "adamw_torch_single", "adamw_hf", "sgd",
               "adafactor", "adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit",
               "lion_32bit", "lion_8bit", "paged_lion_32bit", "paged_lion_8bit", "adagrad")
 """Trainer ``optim`` strings memfit models, plus ``adamw_torch_foreach``/``adamw_torch_single``
@@ -127,7 +127,9 @@ class FsdpSettings:
     SHARD_GRAD_OP as ``False``."""
     wrap_policy: str = "transformer"
     """``transformer`` (TRANSFORMER_BASED_WRAP: one unit per decoder layer), ``size``
-    (SIZE_BASED_WRAP, ``min_num_params``) or ``none`` (one unit, the root)."""
+    (SIZE_BASED_WRAP, ``min_num_params``), ``none`` (one unit, the root) or ``peft`` (peft's
+    ``fsdp_auto_wrap_policy``: the decoder layers and every trainable leaf module, each LoRA Linear a
+    unit of its own; what the Trainer uses for a PEFT model from transformers 4.39)."""
     min_num_params: int = 100_000_000
     """SIZE_BASED_WRAP threshold (accelerate's default 1e8)."""
     use_orig_params: bool = True
@@ -153,8 +155,8 @@ class FsdpSettings:
         if self.sharding_strategy not in FSDP_STRATEGIES:
             raise MemfitError(f"FSDP sharding strategy must be one of {', '.join(FSDP_STRATEGIES)}, "
                               f"got {self.sharding_strategy!r}")
-        if self.wrap_policy not in ("transformer", "size", "none"):
-            raise MemfitError(f"FSDP wrap policy must be transformer, size or none, got {self.wrap_policy!r}")
+        if self.wrap_policy not in ("transformer", "size", "none", "peft"):
+            raise MemfitError(f"FSDP wrap policy must be transformer, size, none or peft, got {self.wrap_policy!r}")
         if self.mixed_precision not in ("none", "fp16", "bf16"):
             raise MemfitError(f"FSDP mixed precision must be none, fp16 or bf16, got {self.mixed_precision!r}")
         if self.backward_prefetch not in ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"):

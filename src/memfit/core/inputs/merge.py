@@ -1,6 +1,8 @@
 """The input files merged into ``ScenarioInputs`` by the one precedence rule (``precedence.py``):
 flags > scenario > TrainingArguments/SFTConfig > accelerate config > BitsAndBytesConfig > DeepSpeed
-"auto" > defaults. What the files mean depends on the framework they end up training with (a
+"auto" > stack files (pip freeze, ``transformers env``, ``accelerate env``, ``ds_report``) > defaults.
+The stack's versions are decided first: the TrainingArguments' defaults (the Trainer's ``optim``, its
+FSDP version) follow the stack's transformers and torch. What the files mean depends on the framework they end up training with (a
 TrainingArguments' ``bf16: true`` is autocast for the Trainer's own loop, FSDP's MixedPrecision policy
 under FSDP, and fills ``bf16.enabled`` under DeepSpeed), so the framework is decided first.
 
@@ -23,8 +25,11 @@ _PLAIN = ("micro_batch", "grad_accum", "gradient_checkpointing", "load_dtype", "
           "zero_init", "weight_decay", "max_grad_norm",
           # evaluation and the epoch (core/scenario/run_settings.py)
           "eval_strategy", "eval_batch", "eval_generate", "generation_max_length", "num_beams", "eval_steps",
-          "empty_cache_steps")
+          "empty_cache_steps", "dataloader_pin_memory")
 """Settings a file gives that map one to one onto a ``ScenarioInputs`` field."""
+_STACK = ("torch_version", "cuda_version", "ds_version", "transformers_version", "peft_version",
+          "bitsandbytes_version", "accelerate_version", "trl_version")
+"""The stack's versions (``memfit.core.stack.resolve.FIELDS``), decided before the other files are read."""
 _MAPPINGS = ("fsdp", "ddp", "quantization", "optim_args")
 _AMP = {"bf16": "amp_bf16", "fp16": "amp_fp16", "no": "fp32"}
 _DS_PRECISION = {"bf16": "bf16", "fp16": "fp16", "no": "fp32"}
@@ -33,12 +38,21 @@ _CLIENT_ADAMW = ("adamw_torch", "adamw_torch_fused", "adamw_torch_foreach", "ada
 section the Trainer passes it as the client optimizer, which memfit plans as AdamW (2 states)."""
 
 
+def _read_stack_files(inputs) -> list[Sourced]:
+    from memfit.core.inputs.stack_file import stack_sourced
+
+    return [stack_sourced(path) for path in inputs.stack_files or ()]
+
+
 def _read_files(inputs) -> list[Sourced]:
+    """``inputs``: with the stack's versions decided (the TrainingArguments' defaults follow them)."""
     files = []
     if inputs.training_args:
         from memfit.core.inputs.training_args import read_training_args
+        from memfit.core.stack.resolve import trainer_fsdp_version, trainer_optim_default
 
-        files.append(read_training_args(inputs.training_args))
+        files.append(read_training_args(inputs.training_args, fsdp_version_default=trainer_fsdp_version(inputs),
+                                        optim_default=trainer_optim_default(inputs)))
     if inputs.accelerate_config:
         from memfit.core.inputs.accelerate_config import read_accelerate_config
 
@@ -57,14 +71,18 @@ def _origin(inputs, name: str) -> str:
 
 
 def merge_input_files(inputs):
-    """``inputs`` with the settings of its TrainingArguments/SFTConfig, accelerate config and
+    """``inputs`` with the settings of its stack files, TrainingArguments/SFTConfig, accelerate config and
     BitsAndBytesConfig files decided against its own (see the module docstring)."""
-    files = _read_files(inputs)
     givens: dict[str, list[Given]] = defaultdict(list)
-    for f in files:
-        for name, value in f.values.items():
-            givens[name].append(Given(name, value, f.layer, f.origin[name], default=name in f.defaults,
-                                      shown=_shown(name, value, f.layer)))
+
+    def add(files: list[Sourced]) -> list[Sourced]:
+        for f in files:
+            for name, value in f.values.items():
+                givens[name].append(Given(name, value, f.layer, f.origin[name], default=name in f.defaults,
+                                          shown=_shown(name, value, f.layer)))
+        return files
+
+    stack_files = add(_read_stack_files(inputs))
     mine = _Mine(inputs, givens)
     notes: list[str] = []
     assumed: list[tuple[str, str, str]] = []
@@ -80,6 +98,13 @@ def merge_input_files(inputs):
             if chosen.given.default:
                 assumed.append((field or name, _value_text(chosen.value), chosen.given.origin))
         return chosen
+
+    # 0. the stack's versions, which give the other files' defaults their release
+    for name in _STACK:
+        mine.add(name)
+        decide(name)
+    stacked = replace(inputs, **{k: v for k, v in changes.items() if k in _STACK})
+    files = stack_files + add(_read_files(stacked))
 
     # 1. the framework, which gives every other file setting its meaning
     mine.add("framework")
@@ -156,6 +181,13 @@ def merge_input_files(inputs):
             ckpt = changes.get("gradient_checkpointing", inputs.gradient_checkpointing) or False
             ddp["find_unused_parameters"] = True if peft not in ("full", "freeze") else not ckpt
             changes["ddp"] = ddp
+    if inputs.training_args and fw in ("fsdp", "fsdp2"):  # the Trainer's FSDP plugin for a PEFT model
+        from memfit.core.stack.resolve import trainer_fsdp_wrap
+
+        wrap = trainer_fsdp_wrap(stacked)
+        if wrap is not None:
+            changes["fsdp"] = {**dict(changes.get("fsdp", inputs.fsdp or {})), "wrap_policy": wrap[0]}
+            notes.append(wrap[1])
     warnings = tuple(w for f in files for w in f.warnings)
     out = replace(inputs, training_args=None, accelerate_config=None, bnb_config=None, origins=origins, **changes)
     return replace(out, input_notes=tuple(inputs.input_notes) + tuple(n for f in files for n in f.notes) + tuple(notes),
@@ -248,7 +280,7 @@ def _optimizer(inputs, givens, fw, ds_raw, notes, mine, changes, decide) -> None
     zero = ds_raw.get("zero_optimization") if isinstance(ds_raw, dict) else None
     off = zero.get("offload_optimizer") if isinstance(zero, dict) else None
     device = off.get("device") if isinstance(off, dict) else None
-    if device in ("cpu", "nvme") and (inputs.ds_version or "0.19") == "0.19" and \
+    if device in ("cpu", "nvme") and _allocation_line(changes.get("ds_version", inputs.ds_version)) == "0.19" and \
             ds_raw.get("zero_force_ds_cpu_optimizer", True) is not False:
         raise MemfitError(f"{g.describe()} with offload_optimizer {device} and no optimizer section: DeepSpeed 0.19 "
                           "refuses ZeRO-Offload with a client optimizer (engine.py _configure_basic_optimizer: "
@@ -257,6 +289,15 @@ def _optimizer(inputs, givens, fw, ds_raw, notes, mine, changes, decide) -> None
     notes.append(f"{g.describe()}: the Trainer's optimizer, handed to deepspeed.initialize as the client optimizer "
                  "(no optimizer section in the DeepSpeed config); planned as torch AdamW, 2 fp32 states per trained "
                  "parameter")
+
+
+def _allocation_line(release: str | None) -> str:
+    """memfit's DeepSpeed allocation model of a release (``0.19.8`` -> ``0.19``; ``memfit.core.stack``)."""
+    from memfit.core.stack.deepspeed import allocation_line
+    from memfit.core.stack.releases import release_line
+    from memfit.core.stack.resolve import LABELS
+
+    return allocation_line(None if release is None else release_line("deepspeed", release, where=LABELS["deepspeed"]))
 
 
 def _hardware(inputs, givens, notes, changes, assumed) -> None:

@@ -4,7 +4,8 @@ A setting (a ``ScenarioInputs`` field, or a key of one of its mappings such as `
 may be given by several inputs. The strongest wins, in this order (``LAYERS``)::
 
     flags > scenario YAML > TrainingArguments/SFTConfig > accelerate config > BitsAndBytesConfig
-          > DeepSpeed JSON "auto" (filled from all of the above) > defaults
+          > DeepSpeed JSON "auto" (filled from all of the above) > stack files (pip freeze,
+          ``transformers env``, ``accelerate env``, ``ds_report``: the library versions) > defaults
 
 - A flag or the scenario overriding a file is said in a note ("--micro-batch 1 overrides
   ta.json: per_device_train_batch_size = 4").
@@ -28,7 +29,8 @@ from typing import Any
 
 from memfit.errors import MemfitError
 
-LAYERS = ("flag", "scenario", "training_args", "accelerate_config", "bnb_config", "deepspeed", "default")
+LAYERS = ("flag", "scenario", "training_args", "accelerate_config", "bnb_config", "deepspeed", "stack",
+          "default")
 """Where a setting can come from, strongest first."""
 
 _RANK = {name: i for i, name in enumerate(LAYERS)}

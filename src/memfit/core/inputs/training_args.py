@@ -8,7 +8,8 @@ leaves out: ``per_device_train_batch_size`` (8), ``gradient_accumulation_steps``
 (a path or an inline config), ``ddp_find_unused_parameters`` (the Trainer passes ``not
 gradient_checkpointing`` for a transformers model, memfit assumes a PEFT or transformers model the
 way the Trainer wraps it), ``ddp_bucket_cap_mb``, ``ddp_broadcast_buffers``, ``ddp_static_graph``,
-``use_cpu`` (a CPU run: planned with the CPU accelerator), ``train_sampling_strategy:
+``use_cpu`` (a CPU run: planned with the CPU accelerator), ``dataloader_pin_memory`` (on: batches
+in page-locked memory), ``train_sampling_strategy:
 group_by_length`` (older releases' ``group_by_length: true``).
 
 A TRL ``SFTConfig`` (recognised by its own keys: ``max_length``, ``max_seq_length``, ``packing``,
@@ -45,6 +46,7 @@ READ_KEYS = {"per_device_train_batch_size", "per_gpu_train_batch_size", "gradien
              "weight_decay", "max_grad_norm", "fsdp", "fsdp_config", "deepspeed", "ddp_find_unused_parameters",
              "ddp_bucket_cap_mb", "ddp_broadcast_buffers", "ddp_static_graph", "max_length", "max_seq_length",
              "packing", "model_init_kwargs", "use_cpu", "no_cuda", "group_by_length", "train_sampling_strategy",
+             "dataloader_pin_memory",
              # evaluation and the epoch (core/scenario/run_settings.py)
              "eval_strategy", "evaluation_strategy", "per_device_eval_batch_size", "predict_with_generate",
              "generation_max_length", "generation_num_beams", "eval_steps", "torch_empty_cache_steps"}
@@ -70,7 +72,12 @@ def _kind(raw: dict[str, Any]) -> str:
     return "SFTConfig" if SFT_KEYS & set(raw) else "TrainingArguments"
 
 
-def read_training_args(path: str) -> Sourced:
+def read_training_args(path: str, *, fsdp_version_default: int = 2,
+                       optim_default: tuple[str, str] | None = None) -> Sourced:
+    """``fsdp_version_default``: FSDP version when ``fsdp_config`` gives none (transformers 5.x: 2;
+    4.x has no version key and runs FSDP1; ``memfit.core.stack.resolve.trainer_fsdp_version``).
+    ``optim_default``: ``(optim, why)``, the Trainer's default ``optim`` for the stack's transformers
+    and torch (``memfit.core.stack.resolve.trainer_optim_default``), when the file leaves it out."""
     raw = read_mapping(path, "TrainingArguments/SFTConfig file")
     out = Sourced(layer="training_args")
     kind = _kind(raw)
@@ -106,7 +113,9 @@ def read_training_args(path: str) -> Sourced:
                 where(key) if key in raw else f"{path}: bf16 (SFTConfig default: bf16 unless fp16)")
     else:
         out.set("mixed_precision", "no", where("bf16"), default=True)
-    optim = raw.get("optim", "adamw_torch_fused")
+    if "optim" not in raw and optim_default is not None:  # the Trainer's default follows the stack
+        out.notes.append(f"optim {optim_default[0]}: {optim_default[1]}")
+    optim = raw.get("optim", optim_default[0] if optim_default is not None else "adamw_torch_fused")
     if not isinstance(optim, str) or optim not in OPTIMIZERS:
         raise MemfitError(f"{where('optim')}: invalid value {optim!r:.60} (or not one memfit models); valid: "
                           f"{', '.join(OPTIMIZERS)}")
@@ -129,9 +138,11 @@ def read_training_args(path: str) -> Sourced:
             give(key, as_float(raw[key], where(key)), key)
     _sequence(raw, out, path, sft, where)
     _load_dtype(raw, out, path)
-    _framework(raw, out, path, where)
+    _framework(raw, out, path, where, fsdp_version_default)
     _eval_keys(raw, out, where)
     _ddp(raw, out, path, where)
+    give("dataloader_pin_memory", as_bool(raw.get("dataloader_pin_memory", True), where("dataloader_pin_memory")),
+         "dataloader_pin_memory")
     for key in ("use_cpu", "no_cuda"):
         if raw.get(key) is not None and as_bool(raw[key], where(key)):
             give("accelerator", "cpu", key)
@@ -187,7 +198,7 @@ def _load_dtype(raw: dict[str, Any], out: Sourced, path: str) -> None:
             out.set("load_dtype", dtype_name(mik[k], f"{path}: model_init_kwargs.{k}"), f"{path}: model_init_kwargs.{k}")
 
 
-def _framework(raw: dict[str, Any], out: Sourced, path: str, where) -> None:
+def _framework(raw: dict[str, Any], out: Sourced, path: str, where, fsdp_version_default: int = 2) -> None:
     ds = raw.get("deepspeed")
     if ds:
         out.set("framework", "deepspeed", where("deepspeed"))
@@ -205,7 +216,7 @@ def _framework(raw: dict[str, Any], out: Sourced, path: str, where) -> None:
             fcfg = read_mapping(relative_path(fcfg, path), "fsdp_config file")
         fcfg = as_mapping(fcfg, where("fsdp_config"))
         fcfg = {k[5:] if k.startswith("fsdp_") else k: v for k, v in fcfg.items()}
-        version = as_int(fcfg.get("version", 2), where("fsdp_config.version"), maximum=2)
+        version = as_int(fcfg.get("version", fsdp_version_default), where("fsdp_config.version"), maximum=2)
         out.set("framework", "fsdp2" if version == 2 else "fsdp", where("fsdp"))
         for key, value in _fsdp_settings(fsdp, fcfg, version, path).items():
             out.set(f"fsdp.{key}", value, where("fsdp_config" if key != "sharding_strategy" else "fsdp"))

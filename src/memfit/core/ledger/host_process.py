@@ -13,25 +13,39 @@ measurements, cited below.
   (a JIT-built .so) loaded by DeepSpeedCPUAdam when the optimizer is offloaded, measured;
 - ``host.tokenizer``: a fast (``tokenizers``) BPE tokenizer of the model's vocabulary, measured at
   32,000 and 128,000 entries, linear in between;
-- ``host.dataset``: an in-memory tokenized dataset of ``dataset_tokens`` tokens (Python lists, as
-  ``datasets.map`` returns rows without a format), measured per token; nothing when not given;
+- ``host.dataset``: a ``datasets`` dataset of ``dataset_tokens`` tokens (``datasets`` 5.2: Arrow, what
+  ``map`` writes and ``load_from_disk`` memory-maps), read row by row as a DataLoader does: its file
+  pages are resident once touched, measured at two sizes (linear fit), plus ``import datasets``
+  (pyarrow); nothing when not given;
 - ``host.dataloader_workers``: each DataLoader worker is a forked process; it shares the trainer's
-  pages until it writes them (copy-on-write), and iterating Python objects writes their reference
-  counts: measured private bytes per worker, a constant plus a share per dataset token;
-- ``host.cuda_runtime`` (CUDA only): the CUDA driver, runtime and libraries' host memory once the
-  process queries the devices and creates its context: pytorch/pytorch#113326 (torch 2.2, CUDA
-  11.8 with lazy module loading, RTX 3090) measured max RSS 2,056,600 kB with
-  ``torch._C._cuda_getDeviceCount()`` (which ``torch.cuda.is_available()`` calls) and a CUDA
-  tensor, against 322,040 kB after ``import torch``: 1,734,560 kB. Before lazy loading (CUDA <
-  11.7, torch < 1.13; pytorch/pytorch#12873, torch 1.0) the context alone added 1,122 MiB and the
-  first cuDNN convolution 594 MiB: the same order. One figure for both, an estimate;
+  pages until it writes them (copy-on-write): measured private bytes per worker iterating the Arrow
+  dataset (its mapped file is shared, not copied: a constant and almost nothing per token);
+- ``host.from_pretrained``: what ``from_pretrained`` leaves in the process once the weights have left
+  host memory (``model.to(device)``): the loading code it imports, the module tree, what the
+  allocator keeps. Measured on a Llama-3-8B-shaped bf16 checkpoint (2 layers) loaded the ways the
+  releases load it: safetensors into a meta-device model (transformers 5.24), and ``torch.load`` of
+  one .bin or of 1 GB shards next to a random model (<= 4.50's ``low_cpu_mem_usage=False``): the
+  highest of the three. (A same-dtype safetensors load leaves the weights memory-mapped: file pages
+  the kernel can drop, resident only as they are read.)
+- ``host.cuda_runtime`` (CUDA only): torch's CUDA build and the CUDA driver, runtime and libraries'
+  host memory once the process queries the devices and creates its context: pytorch/pytorch#113326
+  (torch 2.2, CUDA 11.8 with lazy module loading, RTX 3090) measured max RSS 2,056,600 kB for the
+  whole process with ``torch._C._cuda_getDeviceCount()`` (which ``torch.cuda.is_available()`` calls)
+  and a CUDA tensor (322,040 kB after the CUDA build's ``import torch`` alone, where this machine's
+  CPU build takes ``imports_rss["torch"]``); the part is that total less the CPU-build import memfit
+  books as ``host.python_torch``. Before lazy loading (CUDA < 11.7, torch < 1.13;
+  pytorch/pytorch#12873, torch 1.0) the context alone added 1,122 MiB and the first cuDNN convolution
+  594 MiB; pytorch#106511 saw +1,203.5 MiB at the first CUDA use: the same order. One figure for
+  eager and lazy loading, an estimate;
 - ``host.heap_kept`` (after a checkpoint read shard by shard into memory: ``low_cpu_mem_usage=False``
   or zero.Init): glibc maps large allocations and unmaps them on free, but its mmap threshold rises
   to each freed mapped block's size (at most 32 MiB), so a later shard's tensors below that come
-  from the heap, which it returns only from the top. Measured (4 MiB to 64 MiB tensors, 4-8
-  shards): 64 MiB tensors leave ~1 MB behind; of tensors <= 32 MiB the process kept 19-47% of all
-  it freed. The ledger keeps the highest measured share of the freed tensors <= 32 MiB. (Current
-  transformers reads safetensors through mmap with low_cpu_mem_usage: no state dict is freed.)
+  from the heap, which it returns only from the top. Synthetic patterns (4 MiB to 64 MiB tensors,
+  4-8 shards, ``heap_after_free``) kept 19-47% of the tensors <= 32 MiB they freed; the loading
+  paths themselves (``from_pretrained_kept``: ``torch.load`` of 1 GB shards, 8 MiB k/v projections
+  freed after the threshold rose) kept nothing beyond what the safetensors path, which frees no
+  state dict, keeps. The ledger takes the loading paths' share (today 0: no item) and books their
+  common residue as ``host.from_pretrained``.
 
 NCCL's host buffers (only with the shared-memory transport between ranks without P2P) and
 ``/dev/shm`` segments are not modelled.
@@ -48,12 +62,18 @@ from memfit.core.ledger.timeline import Timeline
 from memfit.core.ledger_types import Device
 
 MEASURED_FILE = "host_process_measured.json"
-CUDA_HOST_BYTES = (2_056_600 - 322_040) * 1024
-"""pytorch/pytorch#113326: max RSS with the devices queried and a CUDA tensor, less after ``import
-torch`` (torch 2.2, CUDA 11.8, lazy module loading)."""
-CUDA_HOST_SOURCE = ("pytorch/pytorch#113326 (torch 2.2 + CUDA 11.8, lazy loading: max RSS 2,056,600 kB "
-                    "after torch._C._cuda_getDeviceCount() and a CUDA tensor vs 322,040 kB after import); "
-                    "#12873 (torch 1.0, eager loading: +1,122 MiB context, +594 MiB cuDNN)")
+CUDA_PROCESS_RSS = 2_056_600 * 1024
+"""pytorch/pytorch#113326: max RSS of ``import torch`` (the CUDA build), the device query and one CUDA
+tensor (torch 2.2, CUDA 11.8, lazy module loading, RTX 3090): the whole process."""
+CUDA_BUILD_IMPORT_RSS = 322_040 * 1024
+"""The same issue: max RSS after ``import torch`` alone, the CUDA build (this machine's CPU build
+imports in ``imports_rss["torch"]``: the CUDA build maps and touches more of its libraries)."""
+CUDA_HOST_SOURCE = ("pytorch/pytorch#113326 (torch 2.2 + CUDA 11.8, lazy loading: max RSS 2,056,600 kB after "
+                    "import, torch._C._cuda_getDeviceCount() and a CUDA tensor; 322,040 kB after the CUDA build's "
+                    "import alone), less this machine's CPU-build import (booked as host.python_torch); "
+                    "pytorch#106511 (+1,203.5 MiB at the first CUDA use, through an NCCL barrier) and #12873 "
+                    "(torch 1.0, eager loading: +1,122 MiB at the context, +594 MiB at the first cuDNN call) "
+                    "are of the same order")
 SCRIPT = "memfit/replay/host_baseline.py"
 
 
@@ -102,26 +122,31 @@ def load_parts(vocab_size: int, dataset_tokens: int = 0) -> list[HostPart]:
                  f"linear in the vocabulary between {v0:,} tokens ({b0:,} B) and {v1:,} ({b1:,} B)", where),
     ]
     if dataset_tokens:
-        per = _dataset_bytes_per_token()
-        parts.append(HostPart("host.dataset", f"in-memory tokenized dataset, {dataset_tokens:,} tokens",
-                              round(dataset_tokens * per),
-                              f"{dataset_tokens:,} tokens x {per:.1f} B (Python lists of ints)", where))
+        base, per, imp = _dataset_fit()
+        parts.append(HostPart("host.dataset", f"datasets dataset of {dataset_tokens:,} tokens (Arrow, memory-mapped, "
+                              "read)", round(imp + base + per * dataset_tokens),
+                              f"import datasets {imp:,} B + {base:,.0f} B + {per:.2f} B x {dataset_tokens:,} tokens "
+                              "(mapped pages touched)", where + "; datasets 5.2 load_from_disk"))
     return parts
 
 
+def _dataset_fit() -> tuple[float, float, int]:
+    """(constant, bytes per token, import) of an Arrow dataset read row by row, from two sizes."""
+    d = measured()["datasets"]
+    rows = sorted(d["mapped"].values(), key=lambda r: r["tokens"])
+    a, b = rows[0], rows[-1]
+    per = (b["touched"] - a["touched"]) / (b["tokens"] - a["tokens"])
+    return a["touched"] - per * a["tokens"], per, d["import_delta"]
+
+
 def _workers_fit() -> tuple[float, float]:
-    """Private bytes of one DataLoader worker: (constant, per dataset token), from two dataset sizes."""
-    w = sorted(measured()["dataloader_workers"].values(), key=lambda r: r["samples"])
-    (a, b) = w[0], w[-1]
-    ta, tb = a["samples"] * a["seq_len"], b["samples"] * b["seq_len"]
-    pa, pb = max(a["worker_private"]), max(b["worker_private"])
-    slope = (pb - pa) / (tb - ta)
-    return pa - slope * ta, slope
-
-
-def _dataset_bytes_per_token() -> float:
-    w = max(measured()["dataloader_workers"].values(), key=lambda r: r["samples"])
-    return (w["trainer_rss_with_data"] - w["trainer_rss_before_data"]) / (w["samples"] * w["seq_len"])
+    """Private bytes of one DataLoader worker iterating an Arrow dataset: (constant, per dataset
+    token), from two dataset sizes."""
+    rows = sorted(measured()["datasets"]["mapped"].values(), key=lambda r: r["tokens"])
+    a, b = rows[0], rows[-1]
+    pa, pb = max(a["workers"]["private"]), max(b["workers"]["private"])
+    slope = max((pb - pa) / (b["tokens"] - a["tokens"]), 0.0)
+    return pa - slope * a["tokens"], slope
 
 
 def worker_part(workers: int, dataset_tokens: int = 0) -> HostPart | None:
@@ -132,8 +157,9 @@ def worker_part(workers: int, dataset_tokens: int = 0) -> HostPart | None:
     each = round(base + per * dataset_tokens)
     return HostPart("host.dataloader_workers", f"{workers} DataLoader worker process(es), forked",
                     workers * each,
-                    f"{workers} x ({base:,.0f} B + {per:.1f} B x {dataset_tokens:,} dataset tokens) private per "
-                    "worker (copy-on-write pages it wrote)", _where() + "; torch/utils/data/dataloader.py (fork)")
+                    f"{workers} x ({base:,.0f} B + {per:.3f} B x {dataset_tokens:,} dataset tokens) private per "
+                    "worker (copy-on-write pages it wrote; the Arrow file is shared)",
+                    _where() + "; torch/utils/data/dataloader.py (fork)")
 
 
 def cpu_adam_part() -> HostPart:
@@ -144,8 +170,15 @@ def cpu_adam_part() -> HostPart:
 
 
 def cuda_part() -> HostPart:
-    return HostPart("host.cuda_runtime", "CUDA driver, runtime and libraries in host memory (device query, context)",
-                    CUDA_HOST_BYTES, f"{CUDA_HOST_BYTES:,} B (estimate from a published measurement)", CUDA_HOST_SOURCE)
+    """What a CUDA process holds beyond this machine's CPU-build ``import torch``: the CUDA build's
+    larger import (libtorch_cuda, cuBLAS, cuDNN, NCCL mapped), the driver and runtime once the devices
+    are queried and the context exists (``host.cuda_runtime``)."""
+    cpu_import = measured()["imports_rss"]["torch"]
+    n = CUDA_PROCESS_RSS - cpu_import
+    return HostPart("host.cuda_runtime", "torch's CUDA build, the CUDA driver, runtime and libraries in host memory "
+                    "(device query, context)", n,
+                    f"{CUDA_PROCESS_RSS:,} B (published) - {cpu_import:,} B (CPU-build import, measured) = {n:,} B "
+                    "(an estimate)", CUDA_HOST_SOURCE)
 
 
 MMAP_THRESHOLD_MAX = 32 * 2**20
@@ -154,24 +187,41 @@ and unmapped on free; below it, once the threshold has risen, they come from the
 
 
 def heap_kept_fraction() -> tuple[float, str]:
-    """The highest share of the freed tensors below the mmap threshold the measured loads kept."""
-    rows = measured().get("heap_after_free", {})
-    best, which = 0.0, ""
-    for name, r in rows.items():
-        small = sum(b for b in r["tensor_bytes"] if b <= MMAP_THRESHOLD_MAX)
-        if small:
-            f = max(r["kept"], 0) / small
-            if f > best:
-                best, which = f, name
+    """The share of the freed checkpoint tensors below the mmap threshold that the measured loading
+    paths keep beyond what the safetensors path (which frees no state dict) keeps."""
+    from memfit.core.checkpoint import split_shards
+
+    rows = measured()["from_pretrained_kept"]
+    base = rows["safetensors"]["after_free"] - rows["safetensors"]["before"]
+    best, which = 0.0, "from_pretrained_kept: the torch.load paths keep no more than safetensors"
+    for name in ("torch_load", "torch_load_sharded"):
+        r = rows[name]
+        sizes = r["tensor_bytes"]
+        shards = split_shards([(str(i), b) for i, b in enumerate(sizes)], 10**9) if r["files"] > 1 else [list(enumerate(sizes))]
+        small = sum(b for sh in shards[1:] for _, b in sh if b < MMAP_THRESHOLD_MAX)
+        extra = (r["after_free"] - r["before"]) - base
+        if small and extra > 0 and extra / small > best:
+            best, which = extra / small, f"from_pretrained_kept.{name}"
     return best, which
 
 
+def from_pretrained_part() -> HostPart:
+    """``host.from_pretrained``: what the process keeps of a checkpoint load (see the module docstring)."""
+    rows = measured()["from_pretrained_kept"]
+    name, r = max(rows.items(), key=lambda kv: kv[1]["after_free"] - kv[1]["before"])
+    n = r["after_free"] - r["before"]
+    return HostPart("host.from_pretrained", "what from_pretrained leaves in the process (its code, the module tree)",
+                    n, f"RSS after the weights left host memory - before loading: {n:,} B (highest of safetensors, "
+                    f"torch.load, torch.load sharded: {name}; {r['config']})",
+                    _where() + "; transformers modeling_utils.py:from_pretrained")
+
+
 def heap_kept_part(small_freed_bytes: int) -> HostPart | None:
-    """What the process keeps of the checkpoint tensors (at most 32 MiB each) it freed while
-    loading shard by shard: a measured share of them."""
-    if small_freed_bytes <= 0:
-        return None
+    """What the process keeps of the checkpoint tensors (below 32 MiB each) it freed while loading
+    shard by shard: the measured share of them (None when it is 0)."""
     f, which = heap_kept_fraction()
+    if small_freed_bytes <= 0 or f <= 0:
+        return None
     return HostPart("host.heap_kept", "freed checkpoint tensors glibc keeps in the heap", round(f * small_freed_bytes),
                     f"{f:.1%} (highest measured, {which}) of {small_freed_bytes:,} B of freed tensors <= 32 MiB",
                     _where() + "; glibc malloc.c (mmap threshold rising to DEFAULT_MMAP_THRESHOLD_MAX 32 MiB)")
@@ -192,3 +242,44 @@ def record(t: Timeline, parts: list[HostPart]) -> None:
 
 def total(parts: list[HostPart | None]) -> int:
     return sum(p.bytes for p in parts if p is not None)
+
+
+def _pinned_batch_shape(sc) -> tuple[int, int]:  # noqa: ANN001
+    """(bytes of one batch tensor, batches pinned at once)."""
+    tr = sc.train
+    return tr.micro_batch * tr.seq_len * 8, (2 if tr.dataloader_workers == 0 else 2 * tr.dataloader_workers + 1)
+
+
+def pinned_batches_bytes(sc) -> int:  # noqa: ANN001
+    """The bytes ``record_pinned_batches`` asks for (0 without pin_memory or off CUDA)."""
+    if not sc.train.dataloader_pin_memory or sc.accelerator != "cuda":
+        return 0
+    n, batches = _pinned_batch_shape(sc)
+    return n * batches * len(BATCH_TENSORS)
+
+
+PINNED_BATCHES = "host.pinned_batches"
+BATCH_TENSORS = ("input_ids", "attention_mask", "labels")
+"""What transformers' collators hand the Trainer (``DataCollatorForLanguageModeling``,
+``default_data_collator``): int64 tensors of micro-batch x sequence length."""
+
+
+def record_pinned_batches(t: Timeline, sc) -> None:  # noqa: ANN001 (Scenario)
+    """``DataLoader(pin_memory=True)``: each batch's tensors copied to page-locked memory
+    (``torch/utils/data/_utils/pin_memory.py:pin_memory``, ``tensor.pin_memory()``: torch's pinned
+    allocator, power-of-two blocks since 1.11). Batches pinned at once: without workers the main
+    thread pins the next batch while the current one is still bound (2; ``dataloader.py:
+    _SingleProcessDataLoaderIter._next_data``); with workers the pin-memory thread pins what they
+    prefetch (``prefetch_factor`` 2 per worker) and the loop holds one more."""
+    tr = sc.train
+    if not tr.dataloader_pin_memory or t.accelerator != "cuda":
+        return
+    n, batches = _pinned_batch_shape(sc)
+    t.declare(PINNED_BATCHES, name=f"DataLoader batches in page-locked memory ({batches} at once)",
+              device=Device.CPU_PINNED, category="runtime", exact=False,
+              formula=f"{batches} batches x {len(BATCH_TENSORS)} int64 tensors ({', '.join(BATCH_TENSORS)}) x "
+                      f"{tr.micro_batch} x {tr.seq_len} x 8 B",
+              source="torch/utils/data/_utils/pin_memory.py:pin_memory; dataloader.py (pin_memory_thread, "
+                     "prefetch_factor 2)")
+    for _ in range(batches * len(BATCH_TENSORS)):
+        t.alloc(PINNED_BATCHES, n)

@@ -106,6 +106,18 @@ def count_changes(base: Candidate, c: Candidate) -> int:
     return n
 
 
+def _pin_now(sc: Scenario, offload) -> bool:
+    """What ``pin_memory`` means now for an offload section: as resolved, or, for one the user's
+    configuration leaves off, the stack's DeepSpeed release default (False until 0.19.4), which a
+    section written without the key would get."""
+    if offload.device != "none":
+        return offload.pin_memory
+    from memfit.core.stack.deepspeed import offload_pin_memory_default
+
+    stack = sc.versions
+    return offload_pin_memory_default(stack.entry("deepspeed").version, stack.deepspeed)[0]
+
+
 def _offload(zo: dict, key: str, deprecated: str, device: str, current: str, pin: bool, pin_now: bool,
              notes: list[str]) -> None:
     section = zo.get(key)
@@ -148,10 +160,10 @@ def patch_deepspeed_json(raw: Mapping[str, Any], sc: Scenario, base: Candidate, 
     # ZeRO-0, which DeepSpeed ignores: it is turned off so the file says what runs
     if cand.stage >= 1 or z.offload_optimizer.device != "none":
         _offload(zo, "offload_optimizer", "cpu_offload", cand.offload_optimizer if cand.stage >= 1 else "none",
-                 z.offload_optimizer.device, cand.pin_optimizer, z.offload_optimizer.pin_memory, notes)
+                 z.offload_optimizer.device, cand.pin_optimizer, _pin_now(sc, z.offload_optimizer), notes)
     if cand.stage == 3:
         _offload(zo, "offload_param", "cpu_offload_param", cand.offload_param, z.offload_param.device,
-                 cand.pin_param, z.offload_param.pin_memory, notes)
+                 cand.pin_param, _pin_now(sc, z.offload_param), notes)
     if cand.stage >= 1 and cand.reduce_bucket_size != base.reduce_bucket_size:
         if zo.get("reduce_bucket_size") == AUTO:
             notes.append('reduce_bucket_size was "auto" (hidden_size^2): written as a number')

@@ -42,6 +42,8 @@ FIELD_KEYS: dict[str, tuple[str, ...]] = {
     "bitsandbytes_version": ("runtime", "bitsandbytes_version"), "alloc_conf": ("runtime", "alloc_conf"),
     "alloc_conf_from_env": ("runtime", "alloc_conf_from_env"), "cuda_version": ("runtime", "cuda_version"),
     "pin_memory_backend": ("runtime", "pin_memory_backend"),
+    "peft_version": ("stack", "peft"), "accelerate_version": ("stack", "accelerate"), "trl_version": ("stack", "trl"),
+    "stack_files": ("stack", "files"), "dataloader_pin_memory": ("train", "dataloader_pin_memory"),
     "framework": ("framework",), "precision": ("precision",), "optim": ("optim",), "optim_args": ("optim_args",),
     "quantization": ("quantization",), "ddp": ("ddp",), "fsdp": ("fsdp",),
     "training_args": ("training_args",), "accelerate_config": ("accelerate_config",), "bnb_config": ("bnb_config",),
@@ -91,7 +93,11 @@ def scenario_document(inputs: ScenarioInputs, *, written: set[str] = frozenset()
         value = getattr(inputs, name)
         if value is None or (name == "optim_args" and not value):
             continue
-        if name in PATH_FIELDS:
+        if name == "stack_files":
+            if not value:
+                continue
+            value = [_path(v, written) for v in value]
+        elif name in PATH_FIELDS:
             value = _path(value, written)
         elif name == "model" and Path(value).exists():
             value = str(Path(value).resolve())
@@ -113,7 +119,7 @@ def scenario_document(inputs: ScenarioInputs, *, written: set[str] = frozenset()
         doc["deepspeed"] = _plain(inputs.deepspeed_inline)
     order = ["name", "model", "peft", "framework", "deepspeed", "deepspeed_version", "training_args",
              "accelerate_config", "bnb_config", "precision", "optim", "optim_args", "quantization", "ddp", "fsdp",
-             "hardware", "load", "train", "eval", "runtime", "accelerator", "trust_remote_code"]
+             "hardware", "load", "train", "eval", "runtime", "stack", "accelerator", "trust_remote_code"]
     return {k: doc[k] for k in sorted(doc, key=lambda k: order.index(k) if k in order else len(order))}
 
 

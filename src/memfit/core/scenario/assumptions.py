@@ -47,13 +47,15 @@ def assumptions(inputs: ScenarioInputs, sc: Scenario, *, precision_why: str = ""
             r.startswith("train_micro_batch_size_per_gpu") and "memfit's default" in r
             for r in sc.deepspeed.auto_resolved)):
         add("lengths", "micro batch", f"{sc.train.micro_batch}", "memfit's default; --micro-batch")
-    if inputs.torch_version is None:
-        add("stack", "torch", sc.runtime.torch_version, "--torch-version")
-    if sc.framework == "deepspeed" and inputs.ds_version is None:
-        add("stack", "DeepSpeed", f"{sc.ds_version}.x", "--deepspeed-version")
-    if inputs.transformers_version is None:
-        add("stack", "transformers", TRANSFORMERS_DEFAULT, "the Trainer's and from_pretrained's; --transformers-version")
-    if inputs.cuda_version is None:
+    stack = sc.versions  # given, read from a stack file (--stack) or assumed, per library
+    if stack.entry("torch").assumed:
+        add("stack", "torch", sc.runtime.torch_version, "--torch-version or --stack FILE")
+    if sc.framework == "deepspeed" and stack.entry("deepspeed").assumed:
+        add("stack", "DeepSpeed", f"{stack.deepspeed}.x", "--deepspeed-version or --stack FILE")
+    if stack.entry("transformers").assumed:
+        add("stack", "transformers", stack.transformers or TRANSFORMERS_DEFAULT,
+            "the Trainer's and from_pretrained's; --transformers-version or --stack FILE")
+    if stack.entry("cuda").assumed:
         add("stack", "CUDA", resolve_torch_version(sc.runtime.torch_version).default_cuda,
             f"torch {sc.runtime.torch_version}'s usual; --cuda-version")
     if inputs.load_dtype is None:

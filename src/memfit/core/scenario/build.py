@@ -114,8 +114,16 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
         raise MemfitError(f"{_said(inputs, 'micro_batch')} = {micro} contradicts {inputs.deepspeed or 'the inline DeepSpeed config'}"
                           f": train_micro_batch_size_per_gpu = {ds.train_micro_batch_size_per_gpu} (the Trainer refuses "
                           'the mismatch too: write "auto" in the config, or give the same value)')
-    load = LoadSettings(dtype=inputs.load_dtype or "fp32", zero_init=bool(inputs.zero_init),
-                        low_cpu_mem_usage=True if inputs.low_cpu_mem_usage is None else inputs.low_cpu_mem_usage,
+    from memfit.core.stack.resolve import resolve_stack
+
+    stack = resolve_stack(inputs, framework=fw.framework)
+    low_cpu, stack_notes = _low_cpu_mem_usage(inputs, stack, fw)
+    if fw.framework == "deepspeed":
+        from memfit.core.stack.deepspeed import apply_release_defaults
+
+        ds, ds_notes = apply_release_defaults(ds, raw, stack)
+        stack_notes += ds_notes
+    load = LoadSettings(dtype=inputs.load_dtype or "fp32", zero_init=bool(inputs.zero_init), low_cpu_mem_usage=low_cpu,
                         checkpoint=_checkpoint_layout(inputs, source, model))
     seq_len, batch_shape = _sequence_shape(inputs, micro, hw.world_size)
     train = TrainSettings(
@@ -127,19 +135,23 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
         target_len=_target_len(base, inputs.target_len),
         batch_shape=batch_shape,
         dataloader_workers=count_value(inputs.dataloader_workers, "dataloader_workers"),
+        dataloader_pin_memory=bool(inputs.dataloader_pin_memory),
         dataset_tokens=count_value(inputs.dataset_tokens, "dataset_tokens"),
     )
     from memfit.core.scenario.run_settings import epoch_settings, eval_settings
 
     ev = eval_settings(inputs, train, model)
     epoch = epoch_settings(inputs, train)
+    from memfit.core.stack.deepspeed import allocation_line
+    from memfit.core.stack.resolve import LABELS
+
     sc = Scenario(name=inputs.name or f"{source.name} ({spec.method})", model_ref=source.name, model=model,
                   peft=spec, deepspeed=ds, deepspeed_json=ds_json, hardware=hw, load=load, train=train,
-                  ds_version=str(inputs.ds_version or "0.19"), accelerator=inputs.accelerator or "cuda",
-                  runtime=runtime_settings(inputs),
+                  ds_version=allocation_line(stack.deepspeed, where=_said(inputs, "ds_version")),
+                  accelerator=inputs.accelerator or "cuda", runtime=runtime_settings(inputs, stack),
                   framework=fw.framework, torch=fw.torch, quant=fw.quant, ddp=fw.ddp, fsdp=fw.fsdp,
-                  eval=ev, epoch=epoch, input_notes=tuple(inputs.input_notes),
-                  input_warnings=tuple(inputs.input_warnings))
+                  eval=ev, epoch=epoch, input_notes=tuple(inputs.input_notes) + stack_notes,
+                  input_warnings=tuple(inputs.input_warnings), stack=stack)
     from dataclasses import replace as _replace
 
     from memfit.core.scenario.assumptions import assumptions
@@ -153,13 +165,16 @@ def _said(inputs: ScenarioInputs, name: str) -> str:
 
 
 def _transformers_release(inputs: ScenarioInputs) -> tuple[int, int]:
-    """``(major, minor)`` of ``transformers_version`` (``4.2``, ``4.46.3``, ``5.24.0.dev0``)."""
-    version = inputs.transformers_version or "5.24"
-    parts = version.strip().split(".")
-    if not (len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit() and len(version) <= 32):
-        raise MemfitError(f"{_said(inputs, 'transformers_version')}: invalid value {version!r:.40}; valid: a release "
-                          "such as 4.2 or 5.24")
-    return int(parts[0]), int(parts[1])
+    """``(major, minor)`` of ``transformers_version`` (``4.2``, ``4.46.3``, ``5.24.0.dev0``), checked
+    wherever it is given by the stack's one reading of a version (``memfit.core.stack.releases``:
+    a release line memfit knows, else one error line naming the lines it knows); not installed
+    (``none``) or not given: the default release's."""
+    from memfit.core.stack.releases import library, line_key, release_line
+
+    version = inputs.transformers_version
+    line = None if version is None else release_line("transformers", version,
+                                                     where=_said(inputs, "transformers_version"))
+    return line_key(line or library("transformers").default)
 
 
 def _old_trainer_batch_keys(raw: dict, inputs: ScenarioInputs, micro: int | None) -> dict:
@@ -182,9 +197,27 @@ def _old_trainer_batch_keys(raw: dict, inputs: ScenarioInputs, micro: int | None
     return {**raw, "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": inputs.grad_accum or 1}
 
 
-def runtime_settings(inputs: ScenarioInputs):  # -> RuntimeSettings
+def _low_cpu_mem_usage(inputs: ScenarioInputs, stack, fw) -> tuple[bool, tuple[str, ...]]:
+    """``from_pretrained``'s low_cpu_mem_usage: as given, else the default of the stack's transformers
+    (``memfit.core.stack.transformers``), said; a False that the release ignores is said too."""
+    from memfit.core.stack.transformers import honours_low_cpu_mem_usage_false, low_cpu_mem_usage_default
+
+    line = stack.transformers
+    if inputs.low_cpu_mem_usage is not None:
+        if not inputs.low_cpu_mem_usage and not honours_low_cpu_mem_usage_false(line):
+            return True, (f"low_cpu_mem_usage false is ignored by transformers {line} (dropped since 4.51): the "
+                          "checkpoint loads straight into a meta-device model",)
+        return bool(inputs.low_cpu_mem_usage), ()
+    value, why = low_cpu_mem_usage_default(
+        line, device_map=False, quantized=fw.quant.enabled,
+        fsdp_efficient=fw.framework in ("fsdp", "fsdp2") and fw.fsdp.cpu_ram_efficient_loading)
+    return value, (f"from_pretrained low_cpu_mem_usage={value}: {why}",)
+
+
+def runtime_settings(inputs: ScenarioInputs, stack=None):  # -> RuntimeSettings
     """torch version, PYTORCH_CUDA_ALLOC_CONF (from the environment only when asked), CUDA version and
-    DeepSpeed's pinning backend, validated (a bad value is one MemfitError line)."""
+    DeepSpeed's pinning backend, validated (a bad value is one MemfitError line). With ``stack``
+    (``memfit.core.stack``) the torch and CUDA versions are the stack's: the runtime is a view of it."""
     import os
 
     from memfit.core.alloc.versions import DEFAULT_TORCH, resolve_torch_version
@@ -192,7 +225,7 @@ def runtime_settings(inputs: ScenarioInputs):  # -> RuntimeSettings
 
     if inputs.alloc_conf_from_env is not None and not isinstance(inputs.alloc_conf_from_env, bool):
         raise MemfitError(f"alloc_conf_from_env must be true or false, got {inputs.alloc_conf_from_env!r}")
-    version = resolve_torch_version(inputs.torch_version or DEFAULT_TORCH)
+    version = resolve_torch_version(stack.torch if stack is not None else inputs.torch_version or DEFAULT_TORCH)
     conf, source = inputs.alloc_conf or "", ""
     if inputs.alloc_conf_from_env:
         if inputs.alloc_conf:
@@ -204,9 +237,20 @@ def runtime_settings(inputs: ScenarioInputs):  # -> RuntimeSettings
         else:
             source = "asked to read PYTORCH_CUDA_ALLOC_CONF from the environment: not set, torch's defaults"
     return RuntimeSettings(torch_version=version.name, alloc_conf=conf, alloc_conf_source=source,
-                           cuda_version=inputs.cuda_version, pin_memory_backend=inputs.pin_memory_backend or "torch",
-                           **({"bitsandbytes_version": inputs.bitsandbytes_version, "bitsandbytes_version_given": True}
-                              if inputs.bitsandbytes_version else {}))
+                           cuda_version=stack.cuda if stack is not None else inputs.cuda_version,
+                           pin_memory_backend=inputs.pin_memory_backend or "torch", **_bitsandbytes(inputs, stack))
+
+
+def _bitsandbytes(inputs: ScenarioInputs, stack) -> dict:
+    """The runtime's bitsandbytes release (its matmuls' saved tensors, ``memfit.core.quant_kernels``):
+    the stack's, as given or read, when it names one; else the default (noted as assumed)."""
+    if stack is not None:
+        entry = stack.entry("bitsandbytes")
+        if entry.assumed or entry.line is None or entry.version is None:
+            return {}
+        return {"bitsandbytes_version": entry.version, "bitsandbytes_version_given": True}
+    return ({"bitsandbytes_version": inputs.bitsandbytes_version, "bitsandbytes_version_given": True}
+            if inputs.bitsandbytes_version else {})
 
 
 def _model_shape(source, inputs: ScenarioInputs):
@@ -310,6 +354,7 @@ def describe_scenario(sc: Scenario) -> dict[str, Any]:
         "alloc_conf": sc.runtime.alloc_conf,
         "cuda_version": sc.runtime.cuda_version or resolve_torch_version(sc.runtime.torch_version).default_cuda,
         "pin_memory_backend": sc.runtime.pin_memory_backend,
+        "stack": sc.versions.as_dict(),
         "bitsandbytes_version": sc.runtime.bitsandbytes_version,
         "framework": sc.framework,
         **({} if sc.framework == "deepspeed" else {

@@ -13,6 +13,8 @@ The YAML file (see examples/*.yaml) has the same names as the flags::
     train: {seq_len: 512, micro_batch: 1, gradient_checkpointing: false, model_parameters: trainable}
     runtime: {torch_version: "2.13", alloc_conf: "expandable_segments:True", cuda_version: "12.8",
               pin_memory_backend: torch, alloc_conf_from_env: false}
+    stack: {torch: "1.10.1", cuda: "11.3", deepspeed: "0.5.8", transformers: "4.15.0", peft: none,
+            files: [pip-freeze.txt]}   # versions as strings; files: pip freeze, transformers/accelerate env, ds_report
 
 Flags override the file; anything left unset takes the documented default. Every input, from a
 flag, the file or Python, is checked by ``validate.check_inputs`` against the type its ``ScenarioInputs``
@@ -29,15 +31,18 @@ SCENARIO_KEYS = {"name", "model", "peft", "deepspeed", "deepspeed_version", "har
         "trust_remote_code", "accelerator", "runtime",
         # outside DeepSpeed (memfit.core.frameworks.pytorch; memfit.core.frameworks.resolve)
         "framework", "precision", "optim", "optim_args", "quantization", "ddp", "fsdp", "training_args",
-        "accelerate_config", "bnb_config",
+        "accelerate_config", "bnb_config", "stack",
         # evaluation during training (core/ledger/evaluation.py)
         "eval"}
+STACK_KEYS = {"torch", "cuda", "deepspeed", "transformers", "peft", "bitsandbytes", "accelerate", "trl", "files"}
+"""``stack:``: a version per library (``memfit.core.stack``), and stack files to read them from."""
 RUNTIME_KEYS = {"torch_version", "alloc_conf", "cuda_version", "pin_memory_backend", "alloc_conf_from_env",
                 "transformers_version", "bitsandbytes_version"}
 HARDWARE_KEYS = {"gpus", "nodes", "cpu_ram", "nvme", "shared_gpu", "host_reserve"}
 EVAL_KEYS = {"strategy", "batch", "seq_len", "generate", "max_new_tokens", "generation_max_length", "num_beams", "steps"}
 LOAD_KEYS = {"dtype", "zero_init", "low_cpu_mem_usage", "checkpoint_index", "max_shard_size"}
 TRAIN_KEYS = {"seq_len", "micro_batch", "gradient_checkpointing", "model_parameters", "attention", "dataloader_workers",
+          "dataloader_pin_memory",
           "dataset_tokens", "task", "target_len", "lengths", "batching", "max_seq_length", "precision", "grad_accum",
           "gradient_accumulation_steps", "max_grad_norm", "weight_decay",
           # the epoch simulation (core/epoch/)
@@ -70,6 +75,8 @@ class ScenarioInputs:
     max_shard_size: str | None = None
     """The checkpoint's shard size (e.g. 5GB); default: that of the transformers that saved it."""
     dataloader_workers: int | None = None
+    dataloader_pin_memory: bool | None = None
+    """``DataLoader(pin_memory=...)`` (the Trainer's ``dataloader_pin_memory``, True by default)."""
     """DataLoader worker processes per rank (default 0)."""
     dataset_tokens: int | None = None
     """Tokens of the in-memory tokenized dataset (default: not counted)."""
@@ -96,8 +103,20 @@ class ScenarioInputs:
     """Read PYTORCH_CUDA_ALLOC_CONF (then PYTORCH_ALLOC_CONF) from the environment: only when asked."""
     cuda_version: str | None = None
     pin_memory_backend: str | None = None
+    # -- the rest of the stack (memfit.core.stack; torch, CUDA and DeepSpeed are the fields above)
+    transformers_version: str | None = None
+    """The transformers release whose Trainer and from_pretrained run (its DeepSpeed-config handling
+    changed in 4.6; ``memfit.core.stack.transformers``); default 5.24. (``stack.transformers`` or
+    ``runtime.transformers_version`` in YAML.)"""
+    peft_version: str | None = None
+    """``none`` where the run does not install peft."""
     bitsandbytes_version: str | None = None
-    """The bitsandbytes release of the run (its quantized matmuls: ``memfit.core.quant_kernels``)."""
+    """The bitsandbytes release of the run (its quantized matmuls: ``memfit.core.quant_kernels``).
+    (``stack.bitsandbytes`` or ``runtime.bitsandbytes_version`` in YAML.)"""
+    accelerate_version: str | None = None
+    trl_version: str | None = None
+    stack_files: tuple[str, ...] = ()
+    """pip freeze / requirements files, ``transformers env``/``accelerate env`` or ``ds_report`` output."""
     # -- outside DeepSpeed (see memfit.core.frameworks.resolve) ---------------------------------
     framework: str | None = None
     """``deepspeed``, ``torch``, ``ddp``, ``fsdp``, ``fsdp2``; None: inferred from the inputs."""
@@ -152,9 +171,6 @@ class ScenarioInputs:
     """Optimizer steps to simulate (default: one epoch, at most 1,000)."""
     empty_cache_steps: int | None = None
     """``torch_empty_cache_steps``."""
-    transformers_version: str | None = None
-    """The transformers release whose Trainer runs (its DeepSpeed-config handling changed in 4.6);
-    default 5.24. (``runtime.transformers_version`` in YAML.)"""
     input_notes: tuple[str, ...] = ()
     """What memfit resolved or ignored while reading the input files (shown in the plan's notes)."""
     input_warnings: tuple[str, ...] = ()
@@ -178,7 +194,7 @@ def merge_inputs(base: ScenarioInputs, override: ScenarioInputs) -> ScenarioInpu
         if f.name in ("peft_options", "optim_args"):
             if v:
                 changes[f.name] = {**old, **v}
-        elif f.name in ("input_notes", "input_warnings", "assumed"):
+        elif f.name in ("input_notes", "input_warnings", "assumed", "stack_files"):
             changes[f.name] = tuple(old) + tuple(v)
         elif f.name == "origins":
             changes[f.name] = {**old, **v}

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit.core.reading import parse_yaml, read_text
-from memfit.core.scenario.inputs import (EVAL_KEYS, HARDWARE_KEYS, LOAD_KEYS, RUNTIME_KEYS, SCENARIO_KEYS,
+from memfit.core.scenario.inputs import (EVAL_KEYS, HARDWARE_KEYS, LOAD_KEYS, RUNTIME_KEYS, SCENARIO_KEYS, STACK_KEYS,
                                          TRAIN_KEYS, ScenarioInputs)
 from memfit.errors import MemfitError
 
@@ -71,6 +71,7 @@ def read_scenario_mapping(raw: Any, p: Path) -> ScenarioInputs:
     train = _section(raw.get("train"), "train", TRAIN_KEYS, p)
     rt = _section(raw.get("runtime"), "runtime", RUNTIME_KEYS, p)
     ev = _section(raw.get("eval"), "eval", EVAL_KEYS, p)
+    st = _section(raw.get("stack"), "stack", STACK_KEYS, p)
     peft = raw.get("peft")
     method, options = None, {}
     if isinstance(peft, str):
@@ -124,6 +125,31 @@ def read_scenario_mapping(raw: Any, p: Path) -> ScenarioInputs:
         return a[1] if a[1] is not None else b[1]
 
     precision = one_of(("precision", raw.get("precision")), ("train.precision", train.get("precision")))
+    versions = {k: _version_text(st.get(k), f"stack.{k}", p) for k in STACK_KEYS - {"files"}}
+    ds_version = one_of(("deepspeed_version", _scalar_text(raw.get("deepspeed_version"))),
+                        ("stack.deepspeed", versions["deepspeed"]))
+    torch_version = one_of(("runtime.torch_version", None if rt.get("torch_version") is None else str(rt["torch_version"])),
+                           ("stack.torch", versions["torch"]))
+    cuda_version = one_of(("runtime.cuda_version", None if rt.get("cuda_version") is None else str(rt["cuda_version"])),
+                          ("stack.cuda", versions["cuda"]))
+    rt_transformers = None if rt.get("transformers_version") is None else str(rt["transformers_version"])
+    transformers_version = one_of(("runtime.transformers_version", rt_transformers),
+                                  ("stack.transformers", versions["transformers"]))
+    rt_bnb = None if rt.get("bitsandbytes_version") is None else str(rt["bitsandbytes_version"])
+    bitsandbytes_version = one_of(("runtime.bitsandbytes_version", rt_bnb),
+                                  ("stack.bitsandbytes", versions["bitsandbytes"]))
+    aliased = {"bitsandbytes_version": ("stack.bitsandbytes", rt_bnb),
+               "ds_version": ("stack.deepspeed", raw.get("deepspeed_version")),
+               "torch_version": ("stack.torch", rt.get("torch_version")),
+               "cuda_version": ("stack.cuda", rt.get("cuda_version")),
+               "transformers_version": ("stack.transformers", rt_transformers)}
+    files = st.get("files") or []
+    if isinstance(files, str):
+        files = [files]
+    if not isinstance(files, list):
+        raise MemfitError(f"{p}: 'stack.files' must be a file name or a list of them")
+    stack_files = tuple(v if Path(v).is_absolute() else str(p.parent / v)
+                        for v in (_text(f, "stack.files", p) for f in files))
     grad_accum = one_of(("train.grad_accum", train.get("grad_accum")),
                         ("train.gradient_accumulation_steps", train.get("gradient_accumulation_steps")))
     inputs = ScenarioInputs(
@@ -133,7 +159,7 @@ def read_scenario_mapping(raw: Any, p: Path) -> ScenarioInputs:
         quantization=mapping("quantization"), ddp=mapping("ddp"), fsdp=mapping("fsdp"),
         training_args=rel("training_args"), accelerate_config=rel("accelerate_config"), bnb_config=rel("bnb_config"),
         name=_scalar_text(name), model=model, peft_method=method, peft_options=options,
-        deepspeed=ds_path, deepspeed_inline=ds_inline, ds_version=_scalar_text(raw.get("deepspeed_version")),
+        deepspeed=ds_path, deepspeed_inline=ds_inline, ds_version=ds_version,
         gpus=_scalar_text(hw.get("gpus")), nodes=hw.get("nodes"),
         cpu_ram=_scalar_text(hw.get("cpu_ram")), nvme=_scalar_text(hw.get("nvme")),
         load_dtype=load.get("dtype"), zero_init=load.get("zero_init"), low_cpu_mem_usage=load.get("low_cpu_mem_usage"),
@@ -144,15 +170,16 @@ def read_scenario_mapping(raw: Any, p: Path) -> ScenarioInputs:
         gradient_checkpointing=train.get("gradient_checkpointing"), model_parameters=train.get("model_parameters"),
         attention=train.get("attention"), trust_remote_code=raw.get("trust_remote_code"),
         dataloader_workers=train.get("dataloader_workers"), dataset_tokens=train.get("dataset_tokens"),
+        dataloader_pin_memory=train.get("dataloader_pin_memory"),
         task=train.get("task"), target_len=train.get("target_len"),
         lengths=(str(p.parent / train["lengths"]) if train.get("lengths") and not Path(str(train["lengths"])).is_absolute()
                  else train.get("lengths")),
         batching=train.get("batching"), max_seq_length=train.get("max_seq_length"),
         accelerator=raw.get("accelerator"),
-        torch_version=None if rt.get("torch_version") is None else str(rt["torch_version"]),
+        torch_version=torch_version,
         alloc_conf=None if rt.get("alloc_conf") is None else str(rt["alloc_conf"]),
         alloc_conf_from_env=rt.get("alloc_conf_from_env"),
-        cuda_version=None if rt.get("cuda_version") is None else str(rt["cuda_version"]),
+        cuda_version=cuda_version,
         pin_memory_backend=rt.get("pin_memory_backend"),
         shared_gpu=hw.get("shared_gpu"), host_reserve=_scalar_text(hw.get("host_reserve")),
         eval_strategy="no" if ev.get("strategy") is False else _scalar_text(ev.get("strategy")), eval_batch=ev.get("batch"), eval_seq_len=ev.get("seq_len"),
@@ -160,8 +187,9 @@ def read_scenario_mapping(raw: Any, p: Path) -> ScenarioInputs:
         generation_max_length=ev.get("generation_max_length"), num_beams=ev.get("num_beams"),
         eval_steps=ev.get("steps"),
         epoch=train.get("epoch"), epoch_steps=train.get("epoch_steps"), empty_cache_steps=train.get("empty_cache_steps"),
-        transformers_version=None if rt.get("transformers_version") is None else str(rt["transformers_version"]),
-        bitsandbytes_version=None if rt.get("bitsandbytes_version") is None else str(rt["bitsandbytes_version"]),
+        transformers_version=transformers_version, peft_version=versions["peft"],
+        bitsandbytes_version=bitsandbytes_version, accelerate_version=versions["accelerate"],
+        trl_version=versions["trl"], stack_files=stack_files,
     )
     from dataclasses import fields, replace
 
@@ -169,4 +197,19 @@ def read_scenario_mapping(raw: Any, p: Path) -> ScenarioInputs:
 
     given = {f.name: f"{p}: {scenario_key(f.name)}" for f in fields(ScenarioInputs)
              if f.name not in ("name", "origins") and getattr(inputs, f.name) not in (None, {}, ())}
+    for name, (stack_key, old) in aliased.items():  # the key the file used, where a field has two
+        if name in given and old is None:
+            given[name] = f"{p}: {stack_key}"
     return replace(inputs, origins=given)
+
+
+def _version_text(value: Any, key: str, path: Path) -> str | None:
+    """A version under ``stack:``: a string (``"1.10"``). YAML reads an unquoted ``1.10`` as the number
+    1.1, so a number is refused with the fix rather than read as another release; ``null`` or
+    ``none`` is a library the run does not have."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or isinstance(value, (int, float)):
+        raise MemfitError(f"{path}: {key}: write the version as a string in quotes (\"{value}\" is read by YAML as "
+                          f"the number {value!r}, and \"1.10\" unquoted would be 1.1)")
+    return _text(value, key, path)

@@ -17,6 +17,7 @@ from memfit.core.hardware import Hardware
 from memfit.core.model import ModelShape
 from memfit.core.peft.spec import PeftSpec
 from memfit.core.quant_kernels import DEFAULT_BNB_VERSION, bnb_release
+from memfit.core.stack.types import Stack
 from memfit.errors import MemfitError
 
 DS_VERSIONS = ("0.19", "0.6", "0.5")
@@ -72,6 +73,8 @@ class TrainSettings:
     """From a length distribution: the largest batch the batching rule forms (``seq_len`` is its length)."""
     dataloader_workers: int = 0
     """``DataLoader(num_workers=...)``: forked worker processes per rank (their host memory)."""
+    dataloader_pin_memory: bool = False
+    """``DataLoader(pin_memory=True)``: each batch copied to page-locked memory (the Trainer's default)."""
     dataset_tokens: int = 0
     """Tokens of the tokenized dataset held in memory (0: not given, not counted)."""
 
@@ -243,6 +246,11 @@ class Scenario:
     """What a library would ignore in the input files, or memfit reads but does not model."""
     assumptions: tuple[Assumption, ...] = field(default=(), hash=False, compare=False)
     """Every value the plan uses that no input gave (``memfit.core.scenario.assumptions``)."""
+    stack: Stack | None = field(default=None, hash=False, compare=False)
+    """The software stack (``memfit.core.stack``), given, read or assumed per library; ``ds_version``
+    and ``runtime``'s torch and CUDA versions are its views (``build_scenario`` derives them from
+    it). None for a scenario built directly from those fields (tests, replays): ``stack_of`` derives
+    one."""
 
     def __post_init__(self) -> None:
         if self.framework not in FRAMEWORKS:
@@ -263,3 +271,12 @@ class Scenario:
     @property
     def world_size(self) -> int:
         return self.hardware.world_size
+
+    @property
+    def versions(self) -> Stack:
+        """The stack, given or derived from ``ds_version`` and ``runtime`` (see ``stack``)."""
+        if self.stack is not None:
+            return self.stack
+        from memfit.core.stack.resolve import stack_from_fields
+
+        return stack_from_fields(self)

@@ -54,8 +54,11 @@ _YAML_KEY = {**{k: f"hardware.{k}" for k in HARDWARE_KEYS}, **{k: f"train.{k}" f
                                             ("eval_seq_len", "seq_len"), ("eval_generate", "generate"),
                                             ("max_new_tokens", "max_new_tokens"),
                                             ("generation_max_length", "generation_max_length"),
-                                            ("num_beams", "num_beams"), ("eval_steps", "steps"))}}
-_FLAG = {"peft_method": "--peft", "ds_version": "--deepspeed-version", "deepspeed_inline": "--deepspeed"}
+                                            ("num_beams", "num_beams"), ("eval_steps", "steps"))},
+             **{f"{k}_version": f"stack.{k}" for k in ("peft", "bitsandbytes", "accelerate", "trl")},
+             "stack_files": "stack.files"}
+_FLAG = {"peft_method": "--peft", "ds_version": "--deepspeed-version", "deepspeed_inline": "--deepspeed",
+         "stack_files": "--stack"}
 
 
 def scenario_key(name: str) -> str:
@@ -107,17 +110,19 @@ def check_inputs(inputs: ScenarioInputs) -> ScenarioInputs:
 def _choices() -> dict[str, tuple[str, ...]]:
     """The fields that take one of a fixed set of words, and the words (from the modules that model
     them); anything else is "invalid", listing them. ``precision`` takes the union (under DeepSpeed
-    only fp16, bf16 and fp32: ``build_scenario`` says so)."""
+    only fp16, bf16 and fp32: ``build_scenario`` says so). The stack's versions (``ds_version``,
+    ``torch_version``, ``transformers_version``, ...) are releases, checked by ``memfit.core.stack``
+    against the releases it models."""
     from memfit.core.batch_shapes import BATCHING_RULES
     from memfit.core.families.attention import IMPLEMENTATIONS
     from memfit.core.families.heads import TASKS
     from memfit.core.frameworks.pytorch import FRAMEWORKS, OPTIMIZERS, PRECISION_MODES
-    from memfit.core.scenario.types import DS_VERSIONS, DTYPES, PIN_MEMORY_BACKENDS
+    from memfit.core.scenario.types import DTYPES, PIN_MEMORY_BACKENDS
 
     return {"precision": PRECISION_MODES, "framework": FRAMEWORKS, "optim": OPTIMIZERS, "load_dtype": DTYPES,
             "model_parameters": ("trainable", "all"), "attention": IMPLEMENTATIONS, "task": TASKS,
             "batching": BATCHING_RULES, "accelerator": ("cuda", "cpu"), "pin_memory_backend": PIN_MEMORY_BACKENDS,
-            "ds_version": DS_VERSIONS, "eval_strategy": ("no", "steps", "epoch")}
+            "eval_strategy": ("no", "steps", "epoch")}
 
 
 _MAY_BE_ZERO = {"dataloader_workers": 0, "dataset_tokens": 0}

@@ -70,8 +70,14 @@ def wrap_fsdp(model, spec, items: list):
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
 
         cls, _ = _block_class(model)
-        policy = (ModuleWrapPolicy({cls}) if f.get("wrap_policy", "transformer") == "transformer" else
-                  functools.partial(size_based_auto_wrap_policy, min_num_params=f.get("min_num_params", 100_000_000)))
+        wrap = f.get("wrap_policy", "transformer")
+        if wrap == "peft":  # the Trainer's policy for a PEFT model (transformers >= 4.39): LoRA Linears of their own
+            from peft.utils.other import fsdp_auto_wrap_policy
+
+            policy = fsdp_auto_wrap_policy(model)
+        else:
+            policy = (ModuleWrapPolicy({cls}) if wrap == "transformer" else
+                      functools.partial(size_based_auto_wrap_policy, min_num_params=f.get("min_num_params", 100_000_000)))
         prefetch = f.get("backward_prefetch", "BACKWARD_PRE")
         wrapped = FullyShardedDataParallel(
             model, auto_wrap_policy=policy, sharding_strategy=ShardingStrategy[f.get("sharding_strategy", "FULL_SHARD")],

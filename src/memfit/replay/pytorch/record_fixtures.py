@@ -75,7 +75,25 @@ CASES: dict[str, dict[str, Any]] = {
                                             peft_method="lora", peft_options=LORA,
                                             fsdp={"sharding_strategy": "SHARD_GRAD_OP"}, save="never"),
 }
-"""Case name -> scenario inputs (besides the defaults below); ``launcher`` is the replay's."""
+
+def _kogpt() -> dict[str, Any]:
+    """kakaobrain/kogpt's config (GPT-J, 4096 wide, vocabulary 64,512) from the catalog."""
+    from importlib import resources
+
+    return json.loads(resources.files("memfit.catalog").joinpath("kakaobrain--kogpt.json").read_text(encoding="utf-8"))
+
+
+CASES.update({
+    # Host-memory checks at a realistic size (tests/replay/test_host_rss_vs_replay.py): kogpt's shapes at one
+    # block (780M params, 3.1 GB in fp32), so the process's RSS is mostly tensors, as in a real run.
+    "gptj1_lora_fp32_adamw_host": dict(precision="fp32", optim="adamw_torch", peft_method="lora", peft_options=LORA,
+                                       model=_kogpt(), layers=1, seq_len=16, micro_batch=1),
+    "gptj1_fsdp2_w2_lora_host": dict(framework="fsdp2", precision="fp32", optim="adamw_torch", gpus="2x24GiB",
+                                     peft_method="lora", peft_options=LORA, fsdp={}, model=_kogpt(), layers=1,
+                                     seq_len=16, micro_batch=1),
+})
+"""Case name -> scenario inputs (besides the defaults below); ``launcher`` is the replay's, ``layers``
+the blocks the replay keeps (default ``LAYERS``)."""
 
 # FSDP1's full state dict crashes torch's fake process group (SIGSEGV in state_dict()): no save phase.
 DEFAULTS = dict(seq_len=64, micro_batch=2, accelerator="cpu", gpus="1x24GiB", cpu_ram="64GB")
@@ -90,6 +108,7 @@ def case_inputs(name: str, config_dir: str):
     kw.update(CASES[name])
     kw.pop("launcher", None)
     kw.pop("save", None)
+    kw.pop("layers", None)
     cfg = kw.pop("model", TINY_LLAMA)
     path = os.path.join(config_dir, f"{cfg['model_type']}.json")
     with open(path, "w", encoding="utf-8") as fh:
@@ -108,7 +127,8 @@ def case_spec(name: str, *, layers: int = LAYERS, launcher: str | None = None):
 
         cfg = resolve_model_config(sc.model_ref).config_dict() if os.path.exists(sc.model_ref) else None
         cfg = cfg or json.load(open(os.path.join(d, os.listdir(d)[0]), encoding="utf-8"))
-        return spec_from_scenario(sc, model_config=cfg, layers=layers, steps=2, threads=1 if sc.world_size > 1 else 2,
+        return spec_from_scenario(sc, model_config=cfg, layers=CASES[name].get("layers", layers), steps=2,
+                                  threads=1 if sc.world_size > 1 else 2,
                                   name=name, launcher=launcher or CASES[name].get("launcher", "fake"),
                                   save=CASES[name].get("save", "auto"))
 

@@ -55,6 +55,7 @@ def record_load(t: Timeline, ctx: RecipeContext) -> Where:
         t.alloc(HOST_LOADED, n_base * ctx.load_bytes)
     for p in base:
         where[p.name] = (HOST_LOADED, sc.load.dtype)
+    record_from_pretrained_kept(t, ctx)
     record_buffers_loaded(t, ctx)
     if adapters:
         n_ad = sum(p.numel for p in adapters)
@@ -153,12 +154,12 @@ def checkpoint_shards(ctx: RecipeContext) -> tuple[list[list[tuple[int, str | No
 
 
 def small_freed_bytes(shards: list[list[tuple[int, str | None]]]) -> int:
-    """Bytes of the checkpoint tensors of at most 32 MiB a shard-by-shard load frees after its
-    first shard (the first shard's tensors are mapped: glibc's threshold rises only as they are
-    freed)."""
+    """Bytes of the checkpoint tensors under 32 MiB a shard-by-shard load frees after its first shard
+    (the first shard's tensors are mapped: glibc's threshold rises only as they are freed; a 32 MiB
+    tensor's chunk, header included, is above ``DEFAULT_MMAP_THRESHOLD_MAX`` and always mapped)."""
     from memfit.core.ledger.host_process import MMAP_THRESHOLD_MAX
 
-    return sum(b for shard in shards[1:] for b, _ in shard if b <= MMAP_THRESHOLD_MAX)
+    return sum(b for shard in shards[1:] for b, _ in shard if b < MMAP_THRESHOLD_MAX)
 
 
 def record_heap_kept(t: Timeline, shards: list[list[tuple[int, str | None]]]) -> None:
@@ -168,6 +169,15 @@ def record_heap_kept(t: Timeline, shards: list[list[tuple[int, str | None]]]) ->
     part = host_process.heap_kept_part(small_freed_bytes(shards))
     if part is not None:
         host_process.record(t, [part])
+
+
+def record_from_pretrained_kept(t: Timeline, ctx: RecipeContext) -> None:
+    """What ``from_pretrained`` leaves in the process (``host_process.from_pretrained_part``): after
+    a checkpoint load only (a model built from its config reads no checkpoint)."""
+    from memfit.core.ledger import host_process
+
+    if ctx.scenario.load.from_checkpoint:
+        host_process.record(t, [host_process.from_pretrained_part()])
 
 
 def record_load_zero_init(t: Timeline, ctx: RecipeContext) -> dict[str, tuple[str, str]]:
@@ -221,6 +231,7 @@ def record_load_zero_init(t: Timeline, ctx: RecipeContext) -> dict[str, tuple[st
                 t.free(ZI_GPU, full)
             t.free(ZI_CKPT)
         record_heap_kept(t, shards)
+    record_from_pretrained_kept(t, ctx)
     record_buffers_loaded(t, ctx)
     adapters = [p for p in ctx.params if p.adapter]
     if adapters:

@@ -307,6 +307,7 @@ class _Step:
         workers = host_process.worker_part(self.sc.train.dataloader_workers, self.sc.train.dataset_tokens)
         if workers is not None:  # the training loop's first iter(dataloader) forks them
             host_process.record(t, [workers])
+        host_process.record_pinned_batches(t, self.sc)
         self.pass_(complete=False, persistent_available=False, micro=0, boundary=ga == 1, prefix="")
         if ga > 1:
             t.phase("accum.forward", f"forward of a later micro-step of step 1 (gradient_accumulation_steps {ga}): "

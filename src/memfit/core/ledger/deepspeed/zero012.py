@@ -1,4 +1,4 @@
-"""ZeRO stages 0, 1 and 2 inside ``deepspeed.initialize`` (DeepSpeed 0.19.8).
+"""ZeRO stages 0, 1 and 2 inside ``deepspeed.initialize`` (DeepSpeed 0.19.8; 0.5/0.6 where they differ).
 
 Mirrors docs/deepspeed-allocations.md sections 3 and 4:
 - ``runtime/zero/stage_1_and_2.py:DeepSpeedZeroOptimizer.__init__``: the trained params are
@@ -10,6 +10,17 @@ Mirrors docs/deepspeed-allocations.md sections 3 and 4:
 - ``runtime/fp16/fused_optimizer.py:FP16_Optimizer`` (stage 0, fp16/bf16): per-param clones
   flattened, an fp32 master copy, and an optimizer step inside initialize (states exist after it).
 Frozen params stay as the engine moved them: full, on every GPU.
+
+DeepSpeed 0.5.x/0.6.x (``stage_1_and_2.py`` of 0.5.10 and 0.6.0, lines 337-343 / 341-347; 0.5.8's
+``stage2.py`` 327-333 is the same code) make the master as ``partition.to(self.device).clone()
+.float()``, where ``self.device`` is ``'cpu'`` under optimizer offload (line 162): the 16-bit copy and
+its clone are made on the host, not the GPU, and the fp32 master is never pinned; there is no
+16-bit host buffer of the partition; ``temp_grad_buffer_for_cpu_offload`` and the fp32 gradient
+partition are pinned whatever ``pin_memory`` says (``.pin_memory()`` unconditionally, lines 420-423
+and 563-568); ``initialize_optimizer_states`` then runs ``self.optimizer.step()``, so the
+optimizer's states exist from initialize on (on the host with DeepSpeedCPUAdam, on the GPU
+otherwise); DeepSpeedCPUAdam's C++ optimizer pins two 128 Mi-float tiles (``csrc/includes/
+cpu_adam.h``: ``cudaMallocHost``).
 """
 
 from __future__ import annotations
@@ -80,6 +91,8 @@ def record_zero012(t: Timeline, ctx: RecipeContext, where: Where) -> int:
     S = flat_numel(ctx)
     part = S // W
     off = optimizer_offload(stage, ds.zero.offload_optimizer.device) != "none"
+    if sc.ds_version != "0.19":
+        return _record_zero12_old(t, ctx, where, opt, n_tr, S, part, off)
     opt_pin = off and ds.zero.offload_optimizer.pin_memory
     t.declare(FLAT, name="flat 16-bit copy of the trained params (aligned to 2W)", device=Device.GPU,
               category="params", formula=f"ceil({n_tr:,} / {2 * W}) x {2 * W} = {S:,} elements x {nb} B",
@@ -132,6 +145,77 @@ def record_zero012(t: Timeline, ctx: RecipeContext, where: Where) -> int:
         declare_states(t, ctx, part, off, at_init=True)
         for _ in range(ds.optimizer.states_per_param):  # one tensor per state
             t.alloc(OPT_STATES, part * 4)
+    return part
+
+
+OLD_TO_DEVICE = "zero12.partition_to_device"
+CPU_ADAM_TILES = "zero12.cpu_adam_pinned_tiles"
+
+
+def _record_zero12_old(t: Timeline, ctx: RecipeContext, where: Where, opt, n_tr: int, S: int, part: int,
+                       off: bool) -> int:
+    """DeepSpeed 0.5/0.6 ``DeepSpeedZeroOptimizer.__init__`` (see the module docstring)."""
+    sc = ctx.scenario
+    ds = sc.deepspeed
+    nb = ctx.model_bytes
+    W = ctx.world
+    src = f"{S12} (v0.5.10/v0.6.0)"
+    if off and ds.optimizer.type in ("adam", "adamw"):
+        t.declare(CPU_ADAM_TILES, name="DeepSpeedCPUAdam C++ pinned tiles (2 x 128 Mi floats)", device=Device.CPU_PINNED,
+                  category="optimizer", formula="2 x 134,217,728 x 4 B",
+                  source="csrc/includes/cpu_adam.h:Adam_Optimizer (cudaMallocHost, v0.5.10/v0.6.0)")
+        t.alloc(CPU_ADAM_TILES, 2 * 134_217_728 * 4)
+    t.declare(FLAT, name="flat 16-bit copy of the trained params (aligned to 2W)", device=Device.GPU,
+              category="params", formula=f"ceil({n_tr:,} / {2 * W}) x {2 * W} = {S:,} elements x {nb} B",
+              source=f"{src}:__init__ -> flatten_dense_tensors_aligned(...).cuda()")
+    _flatten_old(t, ctx, where, opt, S, n_tr)
+    mdev = Device.CPU_PAGEABLE if off else Device.GPU
+    where_master = "the host (self.device = 'cpu' under offload)" if off else "the GPU"
+    t.declare(OLD_TO_DEVICE, name="16-bit copy of the partition on the master's device (.to(self.device))",
+              device=mdev, category="optimizer", formula=f"{part:,} x {nb} B on {where_master}" if off else
+              "none: .to() of a GPU tensor to the GPU is the tensor itself",
+              source=f"{src}:__init__ (partition.to(self.device))")
+    t.declare(CLONE_TMP, name="16-bit clone of the partition before the fp32 copy", device=mdev, category="optimizer",
+              formula=f"{part:,} x {nb} B on {where_master}", source=f"{src}:__init__ (.clone())")
+    t.declare(FP32, name="fp32 master weights (this rank's partition)", device=mdev, category="optimizer",
+              formula=f"{S:,} / {W} = {part:,} elements x 4 B on {where_master}, never pinned",
+              source=f"{src}:__init__ (.to(self.device).clone().float().detach())")
+    if off:
+        t.alloc(OLD_TO_DEVICE, part * nb)  # the partition copied to the host
+    t.alloc(CLONE_TMP, nb * part)  # .clone()
+    if off:
+        t.free(OLD_TO_DEVICE, part * nb)  # the .to() result dies once clone() returns
+    if nb == 4:  # .float() of an fp32 tensor returns it: the clone is the master
+        t.free(CLONE_TMP)
+        t.alloc(FP32, part * 4)
+    else:
+        t.alloc(FP32, part * 4)
+        t.free(CLONE_TMP)
+    k = ds.optimizer.states_per_param
+    if off:
+        p_max = max(p.numel for p in opt)
+        t.declare(TEMP_CPU, name="host gradient staging buffer (largest trained param), always pinned",
+                  device=Device.CPU_PINNED, category="buffers", formula=f"P_max {p_max:,} x {nb} B",
+                  source=f"{src}:__init__ (temp_grad_buffer_for_cpu_offload = torch.zeros(...).pin_memory())")
+        pin(t, TEMP_CPU, p_max * nb, True)
+        t.declare(TEMP_GPU, name="GPU gradient staging buffer (largest trained param)", device=Device.GPU,
+                  category="buffers", formula=f"P_max {p_max:,} x {nb} B", source=f"{src}:__init__ (temp_grad_buffer_for_gpu_offload)")
+        t.alloc(TEMP_GPU, p_max * nb)
+        t.declare(FP32_GRADS, name="fp32 gradient partition for the CPU optimizer, always pinned", device=Device.CPU_PINNED,
+                  category="grads", formula=f"{part:,} x 4 B",
+                  source=f"{src}:initialize_optimizer_states (single_grad_partition.pin_memory())")
+        pin(t, FP32_GRADS, part * 4, True)
+        if k:
+            declare_states(t, ctx, part, True, at_init=True)
+            t.alloc(OPT_STATES, part * 4 * k)  # self.optimizer.step() inside initialize
+    else:
+        t.declare(INIT_GRAD, name="zero fp32 grad for the init-time step, dropped after it", device=Device.GPU,
+                  category="grads", formula=f"{part:,} x 4 B", source=f"{src}:initialize_optimizer_states")
+        t.alloc(INIT_GRAD, part * 4)
+        if k:
+            declare_states(t, ctx, part, False, at_init=True)
+            t.alloc(OPT_STATES, part * 4 * k)  # self.optimizer.step() inside initialize
+        t.free(INIT_GRAD)  # group.grad = None
     return part
 
 
@@ -206,6 +290,42 @@ def _flatten(t: Timeline, ctx: RecipeContext, where: Where, opt, S: int, n_tr: i
         t.alloc(FLAT, S * nb)
         t.free(CPU_FLAT)
     t.free(PLACEHOLDER)  # _update_model_bit16_weights: params become views of the flat buffer
+    for p in opt:
+        where[p.name] = (FLAT, ctx.scenario.deepspeed.precision)
+
+
+def _flatten_old(t: Timeline, ctx: RecipeContext, where: Where, opt, S: int, n_tr: int) -> None:
+    """0.5/0.6 ``__init__``: ``move_to_cpu(self.bit16_groups[i])`` (``tensor.data = tensor.data.cpu()``,
+    param by param, "to free up GPU space for creating flat buffer"), the flat buffer made on the host
+    and moved with ``.cuda()``, then the params rebound to views of it (the host copies freed)."""
+    nb = ctx.model_bytes
+    src = f"{S12} (v0.5.10/v0.6.0)"
+    t.declare(CPU_DATA, name="trained params moved to host memory to flatten there", device=Device.CPU_PAGEABLE,
+              category="params", formula=f"{n_tr:,} x {nb} B, one param at a time (always, before flattening)",
+              source=f"{src}:move_to_cpu (tensor.data = tensor.data.cpu())")
+    t.declare(CPU_FLAT, name="flat 16-bit buffer built in host memory", device=Device.CPU_PAGEABLE, category="params",
+              formula=f"{S:,} elements x {nb} B", source=f"{src}:__init__ (flatten_dense_tensors_aligned, then .cuda())")
+    t.declare(PAD + ".host", name="alignment padding appended before flattening", device=Device.CPU_PAGEABLE,
+              category="buffers", formula=f"{S - n_tr:,} elements x {nb} B",
+              source=f"{src}:flatten_dense_tensors_aligned (torch.zeros on the params' device)")
+    for p in opt:
+        key, _ = where[p.name]
+        if t.pinning_copies:
+            t.alloc(CPU_DATA, p.numel * nb)
+            t.free(key, p.numel * nb)
+    t.alloc(PAD + ".host", (S - n_tr) * nb)
+    t.alloc(CPU_FLAT, S * nb)
+    t.free(PAD + ".host", (S - n_tr) * nb)
+    if t.pinning_copies:
+        t.alloc(FLAT, S * nb)
+        t.free(CPU_FLAT)
+        t.free(CPU_DATA)  # _update_model_bit16_weights: params become views of the GPU flat buffer
+    else:
+        for p in opt:
+            key, _ = where[p.name]
+            t.free(key, p.numel * nb)
+        t.alloc(FLAT, S * nb)
+        t.free(CPU_FLAT)
     for p in opt:
         where[p.name] = (FLAT, ctx.scenario.deepspeed.precision)
 

@@ -53,8 +53,13 @@ PartKey = dict[str, tuple[str, str]]
 
 def optimized_params(ctx: RecipeContext) -> tuple[ParamView, ...]:
     """Params that get optimizer partitions: requires_grad params among those passed (0.19.8,
-    ``is_optimized_parameter``); in 0.5/0.6 every passed param, frozen ones too."""
-    if ctx.scenario.ds_version != "0.19" and ctx.scenario.train.model_parameters == "all":
+    ``is_optimized_parameter``); every passed param, frozen ones too, before 0.7 (ZeRO-1/2) or 0.8
+    (ZeRO-3) (``stack.deepspeed.optimizes_frozen_params``)."""
+    from memfit.core.stack.deepspeed import optimizes_frozen_params
+
+    sc = ctx.scenario
+    if sc.train.model_parameters == "all" and optimizes_frozen_params(sc.ds_version, sc.versions.deepspeed,
+                                                                       sc.deepspeed.zero.stage):
         return ctx.params
     return ctx.trainable
 

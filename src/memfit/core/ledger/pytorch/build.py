@@ -36,7 +36,7 @@ def build_torch_timeline(sc: Scenario, *, tracker=None, timeline: Timeline | Non
         m = build_torch_model(sc)
         if model_cache is not None:
             model_cache[key] = m
-    opt = resolve_optimizer(sc.torch, sc.accelerator)
+    opt = resolve_optimizer(sc.torch, sc.accelerator, sc.runtime.torch_version)
     fw = sc.framework
     if fw == "ddp":
         from memfit.core.ledger.pytorch.ddp import DdpSink, record_ddp_wrap

@@ -41,7 +41,7 @@ from __future__ import annotations
 from memfit.core.ledger.timeline import Timeline
 from memfit.core.ledger.pytorch.optim import STATES, TEMPS, record_clip_and_unscale, record_optimizer_step, trainer_groups
 from memfit.core.ledger.pytorch.params import TorchModel, TParam, free_each
-from memfit.core.ledger.pytorch.setup import (HOST_BUFFERS, HOST_LOADED, record_cuda_context, record_load,
+from memfit.core.ledger.pytorch.setup import (HOST_BUFFERS, HOST_LOADED, QUANT, record_cuda_context, record_load,
                                           record_optimizer_construction)
 from memfit.core.ledger.pytorch.step import (ACT, CASTS, RECOMPUTE, GradSink, alloc_parts, build_step_context, declare_step,
                                            end_forward, forward_stage, free_parts, loss_backward_end, loss_backward_start,
@@ -72,7 +72,13 @@ class FsdpRun:
     """The FSDP recipe's state while the timeline is written."""
 
     def __init__(self, t: Timeline, sc: Scenario, m: TorchModel, opt: OptimizerModel) -> None:
+        from memfit.core.stack.transformers import fsdp_efficient_loading
+
         self.t, self.sc, self.m, self.opt = t, sc, m, opt
+        self.loading, self.loading_why = (fsdp_efficient_loading(sc.versions.transformers, quantized=sc.quant.enabled)
+                                          if sc.fsdp.cpu_ram_efficient_loading else
+                                          ("every_rank", "cpu_ram_efficient_loading off: every rank loads"))
+        """``stack.transformers.fsdp_efficient_loading``'s mode: rank0_host, rank0_host_quantized, every_rank."""
         self.fsdp2 = sc.framework == "fsdp2"
         self.S = shard_group_size(sc)
         self.units = build_units(sc, m)
@@ -150,8 +156,8 @@ class FsdpRun:
                          f"({len(self.units)} units, shard group {self.S}), optimizer construction")
         record_cuda_context(t, sc)
         self.declare()
-        efficient = f.cpu_ram_efficient_loading and self.fsdp2 and not sc.quant.enabled
-        on_gpu_already = sc.quant.enabled  # bitsandbytes loaded the model onto the GPU
+        efficient = self.fsdp2 and self.loading == "rank0_host"  # accelerate's fsdp2_load_full_state_dict
+        on_gpu_already = sc.quant.enabled and self.loading == "every_rank"  # bitsandbytes loaded it onto the GPU
         for u in self.units:
             full = []
             for pc in u.pieces:
@@ -178,6 +184,9 @@ class FsdpRun:
                         continue
                     nb = sum(q.nbytes for q in p.quant[:1]) if dtype == "q" else p.numel * DTYPE_BYTES[dtype]
                     t.free(key, min(nb, t.live_bytes(key)))
+                    if dtype == "q":  # the quantization state: not flattened, kept whole on every rank
+                        for q in p.quant[1:]:
+                            t.free(QUANT, q.nbytes)
         if sc.quant.enabled:
             rest = sum(sum(q.nbytes for q in p.quant[1:]) for p in m.params if p.quantized)
             t.alloc(QSTATES, rest)
@@ -311,8 +320,8 @@ class FsdpRun:
 
 def build_fsdp_ledger(t: Timeline, sc: Scenario, m: TorchModel, opt: OptimizerModel) -> None:
     run = FsdpRun(t, sc, m, opt)
-    where = record_load(t, sc, m, rank0_only=sc.fsdp.cpu_ram_efficient_loading and sc.framework == "fsdp2"
-                        and not sc.quant.enabled)
+    where = record_load(t, sc, m, rank0_only=run.loading in ("rank0_host", "rank0_host_quantized"),
+                        quant_to_host=run.loading in ("rank0_host_quantized", "every_rank_host_quantized"))
     run.setup(where)
     order = {p.name: k for k, p in enumerate(m.params)}
     opt_params = sorted(optimizer_params(sc, run.units, run.S), key=lambda p: order.get(p.name, len(order)))

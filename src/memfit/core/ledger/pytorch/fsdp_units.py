@@ -7,7 +7,13 @@ Units: ``transformer`` wraps each decoder block; accelerate's FSDP2 prepare
 (``utils/fsdp_utils.py:fsdp2_prepare_model``) also shards the input embedding on its own (untied
 models) and the tail ``[final norm, output head]`` with ``reshard_after_forward=False``; the root
 takes what is left. ``size`` wraps a block if it has at least ``min_num_params`` (else all blocks as
-one unit when together they do); ``none`` is one unit.
+one unit when together they do); ``none`` is one unit. ``peft`` is peft's ``fsdp_auto_wrap_policy``
+(``peft/utils/other.py``: ``_or_policy`` of a ``lambda_auto_wrap_policy`` taking every leaf module
+whose ``weight`` requires grad, and the transformer layer classes plus peft's prompt encoders), which
+the Trainer sets for a PEFT model under FSDP from transformers 4.39 (``trainer.py:
+_fsdp_qlora_plugin_updates``; 5.x ``distributed/fsdp.py:update_fsdp_plugin_peft``), and Answer.AI's
+fsdp_qlora ``train.py`` builds the same way: each LoRA ``lora_A``/``lora_B`` Linear is a unit of its
+own, nested in its block's unit, so the blocks' flat parameters hold frozen weights only.
 """
 
 from __future__ import annotations
@@ -76,7 +82,8 @@ def build_units(sc: Scenario, m: TorchModel) -> list[Unit]:
         by_stage.setdefault(p.stage, []).append(p)
     block_numel = [sum(p.numel for p in by_stage.get(s, [])) for s in range(1, L + 1)]
     groups: list[tuple[str, set[int], bool]] = []
-    if f.wrap_policy == "transformer" or (f.wrap_policy == "size" and block_numel and min(block_numel) >= f.min_num_params):
+    if f.wrap_policy in ("transformer", "peft") or (f.wrap_policy == "size" and block_numel and
+                                                     min(block_numel) >= f.min_num_params):
         groups = [(f"block {s}", {s}, f.sharding_strategy != "SHARD_GRAD_OP") for s in range(1, L + 1)]
     elif f.wrap_policy == "size" and sum(block_numel) >= f.min_num_params:
         groups = [("blocks", set(range(1, L + 1)), f.sharding_strategy != "SHARD_GRAD_OP")]
@@ -86,6 +93,15 @@ def build_units(sc: Scenario, m: TorchModel) -> list[Unit]:
         emb = [p for p in by_stage.get(0, []) if len(p.shape) == 2 and not p.adapter and p.name != m.tied_embedding]
         if emb and m.tied_embedding is None:
             units.append(Unit("input embedding", {0}, reshard_after_forward=f.sharding_strategy != "SHARD_GRAD_OP"))
+    if f.wrap_policy == "peft":  # every trainable leaf module (a LoRA Linear) a unit of its own
+        leaves: dict[str, list[TParam]] = {}
+        for p in m.params:
+            if p.trainable and p.adapter and p.linear:
+                leaves.setdefault(p.name.rsplit(".", 1)[0], []).append(p)
+        leaf_units = {mod: Unit(f"{mod} (peft fsdp_auto_wrap_policy)", {ps[0].stage},
+                                reshard_after_forward=f.sharding_strategy != "SHARD_GRAD_OP") for mod, ps in leaves.items()}
+        units += list(leaf_units.values())
+        leaf_of = {p.name: leaf_units[mod] for mod, ps in leaves.items() for p in ps}
     units += [Unit(n, st, reshard_after_forward=r) for n, st, r in groups]
     if fsdp2 and f.wrap_policy != "none":
         units.append(Unit("tail (final norm, output head)", {L + 1}, reshard_after_forward=False))
@@ -93,7 +109,12 @@ def build_units(sc: Scenario, m: TorchModel) -> list[Unit]:
     assigned: dict[str, Unit] = {}
     for p in m.params:
         u = None
+        if f.wrap_policy == "peft" and p.name in leaf_of:
+            assigned[p.name] = leaf_of[p.name]
+            continue
         for cand in units:
+            if cand.name.endswith("(peft fsdp_auto_wrap_policy)"):
+                continue
             if p.stage in cand.stages:
                 if cand.name == "input embedding" and not (len(p.shape) == 2 and not p.adapter and p.stage == 0):
                     continue

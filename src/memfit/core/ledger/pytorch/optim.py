@@ -95,6 +95,8 @@ def _temp_formula(opt: OptimizerModel) -> str:
         return "exp_avg_sq_sqrt: one tensor per param of a param group (torch._foreach_sqrt), all alive at once"
     if opt.impl == "single" and opt.family == "adamw":
         return "per param: exp_avg_sq.sqrt() and its division (2 param-sized), plus the previous param's denom"
+    if opt.impl == "hf":
+        return "per param: denom = exp_avg_sq.sqrt().add_(eps) (param-sized), plus the previous param's denom"
     if opt.impl == "fused":
         return "none (one fused kernel)"
     if opt.family == "adafactor":
@@ -238,6 +240,15 @@ def _adamw_temps(t: Timeline, opt: OptimizerModel, g: list[TParam]) -> None:
             free_each(t, TEMPS, prev)  # the previous dtype group's list, rebound
             prev = sizes
         free_each(t, TEMPS, prev)
+        return
+    if opt.impl == "hf":  # transformers AdamW: denom = exp_avg_sq.sqrt().add_(eps), one param at a time
+        prev = 0
+        for p in g:
+            n = p.numel * p.elem_bytes
+            t.alloc(TEMPS, n)
+            t.free(TEMPS, prev)
+            prev = n
+        t.free(TEMPS, prev)
         return
     prev = 0  # single tensor: denom = (exp_avg_sq.sqrt() / bc2).add_(eps), one param at a time
     for p in g:

@@ -62,16 +62,24 @@ def record_process(t: Timeline, sc: Scenario) -> None:
 
 
 def record_cuda_context(t: Timeline, sc: Scenario) -> None:
-    """The CUDA context (+ NCCL) on the GPU and the CUDA libraries' host memory, at the first CUDA call."""
+    """The CUDA context (+ NCCL) on the GPU and the CUDA libraries' host memory, at the first CUDA call
+    (once: a later call finds it made)."""
+    from memfit.core.alloc.non_pytorch import CONTEXT_KEY
+
+    if t.live_bytes(CONTEXT_KEY):
+        return
     _record_cuda_context(t, sc)
     if t.accelerator == "cuda":
         host_process.record(t, [host_process.cuda_part()])
 
 
-def record_load(t: Timeline, sc: Scenario, m: TorchModel, *, rank0_only: bool = False) -> Where:
+def record_load(t: Timeline, sc: Scenario, m: TorchModel, *, rank0_only: bool = False,
+                quant_to_host: bool = False) -> Where:
     """``from_pretrained`` (+ quantization, + prepare_model_for_kbit_training) and the PEFT wrap.
     ``rank0_only``: only rank 0 loads the weights (accelerate's FSDP ``cpu_ram_efficient_loading``:
-    the other ranks build the model on the meta device)."""
+    the other ranks build the model on the meta device). ``quant_to_host``: a bitsandbytes base under
+    that loading in transformers 4.39-4.57 (``stack.transformers.fsdp_efficient_loading``): each
+    weight quantized on the GPU, its packed storage then moved to rank 0's host."""
     t.phase("load", "from_pretrained" + (" with bitsandbytes quantization onto the GPU" if sc.quant.enabled else "")
             + (" and the PEFT wrap" if sc.peft.method not in ("full", "freeze") else ""))
     record_process(t, sc)
@@ -79,7 +87,9 @@ def record_load(t: Timeline, sc: Scenario, m: TorchModel, *, rank0_only: bool = 
     base = [p for p in m.params if not p.adapter]
     ads = [p for p in m.params if p.adapter]
     lb = DTYPE_BYTES[sc.load.dtype]
-    if loads_onto_gpu(sc):
+    if quant_to_host and sc.quant.enabled:
+        _load_quantized_to_host(t, sc, m, where, base, lb, rank0_only=rank0_only)
+    elif loads_onto_gpu(sc):
         record_cuda_context(t, sc)
         q = sc.quant
         n_q = sum(1 for p in base if p.quantized)
@@ -157,9 +167,12 @@ def record_load(t: Timeline, sc: Scenario, m: TorchModel, *, rank0_only: bool = 
             t.alloc("load.untied_head", tied.numel * lb)
             t.free("load.untied_head")
         _buffers(t, sc, Device.CPU_PAGEABLE, HOST_BUFFERS)
+    on_gpu = loads_onto_gpu(sc) and not quant_to_host
+    if sc.load.from_checkpoint:  # what from_pretrained leaves in the process (host_process.from_pretrained_part)
+        host_process.record(t, [host_process.from_pretrained_part()])
     if ads:
-        dev = Device.GPU if loads_onto_gpu(sc) else Device.CPU_PAGEABLE
-        key = GPU_PARAMS if loads_onto_gpu(sc) else HOST_ADAPTERS
+        dev = Device.GPU if on_gpu else Device.CPU_PAGEABLE
+        key = GPU_PARAMS if on_gpu else HOST_ADAPTERS
         if key == HOST_ADAPTERS:
             t.declare(HOST_ADAPTERS, name="PEFT-created weights (fp32, peft's default)", device=dev, category="params",
                       formula=f"{sum(p.numel for p in ads):,} params x 4 B",
@@ -185,9 +198,67 @@ def record_load(t: Timeline, sc: Scenario, m: TorchModel, *, rank0_only: bool = 
                 t.alloc(key, p.numel * 4)
         for p in ads:
             where[p.name] = (key, "fp32")
-    if loads_onto_gpu(sc):
+    if on_gpu:
         _describe_params(t, m, where, GPU_PARAMS)
     return where
+
+
+HOST_QUANT = "load.quantized_on_host"
+
+
+def _load_quantized_to_host(t: Timeline, sc: Scenario, m: TorchModel, where: Where, base, lb: int, *,
+                            rank0_only: bool) -> None:
+    """transformers 4.39-4.57 ``_load_state_dict_into_meta_model`` under FSDP's efficient loading: a
+    quantized weight is put on the GPU in the load dtype, quantized there (``Params4bit._quantize``),
+    and its packed data moved to rank 0's host (``type(value)(value.data.to("cpu"), **value.__dict__)``:
+    the quantization state stays on the GPU); every other param goes to rank 0's host
+    (``param_device = "cpu" if is_local_dist_rank_0() else "meta"``)."""
+    q = sc.quant
+    t.declare(QUANT_STAGING, name="full-precision weight on the GPU while bitsandbytes quantizes it",
+              device=Device.GPU, category="params", formula=f"one weight at a time x {lb} B",
+              source=f"{BNB_SRC} nn/modules.py:Params4bit._quantize (self.data.contiguous().to(device))")
+    t.declare(QUANT, name=f"quantization states on the GPU ({q.method}: absmax, codes)", device=Device.GPU,
+              category="params", formula="per quantized weight: its packed storage until moved to the host, then "
+                                         "its absmax (+ double quant) and code, every rank",
+              source=f"{BNB_SRC} functional.py:quantize_4bit (QuantState)")
+    who = "rank 0's" if rank0_only else "every rank's"
+    t.declare(HOST_QUANT, name=f"packed quantized weights on {who} host (FSDP loading)",
+              device=Device.CPU_PAGEABLE, category="params",
+              formula=f"{sum(1 for p in base if p.quantized)} weights' packed storage" + (", rank 0 only" if rank0_only else ""),
+              source="transformers 4.39-4.57 modeling_utils.py:_load_state_dict_into_meta_model (quantize on the GPU, "
+                     "then value.data.to('cpu'); meta off rank 0 from 4.45)", rank0_only=rank0_only)
+    t.declare(HOST_LOADED, name=f"non-quantized params ({sc.load.dtype}) on {who} host (FSDP loading)",
+              device=Device.CPU_PAGEABLE, category="params",
+              formula=f"{sum(p.numel for p in base if not p.quantized):,} params x {lb} B" + (", rank 0 only" if rank0_only else ""),
+              source="transformers 4.39-4.57 modeling_utils.py:_load_state_dict_into_meta_model (param_device cpu; "
+                     "meta off local rank 0 from 4.36)", rank0_only=rank0_only)
+    shared = m.shared_quant_bytes
+    if shared:
+        t.declare(QUANT_SHARED, name="dynamic quantization map of double quantization (cached once per device)",
+                  device=Device.GPU, category="params", formula="256 x 4 B",
+                  source=f"{BNB_SRC} functional.py:quantize_blockwise (name2qmap['dynamic'])")
+    record_cuda_context(t, sc)
+    for p in base:
+        if p.quantized:
+            t.alloc(QUANT_STAGING, p.numel * lb)
+            for qt in p.quant:
+                t.alloc(QUANT, qt.nbytes)
+            if shared and t.live_bytes(QUANT_SHARED) == 0:
+                t.alloc(QUANT_SHARED, shared)
+            t.free(QUANT_STAGING, p.numel * lb)
+            t.alloc(HOST_QUANT, p.quant[0].nbytes)  # the packed data to the host
+            t.free(QUANT, p.quant[0].nbytes)
+            where[p.name] = (HOST_QUANT, "q")
+        else:
+            t.alloc(HOST_LOADED, p.numel * lb)
+            where[p.name] = (HOST_LOADED, sc.load.dtype)
+    _buffers(t, sc, Device.CPU_PAGEABLE, HOST_BUFFERS)
+    if sc.quant.prepare_kbit:  # on the host, where the non-quantized params now are
+        ups = [p for p in base if not p.quantized and p.load_dtype != "fp32"]
+        for p in ups:
+            t.alloc(HOST_LOADED, p.numel * 4)
+            t.free(HOST_LOADED, p.numel * lb)
+            where[p.name] = (HOST_LOADED, "fp32")
 
 
 def _describe_params(t: Timeline, m: TorchModel, where: Where, key: str) -> None:

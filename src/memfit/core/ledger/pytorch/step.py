@@ -409,6 +409,7 @@ def record_workers(t: Timeline, sc: Scenario) -> None:
     workers = host_process.worker_part(sc.train.dataloader_workers, sc.train.dataset_tokens)
     if workers is not None:
         host_process.record(t, [workers])
+    host_process.record_pinned_batches(t, sc)
 
 
 def record_forward(t: Timeline, c: StepContext, phase: str, description: str) -> None:

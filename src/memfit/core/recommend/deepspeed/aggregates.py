@@ -132,7 +132,11 @@ class ScenarioAggregates:
         """``zero3.optimized_params``: every passed param in 0.5/0.6 with ``model_parameters=all``,
         else the trainable ones."""
         def build():
-            if ds_version != "0.19" and self.scenario.train.model_parameters == "all":
+            from memfit.core.stack.deepspeed import optimizes_frozen_params
+
+            sc = self.scenario
+            if sc.train.model_parameters == "all" and optimizes_frozen_params(ds_version, sc.versions.deepspeed,
+                                                                               sc.deepspeed.zero.stage):
                 return tuple(range(len(self.numels)))
             return tuple(i for i, t in enumerate(self.trainable) if t)
         return self._cached(("opt", ds_version), build)
@@ -248,7 +252,7 @@ class ScenarioAggregates:
             layout = self.scenario.load.checkpoint
             # load.small_freed_bytes: the shards after the first (one file: none)
             sizes = [b for shard in layout.shards[1:] for _, b in shard] if layout is not None else []
-            part = host_process.heap_kept_part(sum(b for b in sizes if b <= MMAP_THRESHOLD_MAX))
+            part = host_process.heap_kept_part(sum(b for b in sizes if b < MMAP_THRESHOLD_MAX))
             return part.bytes if part is not None else 0
         return self._cached(("heapkept", load_bytes), build)
 

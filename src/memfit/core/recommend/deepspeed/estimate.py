@@ -137,6 +137,7 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
 
     cublas = non_pytorch_for(sc).cublas_workspace_bytes
     workers = host_process.worker_part(sc.train.dataloader_workers, sc.train.dataset_tokens)
+    pinned_batches = host_process.pinned_batches_bytes(sc)  # host_process.record_pinned_batches
 
     def micro_step(complete: bool, persistent_available: bool, micro: int, boundary: bool, carry: bool) -> None:
         # ---- forward: the phase opens, then the earlier micro-steps' gradients (carry_over)
@@ -145,6 +146,8 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
             live[0] += cublas
         if not out and workers is not None:  # step 1's first forward: the DataLoader forks its workers
             live[1] += workers.bytes
+        if not out:
+            live[1] += pinned_batches
         if carry:
             live[0] += st["carry"]
             st["kept"] = st["carry_kept"]

@@ -50,6 +50,7 @@ def initialize_phases(agg: ScenarioAggregates, c: Candidate) -> tuple:
             t.g -= agg.zero_init_largest_gathered_module() * nb
             t.h -= shard
             t.host(agg.heap_kept_bytes(lb))  # load.record_heap_kept
+            t.host(host_process.from_pretrained_part().bytes)  # load.record_from_pretrained_kept
         t.host(agg.buffer_bytes)  # module buffers, in their own dtypes; they stay on the host
         t.host(agg.n_adapter * 4)
         t.phase()  # initialize.cast: skipped
@@ -65,6 +66,8 @@ def initialize_phases(agg: ScenarioAggregates, c: Candidate) -> tuple:
             t.host(agg.heap_kept_bytes(lb))  # load.record_heap_kept
         else:
             t.host(agg.n_base * lb)
+        if sc.load.from_checkpoint:
+            t.host(host_process.from_pretrained_part().bytes)  # load.record_from_pretrained_kept
         t.host(agg.buffer_bytes)  # module buffers, in their own dtypes
         t.host(agg.n_adapter * 4)
         t.phase()  # initialize.cast: per-param .to(precision) where the model sits
@@ -104,7 +107,10 @@ def initialize_phases(agg: ScenarioAggregates, c: Candidate) -> tuple:
         t.phase()  # initialize.partition: nothing (z012.record_zero012)
         t.phase()  # initialize.optimizer
         t.host(_cpu_adam_op(agg, c))  # zero3.record_cpu_adam_op
-        opt_numel = _zero012_optimizer(t, agg, c, opt, nb=nb, off_opt=off_opt, opt_pin=opt_pin)
+        if new:
+            opt_numel = _zero012_optimizer(t, agg, c, opt, nb=nb, off_opt=off_opt, opt_pin=opt_pin)
+        else:
+            opt_numel = _zero012_optimizer_old(t, agg, c, opt, nb=nb, off_opt=off_opt)
     t.phase()
     return t.peaks(agg.ranks_per_node), t.g, t.h, t.n, opt_numel, _states_at_init(agg, c, opt, new=new, off_opt=off_opt)
 
@@ -139,7 +145,7 @@ def _states_at_init(agg, c: Candidate, opt, *, new: bool, off_opt: bool) -> bool
         return (not new or ds.optimizer.type == "adagrad") and c.offload_optimizer != "nvme"
     if c.stage == 0:
         return c.precision != "fp32"  # FP16_Optimizer steps inside initialize
-    return ds.optimizer.type == "adagrad"
+    return ds.optimizer.type == "adagrad" or not new  # 0.5/0.6: initialize_optimizer_states steps
 
 
 def _zero3_optimizer(t: Tally, agg, c: Candidate, opt, *, nb: int, ga: int, new: bool, off_opt: bool,
@@ -294,4 +300,51 @@ def _zero012_optimizer(t: Tally, agg, c: Candidate, opt, *, nb: int, off_opt: bo
                 t.host(part * 4 * states)
             else:
                 t.gpu(part * 4 * states)
+    return part
+
+
+def _zero012_optimizer_old(t: Tally, agg, c: Candidate, opt, *, nb: int, off_opt: bool) -> int:
+    """``z012._record_zero12_old`` (DeepSpeed 0.5/0.6, stages 1-2). Returns the partition numel."""
+    if not opt.count:
+        return 0
+    if c.stage == 0:
+        return _zero012_optimizer(t, agg, c, opt, nb=nb, off_opt=off_opt, opt_pin=False)
+    n_tr = opt.n_tr
+    S = opt.flat_numel
+    part = S // agg.world
+    if off_opt and agg.scenario.deepspeed.optimizer.type in ("adam", "adamw"):
+        t.host(CPU_ADAM_PINNED_BYTES)
+    t.loop((0, n_tr * nb, 0, -n_tr * nb, n_tr * nb, 0))  # move_to_cpu, param by param
+    t.host((S - n_tr) * nb)  # alignment padding on the host
+    t.host(S * nb)  # the flat buffer on the host
+    t.h -= (S - n_tr) * nb
+    t.gpu(S * nb)  # .cuda()
+    t.h -= S * nb
+    t.h -= n_tr * nb  # the params become views of the GPU flat buffer
+    dev = t.host if off_opt else t.gpu
+    if off_opt:
+        t.host(part * nb)  # .to('cpu')
+    dev(part * nb)  # .clone()
+    if off_opt:
+        t.h -= part * nb
+    states = agg.states_per_param(off_opt)
+    if nb == 4:
+        dev(0)
+    else:
+        dev(part * 4)  # .float()
+        if off_opt:
+            t.h -= part * nb
+        else:
+            t.g -= part * nb
+    if off_opt:
+        t.pin(opt.numel_max * nb, True)
+        t.gpu(opt.numel_max * nb)
+        t.pin(part * 4, True)
+        if states:
+            t.host(part * 4 * states)
+    else:
+        t.gpu(part * 4)
+        if states:
+            t.gpu(part * 4 * states)
+        t.g -= part * 4
     return part

@@ -300,4 +300,11 @@ def torch_scenario_document(rec, *, hardware: dict[str, Any]) -> dict[str, Any]:
     if i.ddp:
         doc["ddp"] = dict(i.ddp)
     doc["train"] = {k: v for k, v in doc["train"].items() if v is not None}
+    from memfit.core.recommend.stack_doc import stack_section
+
+    runtime = {k: v for k, v in (("torch_version", i.torch_version), ("cuda_version", i.cuda_version)) if v}
+    if runtime:  # the stack the recommendation was judged under
+        doc["runtime"] = runtime
+    if stack_section(i):
+        doc["stack"] = stack_section(i)
     return doc

@@ -1,0 +1,87 @@
+"""memfit's per-release rules (``memfit.core.stack``) against the released code they cite.
+
+transformers' wheels are fetched from PyPI with their sha256 pinned (``tests/sdist_source.py``):
+4.15.0, 4.20.0, 4.31.0, 4.35.0, 4.51.0 and 4.54.0, the first release of each rule memfit switches
+on (the last release before each was read by hand: 4.19's ``kwargs.pop("low_cpu_mem_usage",
+False)``, 4.30/4.31's ``adamw_hf``, 4.34's missing ``is_fsdp_enabled``, 4.50's ``low_cpu_mem_usage``
+still honoured, 4.53's commented-out fused default); and for FSDP's cpu_ram_efficient_loading
+4.35.0/4.36.0 (non-rank-0 on meta), 4.38.0/4.39.0 (a bitsandbytes weight quantized on the GPU then
+moved to the host; rank 0 only from 4.45: 4.44.0 checked by hand) and 5.0.0 (that branch gone). For each wheel the rule is read off its
+source text and compared with what memfit returns for that release.
+"""
+
+import re
+
+import pytest
+
+from memfit.core.stack.transformers import fsdp_efficient_loading, low_cpu_mem_usage_default, trainer_default_optim
+
+VERSIONS = ("4.15.0", "4.20.0", "4.31.0", "4.35.0", "4.36.0", "4.38.0", "4.39.0", "4.51.0", "4.54.0", "5.0.0")
+FILES = ("transformers/modeling_utils.py", "transformers/training_args.py")
+
+
+@pytest.fixture(scope="module")
+def wheels(request, tmp_path_factory):
+    from conftest import sdist_cache
+    from sdist_source import SourceUnavailable, wheel_files
+
+    out = {}
+    for v in VERSIONS:
+        try:
+            out[v] = wheel_files("transformers", v, FILES, sdist_cache(request, tmp_path_factory))
+        except SourceUnavailable as e:
+            pytest.fail(f"transformers {v}'s wheel is needed to check memfit's rules: {e}", pytrace=False)
+    return out
+
+
+def _rules_from_source(mu: str, ta: str) -> dict:
+    """What from_pretrained and TrainingArguments do, read off the source text."""
+    dropped = '_ = kwargs.pop("low_cpu_mem_usage", None)' in mu or '"_fast_init", "low_cpu_mem_usage"' in mu
+    m = re.search(r'low_cpu_mem_usage = kwargs\.pop\("low_cpu_mem_usage", (\w+)\)', mu)
+    default = None if dropped else m.group(1)
+    fsdp = bool(re.search(r"if is_fsdp_enabled\(\):\s+low_cpu_mem_usage = True", mu))
+    device_map = bool(re.search(r"if device_map is not None:\s+if low_cpu_mem_usage is None:\s+low_cpu_mem_usage = True", mu))
+    opt = re.search(r'default=\"(adamw_\w+)\"', ta) or re.search(r'default_optim = "(adamw_\w+)"', ta)
+    fused = bool(re.search(r'if is_torch_greater_or_equal_than_2_8:\s+default_optim = "adamw_torch_fused"', ta))
+    return {"dropped": dropped, "default": default, "fsdp": fsdp, "device_map": device_map,
+            "optim": opt.group(1) if opt else None, "fused_on_2_8": fused}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_low_cpu_mem_usage_rule_matches_the_release(wheels, version):
+    r = _rules_from_source(wheels[version][FILES[0]], wheels[version][FILES[1]])
+    line = ".".join(version.split(".")[:2])
+    plain = low_cpu_mem_usage_default(line, device_map=False, quantized=False, fsdp_efficient=False)[0]
+    fsdp = low_cpu_mem_usage_default(line, device_map=False, quantized=False, fsdp_efficient=True)[0]
+    if r["dropped"]:
+        assert plain and fsdp  # every model loads into a meta-device build
+    else:
+        assert plain is (r["default"] == "True")  # False, or None read as False
+        assert fsdp is (r["fsdp"] or r["default"] == "True")
+        if r["default"] == "None":
+            assert r["device_map"]  # None becomes True only through a device_map (bitsandbytes sets one)
+            assert low_cpu_mem_usage_default(line, device_map=True, quantized=False, fsdp_efficient=False)[0]
+
+
+@pytest.mark.parametrize("version", [v for v in VERSIONS if v != "4.15.0"])
+def test_trainer_default_optim_matches_the_release(wheels, version):
+    r = _rules_from_source(wheels[version][FILES[0]], wheels[version][FILES[1]])
+    line = ".".join(version.split(".")[:2])
+    assert trainer_default_optim(line, "2.4")[0] == r["optim"]
+    assert trainer_default_optim(line, "2.8")[0] == ("adamw_torch_fused" if r["fused_on_2_8"] else r["optim"])
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_fsdp_efficient_loading_matches_the_release(wheels, version):
+    mu = wheels[version][FILES[0]]
+    line = ".".join(version.split(".")[:2])
+    meta_elsewhere = bool(re.search(r"is_fsdp_enabled\(\) and not is_local_dist_rank_0\(\)\)?:?\s*\n?\s*map_location = \"meta\"",
+                                    mu)) or "is_fsdp_enabled() and not is_local_dist_rank_0() and not is_quantized" in mu \
+        or re.search(r"\(is_fsdp_enabled\(\) and not is_local_dist_rank_0\(\)\)", mu) is not None
+    quant_to_host = "quantize the parameter on the GPU" in mu and ('param_to = "cpu"' in mu or '.data.to("cpu")' in mu)
+    rank0_only = 'param_to = "meta"' in mu
+    plain = fsdp_efficient_loading(line, quantized=False)[0]
+    quant = fsdp_efficient_loading(line, quantized=True)[0]
+    assert plain == ("rank0_host" if meta_elsewhere else "every_rank"), version
+    assert quant == ("every_rank" if not quant_to_host else "rank0_host_quantized" if rank0_only else
+                     "every_rank_host_quantized"), version
