@@ -19,7 +19,7 @@ import torch
 from memfit.core.peft.spec import PeftSpec
 from memfit.errors import MemfitError
 from memfit.trace import tracker as tk
-from memfit.trace.cuda_kernels import cuda_like_kernels
+from memfit.trace.cuda_kernels import autocast_region, cuda_autocast_policy, cuda_like_kernels
 from memfit.trace.model_build import (
     TORCH_DTYPES,
     apply_peft,
@@ -143,6 +143,7 @@ def trace_model(
     ``fake_mode`` is the ``FakeTensorMode`` the model's tensors belong to, or None for real tensors.
     """
     tracker = tk.AllocationTracker(granularity_bytes=options.granularity_bytes)
+    tracker.autocast_dtype = TORCH_DTYPES[options.autocast] if options.autocast else None
     named = list(model.named_modules())
     names = [n for n, _ in named]
     params: list[torch.nn.Parameter] = []
@@ -191,13 +192,15 @@ def trace_model(
             mode,
             tracker,
             tk.NodeTagger(tracker),
+            cuda_autocast_policy(options.autocast is not None and options.kernels == "cuda"),
             torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack),
         ):
             t0 = perf_counter()
             counter.stage("forward")
             tracker.set_phase(0)
-            outputs = _run(model, inputs, method, options)
-            loss = outputs.loss if hasattr(outputs, "loss") else outputs[0]
+            with autocast_region(TORCH_DTYPES[options.autocast] if options.autocast else None):
+                outputs = _run(model, inputs, method, options)
+                loss = outputs.loss if hasattr(outputs, "loss") else outputs[0]
             _mark_outputs(tracker, outputs)
             if not options.keep_outputs:
                 del outputs  # the loop keeps only the loss

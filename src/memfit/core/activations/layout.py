@@ -33,11 +33,12 @@ _LM_TASKS = ("causal-lm", "masked-lm", "seq2seq-lm")
 def estimate_from_layout(
     arch: ArchSpec, peft: PeftSpec, *, seq_len: int, micro_batch: int, dtype_bytes: int,
     gradient_checkpointing: bool, attention: str, keep_outputs: bool, linear_saves_frozen_inputs: bool,
-    target_len: int | None,
+    target_len: int | None, compute_bytes: int | None = None,
 ) -> ActivationEstimate:
     L = arch.layout
     method = peft.method
     D, b = dtype_bytes, micro_batch
+    C = compute_bytes or D
     P = peft.num_virtual_tokens if method in ("prefix", "prompt") else 0
     s = seq_len + P if method == "prompt" else seq_len
     skv = s + P if method == "prefix" else s
@@ -49,7 +50,7 @@ def estimate_from_layout(
     def trains(*names: str) -> bool:
         return full or frozen_saves or any(n in targets for n in names)
 
-    c = Ctx(D=D, b=b, s=s, skv=skv, t=t, h=arch.hidden_size, a=arch.num_heads, hq=arch.num_heads * arch.head_dim,
+    c = Ctx(D=D, C=C, amp=C != D, b=b, s=s, skv=skv, t=t, h=arch.hidden_size, a=arch.num_heads, hq=arch.num_heads * arch.head_dim,
             hkv=arch.num_kv_heads * arch.head_dim, kv=arch.num_kv_heads, i=arch.intermediate_size,
             eager=attention == "eager", full=full, trains=trains,
             # the cache lives on only as part of the outputs that carry it (CausalLMOutputWithPast,
@@ -58,7 +59,7 @@ def estimate_from_layout(
             gqa=arch.num_kv_heads != arch.num_heads,
             attention=attention)
     grad_first = full or method == "prompt"
-    lora = len(targets) * D * t * peft.lora_r if method == "lora" else 0
+    lora = len(targets) * C * t * peft.lora_r if method == "lora" else 0  # each lora_A's output
     fused = attention != "eager" and attention != "sdpa"  # flash/flex take windows without a mask
 
     groups: list[LayerGroup] = []
@@ -68,11 +69,17 @@ def estimate_from_layout(
         kinds = L.layer_kinds or ("d",) * arch.num_layers
         counted = Counter(kinds)
         for kind in dict.fromkeys(kinds):  # execution order of first appearance
-            masked = "s" in kind and s > L.sliding_window > 0 and not fused and not c.eager
+            ck = c
+            if "s" in kind and skv != s and L.sliding_window > 0:
+                # a sliding-window layer's cache keeps only the last window - 1 of the prefix's keys
+                # (transformers cache_utils.DynamicSlidingWindowLayer)
+                ck = _ctx_copy(c, skv=s + min(skv - s, L.sliding_window - 1))
+            # an explicit mask: sliding-window layers longer than their window, prefix tuning's virtual keys
+            masked = ("s" in kind and s > L.sliding_window > 0 or skv != s) and not fused and not c.eager
             kw = dict(moe="m" in kind, masked=masked, qk_norm="n" not in kind)
-            groups.append(LayerGroup(_kind_name(kind), counted[kind], llama_layer(arch, L, c, grad_in=True, **kw) + lora))
+            groups.append(LayerGroup(_kind_name(kind), counted[kind], llama_layer(arch, L, ck, grad_in=True, **kw) + lora))
             if kind == kinds[0]:
-                first = llama_layer(arch, L, c, grad_in=grad_first, **kw) + lora
+                first = llama_layer(arch, L, ck, grad_in=grad_first, **kw) + lora
     elif L.family == "neox":
         per = neox_layer(arch, L, c, grad_in=True) + lora
         groups.append(LayerGroup("layer", arch.num_layers, per))
@@ -154,10 +161,11 @@ def _held_masks(arch: ArchSpec, c: Ctx) -> int:
     L = arch.layout
     b, s, skv = c.b, c.s, c.skv
     if L.family == "llama":
-        if c.eager:
-            return c.D * b * s * skv
+        pos = 8 * s  # the position ids every layer receives (an arange made in the model's forward)
+        if c.eager:  # one per attention type (Gemma 2/3: the full and the sliding-window mask)
+            return pos + c.D * b * s * skv * (len({"s" in k for k in L.layer_kinds}) if L.layer_kinds else 1)
         sliding = any("s" in k for k in L.layer_kinds) and s > L.sliding_window > 0 and c.attention == "sdpa"
-        return b * s * skv if sliding else 0
+        return pos + (b * s * skv if sliding else 0)
     if L.family == "neox" and arch.model_type == "falcon":
         return b * s * s
     return 0
@@ -257,16 +265,17 @@ _TOKEN_LOSS = f"{_LOSS_FILE}:ForTokenClassification (logits.float(); fixed_cross
 def _head_bytes(arch: ArchSpec, c: Ctx, t_out: int, *, keep_outputs: bool) -> _Head:
     """The head's and the loss's bytes for the task (see ``_Head``)."""
     L = arch.layout
-    D, h, V = c.D, c.h, arch.vocab_size
+    D, C, h, V = c.D, c.C, c.h, arch.vocab_size
     task = arch.task
     t = t_out
     # the stack's last output feeds the head's first Linear directly, except a token classifier's
     # dropout (which keeps its mask and output instead) and BERT-style heads that start elsewhere
     head_trains = c.full and task != "token-classification"
+    head_in = (C if c.amp else D) * t * h if head_trains else 0  # under AMP the head's own 16-bit copy
     n = 0
     # the stack's final norm (its output feeds the head)
     if L.family == "llama":
-        n += norm_bytes(L.norm, _ctx_at(c, t), grad_in=True, weight_trains=c.full, out_kept=head_trains)
+        n += norm_bytes(L.norm, _ctx_at(c, t), grad_in=True, weight_trains=c.full, out_kept=False) + head_in
     elif L.family == "neox":
         n += D * t * h + 8 * t + (D * t * h if head_trains else 0)  # ln_f input, statistics, output
     elif L.family == "t5":
@@ -284,18 +293,28 @@ def _head_bytes(arch: ArchSpec, c: Ctx, t_out: int, *, keep_outputs: bool) -> _H
         if L.family == "bert":  # transform: dense output, activation output, LayerNorm stats and output
             n += 3 * D * t * h + 8 * t
         upcast = L.loss_upcast and L.family not in ("bert", "t5")
-        log_softmax = (4 if upcast else D) * t * V
-        logits = (D * t * V if keep_outputs else 0) + log_softmax
+        tV = t * V
+        log_softmax = (4 if upcast else C) * tV
+        if not upcast and c.amp:  # CUDA autocast: nll_loss (fp32 list) saves an fp32 copy of the log-probs
+            log_softmax += 4 * tV
+        logits = (C * tV if keep_outputs else 0) + log_softmax  # the logits are a matmul's output
         if L.logit_softcap:
-            logits += D * t * V  # tanh of logits / cap, kept for its backward
+            logits += C * tV  # tanh of logits / cap, kept for its backward
         if task == "causal-lm":
             n += 8 * (t + c.b)  # the labels padded by one (ForCausalLMLoss), kept by the shift
-        kept = D * t * V if keep_outputs else 0
-        if upcast:  # logits.float(), then the label copies; nll_loss's and log_softmax's gradients (fp32)
-            fwd, bwd, grad = (4 * t * V, 8 * t), (4 * t * V, 4 * t * V), D * t * V
+        kept = C * tV if keep_outputs else 0
+        if upcast:  # logits.float() (a copy of 16-bit logits), then the label copies; nll_loss's and
+            # log_softmax's gradients (fp32), cast back to the logits' dtype (none for fp32 logits)
+            fwd = ((4 * tV,) if C != 4 else ()) + (8 * t,)
+            bwd, grad = (4 * tV, 4 * tV), (C * tV if C != 4 else 0)
             source = _UPCAST_LOSS[task]
+        elif c.amp:  # nll_loss's gradient of the fp32 copy, next to both saved tensors; then the casts back
+            fwd, bwd, grad = (8 * t,), (4 * tV,), C * tV
+            source = _DTYPE_LOSS.get(arch.model_type, "the model's CrossEntropyLoss on the dtype logits") + \
+                " under CUDA autocast (log_softmax in the logits' dtype, nll_loss on an fp32 copy: aten LossNLL.cpp " \
+                "cross_entropy_loss_symint) (transformers 5.24, torch 2.13)"
         else:  # CrossEntropyLoss on the dtype logits: log_softmax's backward result is their gradient
-            fwd, bwd, grad = (8 * t,), (D * t * V, D * t * V), 0
+            fwd, bwd, grad = (8 * t,), (C * tV, C * tV), 0
             source = _DTYPE_LOSS.get(arch.model_type, "the model's CrossEntropyLoss on the dtype logits") + \
                 " (transformers 5.24)"
         return _Head(n + logits, logits, kept, log_softmax, fwd, bwd, grad, source)
@@ -320,6 +339,13 @@ def _head_bytes(arch: ArchSpec, c: Ctx, t_out: int, *, keep_outputs: bool) -> _H
     # question answering: qa_outputs on the stack's output (counted above), start/end copies
     logits = D * t * labels + 2 * D * t
     return _Head(n + logits, logits, logits)
+
+
+def _ctx_copy(c: Ctx, **changes) -> Ctx:
+    other = Ctx(**{k: getattr(c, k) for k in Ctx.__slots__})
+    for k, v in changes.items():
+        setattr(other, k, v)
+    return other
 
 
 def _ctx_at(c: Ctx, t: int) -> Ctx:
