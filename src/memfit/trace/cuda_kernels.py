@@ -26,6 +26,8 @@ Two ops pick a different kernel on a GPU than on the CPU, with different saved t
 
   Attention dropout runs inside both fused kernels (a Philox seed, no mask), as on the GPU.
 
+- ``layer_norm``: CUDA's kernel keeps the mean and rstd in fp32 for 16-bit inputs (``acc_type``), the
+  CPU's in the input dtype: here a ``native_layer_norm`` whose saved statistics are fp32 (``_CudaLayerNorm``).
 - ``torch.autocast``: CUDA's op lists are not the CPU's (aten/src/ATen/autocast_mode.cpp, torch
   2.13: ``AT_FORALL_FP32``, ``AT_FORALL_FP32_SET_OPT_DTYPE`` and ``AT_FORALL_LOWER_PRECISION_FP`` for
   CUDA; the ``KERNEL_CPU`` lines for the CPU). ``autocast_region`` runs CPU autocast (the same matmul
@@ -89,7 +91,8 @@ def _cuda_sdpa(original):
             out = aten._scaled_dot_product_efficient_attention(query, key, value, bias, True, dropout_p, is_causal,
                                                                scale=scale)
             return out[0]
-        return _math(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        with torch.autocast("cpu", enabled=False):  # inside the op, below autocast's dispatch key
+            return _math(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
     return sdpa
 
@@ -124,25 +127,63 @@ def _math(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     return (attn @ value).to(origin)
 
 
+class _CudaLayerNorm(torch.autograd.Function):
+    """``native_layer_norm`` with CUDA's saved tensors: the input, weight and bias, and the mean and
+    rstd in the accumulation type (fp32 for 16-bit inputs: aten/src/ATen/native/cuda/layer_norm_kernel.cu
+    ``layer_norm_cuda`` allocates them with ``acc_type``); the CPU kernel returns them in the input's
+    dtype (``layer_norm_cpu``)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, shape, eps):
+        out, mean, rstd = torch.native_layer_norm(x, shape, weight, bias, eps)
+        if x.dtype in _FUSED_DTYPES:
+            mean, rstd = mean.float(), rstd.float()
+        ctx.shape = shape
+        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        mask = [ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[1],
+                bias is not None and ctx.needs_input_grad[2]]
+        dx, dw, db = torch.ops.aten.native_layer_norm_backward(grad, x, ctx.shape, mean.to(x.dtype),
+                                                               rstd.to(x.dtype), weight, bias, mask)
+        return dx, dw, db, None, None
+
+
+def _cuda_layer_norm(original):
+    def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+        if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (input, weight, bias)):
+            return original(input, normalized_shape, weight, bias, eps)
+        if torch.is_autocast_enabled("cpu"):  # layer_norm is on CUDA autocast's fp32 list
+            input, weight, bias = (t.to(torch.float32) if t is not None and t.dtype in _FUSED_DTYPES else t
+                                   for t in (input, weight, bias))
+        return _CudaLayerNorm.apply(input, weight, bias, tuple(normalized_shape), eps)
+
+    return layer_norm
+
+
 @contextlib.contextmanager
 def cuda_like_kernels(enabled: bool) -> Iterator[None]:
-    """Patch ``torch.nn.functional.dropout`` and ``scaled_dot_product_attention``; restore on exit."""
+    """Patch ``torch.nn.functional.dropout``, ``scaled_dot_product_attention`` and ``layer_norm``;
+    restore on exit."""
     if not enabled:
         yield
         return
     F = torch.nn.functional
-    dropout, sdpa = F.dropout, F.scaled_dot_product_attention
+    dropout, sdpa, layer_norm = F.dropout, F.scaled_dot_product_attention, F.layer_norm
 
     def fused_dropout(input, p=0.5, training=True, inplace=False):
         if training and 0.0 < p < 1.0 and input.numel() > 0:
             return torch.native_dropout(input, p, True)[0]
         return dropout(input, p, training, inplace)
 
-    F.dropout, F.scaled_dot_product_attention = fused_dropout, _cuda_sdpa(sdpa)
+    F.dropout, F.scaled_dot_product_attention, F.layer_norm = fused_dropout, _cuda_sdpa(sdpa), _cuda_layer_norm(layer_norm)
     try:
         yield
     finally:
-        F.dropout, F.scaled_dot_product_attention = dropout, sdpa
+        F.dropout, F.scaled_dot_product_attention, F.layer_norm = dropout, sdpa, layer_norm
 
 
 _FP32_OPS = frozenset({

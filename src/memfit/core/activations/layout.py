@@ -166,8 +166,8 @@ def _held_masks(arch: ArchSpec, c: Ctx) -> int:
             return pos + c.D * b * s * skv * (len({"s" in k for k in L.layer_kinds}) if L.layer_kinds else 1)
         sliding = any("s" in k for k in L.layer_kinds) and s > L.sliding_window > 0 and c.attention == "sdpa"
         return pos + (b * s * skv if sliding else 0)
-    if L.family == "neox" and arch.model_type == "falcon":
-        return b * s * s
+    if L.family == "neox":  # the position ids (an arange); Falcon's explicit causal mask (bool)
+        return 8 * s + (b * s * s if arch.model_type == "falcon" else 0)
     return 0
 
 
@@ -277,7 +277,7 @@ def _head_bytes(arch: ArchSpec, c: Ctx, t_out: int, *, keep_outputs: bool) -> _H
     if L.family == "llama":
         n += norm_bytes(L.norm, _ctx_at(c, t), grad_in=True, weight_trains=c.full, out_kept=False) + head_in
     elif L.family == "neox":
-        n += D * t * h + 8 * t + (D * t * h if head_trains else 0)  # ln_f input, statistics, output
+        n += D * t * h + 8 * t + head_in  # ln_f input, statistics, its output (or autocast's copy of it)
     elif L.family == "t5":
         # final T5LayerNorm (input, fp32 copy, rsqrt, the cast its weight keeps), dropout (mask, and its
         # output unless a token classifier's own dropout follows)

@@ -10,7 +10,7 @@ Dropout in training keeps a 1-byte mask per element (CUDA's fused ``native_dropo
 
 from __future__ import annotations
 
-from memfit.core.activations.families import Ctx, sdpa_kernel_bytes
+from memfit.core.activations.families import Ctx, lin_in, sdpa, sdpa_kernel_bytes
 from memfit.core.model import ArchSpec, LayerLayout
 
 _LN = 8
@@ -29,39 +29,83 @@ def _mlp_act(act: str, D: int, n: int) -> int:
 
 
 def neox_layer(arch: ArchSpec, L: LayerLayout, c: Ctx, *, grad_in: bool) -> int:
-    """GPT-NeoX and Falcon (modeling_gpt_neox.py, modeling_falcon.py): LayerNorm, fused qkv."""
-    D, t, b, s, h, a, hq, hkv, i = c.D, c.t, c.b, c.s, c.h, c.a, c.hq, c.hkv, c.i
+    """GPT-NeoX and Falcon (modeling_gpt_neox.py, modeling_falcon.py): LayerNorm, fused qkv, rotary q
+    and k (promoted to cos/sin's dtype, the stream's: fp32 under AMP), the MLP (``dense_h_to_4h``, its
+    activation, ``dense_4h_to_h``)."""
+    D, C, t, b, s, skv, h, a, hq, hkv, i = c.D, c.C, c.t, c.b, c.s, c.skv, c.h, c.a, c.hq, c.hkv, c.i
     falcon = arch.model_type == "falcon"
     n = D * t * h + _LN * t if grad_in else 0  # the layer input and the first LayerNorm's statistics
-    n += D * t * h  # first LayerNorm's output (query_key_value's input)
-    # second LayerNorm: NeoX's post_attention_layernorm, Falcon's ln_mlp (new architecture) or its
-    # post-attention norm (sequential blocks, which also keep the residual sum)
-    if not falcon or L.two_norms_parallel:
-        n += _LN * t + D * t * h
+    # its output: query_key_value's input, and the MLP's in Falcon's parallel blocks with one norm
+    single = falcon and L.parallel and not L.two_norms_parallel
+    n += lin_in(c, t * h, "query_key_value", *(("dense_h_to_4h",) if single else ()))
+    # second LayerNorm: NeoX's post_attention_layernorm (on the same input when parallel), Falcon's
+    # ln_mlp (new architecture) or its post-attention norm (sequential blocks, on the residual sum)
+    if (not falcon and L.parallel) or L.two_norms_parallel:
+        n += (_LN * t if grad_in else 0) + lin_in(c, t * h, "dense_h_to_4h")
     elif not L.parallel:
-        n += 2 * D * t * h + _LN * t
+        n += D * t * h + _LN * t + lin_in(c, t * h, "dense_h_to_4h")
+    n += _neox_attention(arch, L, c, falcon=falcon)
+    # a parallel block's MLP in the first layer over frozen embeddings sees nothing that needs a
+    # gradient unless dense_h_to_4h trains: it keeps nothing
+    mlp = grad_in or not L.parallel or c.trains("dense_h_to_4h")
+    if mlp:  # dense_h_to_4h's output (the activation's input), the activation's own tensors and its output
+        n += C * t * i + _mlp_act(L.act, C, t * i) - C * t * i + (C * t * i if c.trains("dense_4h_to_h") else 0)
+    # dropout before the residual add: NeoX's post_attention_dropout and post_mlp_dropout, Falcon's one
+    n += _drop(L.hidden_dropout, t * h) * (1 if falcon else 1 + mlp)
+    return n
+
+
+def _neox_attention(arch: ArchSpec, L: LayerLayout, c: Ctx, *, falcon: bool) -> int:
+    """q, k, v, the cache (model outputs), the kernel's tensors and the dense layer's input."""
+    D, C, t, b, s, skv, a, hq, hkv = c.D, c.C, c.t, c.b, c.s, c.skv, c.a, c.hq, c.hkv
+    prefix = skv != s
+    kd = D  # the rotated k (and q): promoted to cos/sin's dtype
+    vd = D if c.amp and prefix else C  # prefix tuning's fp32 values promote the cache's cat under AMP
+    kd = D if c.amp and prefix else kd
+    dense = c.trains("dense")
+    mqa = falcon and hkv < hq and not L.two_norms_parallel and arch.num_kv_heads == 1
+    soft = D if falcon else 4  # Falcon's softmax runs in the hidden states' dtype, NeoX's in fp32
+    if c.eager and mqa:  # Falcon-7B: the single key head broadcast by matmul (as in the math kernel below)
+        n = kd * b * skv * hkv + vd * b * skv * hkv  # the cache's k and v (outputs)
+        n += soft * b * a * s * skv + (C * b * a * s * skv if soft != C else 0)  # probabilities (+ their copy)
+        if b == 1:  # q (or autocast's copy), k and v as the cache holds them (or autocast's copies)
+            n += C * t * hq + (C * b * skv * hkv if kd != C else 0) + (C * b * skv * hkv if vd != C else 0)
+        else:  # q, k and v expanded to every head
+            n += C * t * hq + 2 * C * b * skv * hq
+        return n + (C * t * hq if dense else 0)  # the merged heads, dense's input
     if c.eager:
         from memfit.core.activations.common import _attention_bytes
 
-        n += _attention_bytes(D=D, b=b, s=s, skv=s, t=t, hq=hq, hkv=hkv, a=a, eager=True, gqa=hkv != hq,
-                              repeat_kv=True, upcast_qk=False, softmax_bytes=4 if not falcon else D)
-    elif falcon and hkv < hq and not L.two_norms_parallel and arch.num_kv_heads == 1:
-        # Falcon-7B's multi-query attention: one key head broadcast to all query heads, which no
-        # fused CUDA kernel takes: sdpa runs its math kernel (scaled q and k, the probabilities)
-        # (matmul broadcasts the single key head: with b > 1 it expands and copies k and v to every head)
-        n += D * b * a * s * s + b * s * s  # probabilities, the bool mask
-        if b == 1:  # scaled q and k, v, the output's copy for dense, the cache's k (an output)
-            n += 2 * D * t * hq + 2 * D * t * hkv + (D * t * hkv if c.cache else 0)
-        else:  # q, k and v expanded to every head, the output's copy; the cache's k and v (outputs)
-            n += 4 * D * t * hq + (2 * D * t * hkv if c.cache else 0)
+        n = _attention_bytes(D=C, b=b, s=s, skv=skv, t=t, hq=hq, hkv=hkv, a=a, eager=True, gqa=hkv != hq,
+                             repeat_kv=True, upcast_qk=False, softmax_bytes=soft)
+        kv = hq if falcon else hkv  # the cache's k and v when the scores use autocast's copies of them
+        n += (kd * b * skv * kv if kd != C else 0) + (vd * b * skv * kv if vd != C else 0)
+        return n - (0 if dense else C * t * hq)  # the merged heads are dense's input only
+    if mqa:
+        # Falcon-7B's multi-query attention: one key head broadcast to all query heads, which no fused
+        # CUDA kernel takes: sdpa's math kernel (fp32 q, k, v; ``cuda_kernels._math``). matmul broadcasts
+        # the single key head: a view of it when b == 1, copies expanded to every head when b > 1
+        n = D * b * s * hkv + C * b * s * hkv  # the cache's k (rotated) and v (outputs)
+        n += 4 * b * a * s * s  # the probabilities
+        if b == 1:
+            n += 4 * t * hq + 4 * t * hkv + (4 * t * hkv if C == 2 else 0)  # scaled q, scaled k, v's fp32 copy
+        else:
+            n += 3 * 4 * t * hq  # q, k and v expanded to every head
+        return n + (C * t * hq if dense else 0)  # the output's copy, dense's input
+    masked = falcon or prefix  # Falcon passes its causal mask to sdpa explicitly
+    kv = hq if falcon else hkv  # the new architecture broadcasts k, v to every head first
+    k = sdpa(c, masked=masked, heads=a, kv_heads=kv // arch.head_dim, d_qk=arch.head_dim, d_v=arch.head_dim,
+             s=s, skv=skv, gqa_module=False)
+    n = k.kernel + kd * b * skv * kv + vd * b * skv * kv  # the cache's k and v (the kernel's, unless cast)
+    if k.keeps_qkv:
+        n += C * t * hq + C * t * hq  # q (autocast's copy under AMP), the output
+        n += C * b * skv * kv if kd != C else 0  # autocast's copies of k and v
+        n += C * b * skv * kv if vd != C else 0
+        # q is built by a cat (heads-major): flash's output follows its layout and reaches dense as a
+        # copy (the memory-efficient kernel allocates its output tokens-major)
+        n += C * t * hq if k.kind == "flash" and dense else 0
     else:
-        masked = falcon  # Falcon passes its causal mask to sdpa explicitly
-        kernel, _ = sdpa_kernel_bytes(c, masked=masked, heads=a, d_qk=arch.head_dim, d_v=arch.head_dim, s=s, skv=s)
-        kv_width = hq if falcon else hkv  # the new architecture broadcasts k, v to every head first
-        n += D * t * hq + kernel + D * t * hq + 2 * D * t * kv_width
-        n += 0 if falcon else D * t * hq  # NeoX's q is built by a cat: o_proj gets a copy of the output
-    n += D * t * i + _mlp_act(L.act, D, t * i)  # dense_h_to_4h output (the activation's input), activation
-    n += _drop(L.hidden_dropout, t * h)  # dropout on the block's output before the residual add
+        n += C * t * hq if dense else 0
     return n
 
 
