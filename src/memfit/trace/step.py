@@ -73,7 +73,7 @@ def _trace_training_step(
     model = build_meta_model(config, attention=options.attention, task=options.task)
     model = apply_peft(model, peft)
     if options.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs(options))
     model.train()
     fake_mode = FakeTensorMode()
     materialize_fake(model, fake_mode, TORCH_DTYPES[options.dtype])
@@ -85,6 +85,16 @@ def _trace_training_step(
     return trace_model(
         model, inputs, options, fake_mode=fake_mode, method=peft.method, build_s=build_s, progress=progress
     )
+
+
+def checkpoint_kwargs(options: TraceOptions) -> dict[str, Any]:
+    """transformers' default (non-reentrant ``torch.utils.checkpoint``); under CUDA's autocast policy
+    its recompute gets the policy too (torch function modes are not active while backward runs the
+    recompute: ``context_fn`` pushes it there)."""
+    if options.autocast is None or options.kernels != "cuda":
+        return {"use_reentrant": False}
+    return {"use_reentrant": False,
+            "context_fn": lambda: (contextlib.nullcontext(), cuda_autocast_policy(True))}
 
 
 def causal_lm_inputs(options: TraceOptions) -> dict[str, torch.Tensor]:

@@ -40,10 +40,10 @@ class Ctx:
     ``D``: element size of the residual stream (the model's dtype: embeddings, norms, residual sums);
     ``C``: of the matmul outputs (autocast's 16-bit dtype under AMP, else ``D``); ``amp`` when they
     differ. ``trains(*names)``: whether any of these Linears keeps its input (its weight trains, or
-    ZeRO-3's linear keeps it anyway)."""
+    ZeRO-3's linear keeps it anyway). ``r``: LoRA's rank (0 without LoRA)."""
 
     __slots__ = ("D", "C", "amp", "b", "s", "skv", "t", "h", "a", "hq", "hkv", "kv", "i", "eager", "full", "trains",
-                 "cache", "gqa", "attention")
+                 "cache", "gqa", "attention", "r")
 
     def __init__(self, **kw) -> None:
         for k, v in kw.items():

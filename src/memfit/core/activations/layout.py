@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from memfit.core.activations.common import CAUSAL_LM_LOSS, _lora_targets
 from memfit.core.activations.estimate import ActivationEstimate, LayerGroup
-from memfit.core.activations.families import Ctx, llama_layer, norm_bytes
+from memfit.core.activations.families import Ctx, lin_in, llama_layer, norm_bytes
 from memfit.core.activations.stacks import bert_layer, neox_layer, t5_decoder_layer, t5_encoder_layer, t5_held_biases
 from memfit.core.model import ArchSpec
 from memfit.core.peft.spec import PeftSpec
@@ -57,7 +57,7 @@ def estimate_from_layout(
             # SequenceClassifierOutputWithPast, Seq2SeqLMOutput); transformers disables it under checkpointing
             cache=keep_outputs and not gradient_checkpointing and arch.task in ("causal-lm", "sequence-classification", "seq2seq-lm"),
             gqa=arch.num_kv_heads != arch.num_heads,
-            attention=attention)
+            attention=attention, r=peft.lora_r if method == "lora" else 0)
     grad_first = full or method == "prompt"
     lora = len(targets) * C * t * peft.lora_r if method == "lora" else 0  # each lora_A's output
     fused = attention != "eager" and attention != "sdpa"  # flash/flex take windows without a mask
@@ -94,7 +94,8 @@ def estimate_from_layout(
         raise AssertionError(L.family)
 
     t_out = b * (target_len or seq_len) if L.family == "t5" and arch.num_encoder_layers else t
-    embed = _embedding_bytes(arch, c, grad_first or gradient_checkpointing)
+    embed = _embedding_bytes(arch, c, grad_first or gradient_checkpointing,
+                             leaf=gradient_checkpointing and not grad_first)
     hd = _head_bytes(arch, c, t_out, keep_outputs=keep_outputs)
     head, logits = hd.head, hd.logits
     layers_total = sum(g.count * g.bytes for g in groups) - (groups[0].bytes - first if groups else 0)
@@ -166,6 +167,10 @@ def _held_masks(arch: ArchSpec, c: Ctx) -> int:
             return pos + c.D * b * s * skv * (len({"s" in k for k in L.layer_kinds}) if L.layer_kinds else 1)
         sliding = any("s" in k for k in L.layer_kinds) and s > L.sliding_window > 0 and c.attention == "sdpa"
         return pos + (b * s * skv if sliding else 0)
+    if L.relative_attention == "deberta":  # the encoder hands every layer the relative positions (int64),
+        # the fp32 attention mask and the LayerNorm'd relative embeddings (their statistics when they train)
+        span2 = 2 * L.position_buckets
+        return 8 * s * s + 4 * b * s * s + c.D * span2 * c.h + (8 * span2 if c.full else 0)
     if L.family == "neox":  # the position ids (an arange); Falcon's explicit causal mask (bool)
         return 8 * s + (b * s * s if arch.model_type == "falcon" else 0)
     return 0
@@ -201,8 +206,10 @@ def _t5_groups(arch: ArchSpec, c: Ctx, target_len: int, lora: int) -> tuple[list
     return groups, enc0, extra
 
 
-def _embedding_bytes(arch: ArchSpec, c: Ctx, grad_in: bool) -> int:
-    """Rotary tables, embedding dropout and the like (before the first layer)."""
+def _embedding_bytes(arch: ArchSpec, c: Ctx, grad_in: bool, *, leaf: bool = False) -> int:
+    """Rotary tables, embedding dropout and the like (before the first layer). ``leaf``: checkpointing
+    over frozen embeddings, where ``enable_input_require_grads`` makes the word embeddings' output a
+    leaf that requires grad (its AccumulateGrad node holds it until backward)."""
     L = arch.layout
     D, t, s, h, b = c.D, c.t, c.s, c.h, c.b
     if L.family == "llama":
@@ -218,8 +225,11 @@ def _embedding_bytes(arch: ArchSpec, c: Ctx, grad_in: bool) -> int:
     if L.family == "bert":
         # embeddings' sum and LayerNorm (input, statistics), its dropout mask (its output is layer 0's
         # input), the gathered token types; RoBERTa's position ids made from the input ids
-        n = D * t * h + 8 * t + (t * h if L.hidden_dropout > 0 else 0) + 8 * t
-        return n + (8 * t if arch.model_type == "roberta" else 0)
+        n = (D * t * h + 8 * t + (t * h if L.hidden_dropout > 0 else 0)) if grad_in else 0
+        if L.relative_attention == "deberta":  # no token types, no absolute positions (the LayerNorm's input
+            return n + (D * t if grad_in else 0)  # is the word embeddings' output); the mask multiplied in
+        n += D * t * h if leaf else 0  # the word embeddings' output, before their sum and LayerNorm
+        return n + ((16 if arch.model_type == "roberta" else 8) * t if c.full else 0)
     if L.family == "t5":  # embedding dropout masks (their outputs are block 0's inputs, counted there)
         n = t * h if L.hidden_dropout > 0 else 0
         if arch.num_encoder_layers:
@@ -287,11 +297,14 @@ def _head_bytes(arch: ArchSpec, c: Ctx, t_out: int, *, keep_outputs: bool) -> _H
             te = c.t  # the encoder's own final norm and dropout (its output: cross-attention's k, v input)
             n += 2 * D * te * h + 4 * te * h + 4 * te + (te * h if L.hidden_dropout > 0 else 0) + D * te * h
             n += t * h if L.hidden_dropout > 0 else 0  # the decoder's embedding dropout mask
+    elif L.family == "bert" and task in _LM_TASKS:
+        n += lin_in(c, t * h, "dense")  # the last layer's output: the transform dense's input
     elif L.family == "bert" and task != "token-classification":
         n += D * t * h  # the last layer's output: the head's input (the pooler's first-token view keeps it all)
     if task in _LM_TASKS:
-        if L.family == "bert":  # transform: dense output, activation output, LayerNorm stats and output
-            n += 3 * D * t * h + 8 * t
+        if L.family == "bert":  # transform: dense output, the activation's output (the LayerNorm's input,
+            # autocast's fp32 copy of it under AMP), LayerNorm statistics, its output (the decoder's input)
+            n += C * t * h + (4 if c.amp else C) * t * h + 8 * t + lin_in(c, t * h, "decoder")
         upcast = L.loss_upcast and L.family not in ("bert", "t5")
         tV = t * V
         log_softmax = (4 if upcast else C) * tV

@@ -110,38 +110,64 @@ def _neox_attention(arch: ArchSpec, L: LayerLayout, c: Ctx, *, falcon: bool) -> 
 
 
 def bert_layer(arch: ArchSpec, L: LayerLayout, c: Ctx, *, grad_in: bool) -> int:
-    """BERT, RoBERTa, DeBERTa-v2 (post-LayerNorm encoder layers with dropout)."""
-    D, t, b, s, h, a, i = c.D, c.t, c.b, c.s, c.h, c.a, c.i
+    """BERT, RoBERTa, DeBERTa-v2 (post-LayerNorm encoder layers with dropout). The layer input (the
+    previous LayerNorm's output) is kept by q, k, v when they train; each block's residual sum by its
+    LayerNorm; the attention block's LayerNorm output by the intermediate dense (``dense`` is the name of
+    all three of a layer's dense Linears)."""
+    D, C, t, b, s, skv, h, a, i = c.D, c.C, c.t, c.b, c.s, c.skv, c.h, c.a, c.i
     p, pa = L.hidden_dropout, L.attention_dropout
-    n = D * t * h if grad_in else 0  # the layer input (q, k, v's input and the residual)
     if L.relative_attention == "deberta":
-        n += _deberta_attention(arch, L, c)
-    elif c.eager:
-        n += 3 * D * t * h + D * b * a * s * s + D * t * h  # q, k, v; probabilities; merged heads
-        n += _drop(pa, b * a * s * s) + (D * b * a * s * s if pa > 0 else 0)
+        n = lin_in(c, t * h, "query_proj", "key_proj", "value_proj")
+        n += _deberta_attention(arch, L, c, grad_in=grad_in)
     else:
-        kernel, _ = sdpa_kernel_bytes(c, masked=False, heads=a, d_qk=arch.head_dim, d_v=arch.head_dim, s=s, skv=s)
-        n += 3 * D * t * h + kernel + D * t * h  # q, k, v; the kernel's state; the output
-    # attention output: dense, dropout, residual add, LayerNorm (input, statistics, output)
-    n += _drop(p, t * h) + D * t * h + _LN * t + D * t * h
-    n += D * t * i + _mlp_act(L.act, D, t * i)  # intermediate dense output, activation
-    n += _drop(p, t * h) + D * t * h + _LN * t  # output dropout, residual sum, LayerNorm
+        n = lin_in(c, t * h, "query", "key", "value")
+        n += C * t * h + 2 * C * b * skv * h  # q, k, v (prefix tuning: k, v over the virtual tokens, a cat)
+        if c.eager:  # the probabilities (fp32 under CUDA autocast), dropout's mask and output (autocast's
+            # copy of it), the merged heads (the attention output dense's input)
+            soft = 4 if c.amp else C
+            n += soft * b * a * s * skv
+            n += _drop(pa, b * a * s * skv) + (C * b * a * s * skv if pa > 0 or soft != C else 0)
+            n += C * t * h if c.trains("dense") else 0
+            if not grad_in:  # the first layer over frozen embeddings: the scores' matmul keeps q only for
+                # k's gradient (a trained key, prefix tuning's virtual keys), k only for q's
+                n -= 0 if c.trains("key") or skv != s else C * t * h
+                n -= 0 if c.trains("query") else C * b * skv * h
+        else:
+            k = sdpa(c, masked=False, heads=a, kv_heads=a, d_qk=arch.head_dim, d_v=arch.head_dim, s=s, skv=skv)
+            n += k.kernel + C * t * h  # the kernel's state; its output (the attention output dense's input)
+    # attention output: dense, dropout, residual add (the LayerNorm's input), statistics, its output
+    n += _drop(p, t * h) + D * t * h + _LN * t + lin_in(c, t * h, "dense")
+    # the intermediate dense's output (the activation's input), the activation's tensors and output
+    n += C * t * i + _mlp_act(L.act, C, t * i) - C * t * i + (C * t * i if c.trains("dense") else 0)
+    n += _drop(p, t * h) + D * t * h + _LN * t  # output dropout, residual sum, LayerNorm statistics
     return n
 
 
-def _deberta_attention(arch: ArchSpec, L: LayerLayout, c: Ctx) -> int:
+def _deberta_attention(arch: ArchSpec, L: LayerLayout, c: Ctx, *, grad_in: bool) -> int:
     """DeBERTa-v2's disentangled attention (eager only): content-to-position and position-to-content
     scores over ``2 x att_span`` relative positions, gathered per query/key."""
-    D, t, b, s, h, a = c.D, c.t, c.b, c.s, c.h, c.a
+    D, C, t, b, s, h, a = c.D, c.C, c.t, c.b, c.s, c.h, c.a
     span2 = 2 * L.position_buckets
-    n = 5 * D * t * h  # q, k, v in head layout, the scaled query, the merged heads
-    n += 2 * D * b * a * s * span2  # c2p and p2c scores before the gather
+    n = 4 * C * t * h  # q, k, v in head layout (contiguous copies), the scaled query
+    n += C * t * h if c.trains("dense") else 0  # the merged heads, the output dense's input
+    n += 2 * C * b * a * s * span2  # c2p and p2c scores before the gather
     n += 2 * 8 * s * s  # the two gather index tensors (int64, shared by the batch)
-    n += D * b * a * s * s + b * s * s  # probabilities, the bool mask
-    n += _drop(L.attention_dropout, b * a * s * s) + (D * b * a * s * s if L.attention_dropout > 0 else 0)
-    n += 2 * D * b * a * span2 * (h // a)  # pos_key/pos_query layers repeated for batch x heads
-    if L.hidden_dropout > 0:  # pos_dropout of the shared relative embeddings, in every layer
-        n += span2 * h + D * span2 * h
+    soft = 4 if c.amp else C  # the softmax in fp32 under CUDA autocast
+    n += soft * b * a * s * s + b * s * s  # probabilities, the bool mask
+    pa = L.attention_dropout
+    n += _drop(pa, b * a * s * s) + (C * b * a * s * s if pa > 0 or soft != C else 0)  # (autocast's copy)
+    n += 2 * C * b * a * span2 * (h // a)  # pos_key/pos_query layers repeated for batch x heads
+    # the shared relative embeddings through pos_dropout in every layer: its mask when they train, its
+    # output kept by the projections of them that train (their lora_A's output r wide)
+    if L.hidden_dropout > 0 and c.full:
+        n += span2 * h
+    n += lin_in(c, span2 * h, "query_proj", "key_proj")
+    n += sum(C * span2 * c.r for name in ("query_proj", "key_proj") if c.r and c.trains(name) and not c.full)
+    if not grad_in:  # the first layer over frozen embeddings: content and position terms of q (k) are kept
+        # only for the gradient of k (q), which needs one only through a trained key_proj (query_proj)
+        for own, other in (("query_proj", "key_proj"), ("key_proj", "query_proj")):
+            if not c.trains(other):
+                n -= C * t * h + C * b * a * span2 * (h // a)
     return n
 
 
