@@ -54,6 +54,8 @@ def lin_in(c: Ctx, elements: int, *names: str) -> int:
     """What the Linears ``names`` keep of an input of ``elements`` elements in the residual stream's
     dtype: one shared tensor when any of them trains; under autocast each trained one saves its own
     16-bit copy (``autocast_mode.cpp:cached_cast`` caches only leaf weights, not activations)."""
+    if not names:
+        return 0
     if c.amp:
         return sum(c.C * elements for n in names if c.trains(n))
     return c.D * elements if c.trains(*names) else 0

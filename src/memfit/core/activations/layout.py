@@ -59,6 +59,9 @@ def estimate_from_layout(
             gqa=arch.num_kv_heads != arch.num_heads,
             attention=attention, r=peft.lora_r if method == "lora" else 0)
     grad_first = full or method == "prompt"
+    # decoder tokens: the target's (peft 0.21's PeftModelForSeq2SeqLM.forward prepends prompt tuning's
+    # virtual tokens to the encoder's inputs only, whatever num_transformer_submodules says)
+    s_dec = target_len or seq_len
     lora = len(targets) * C * t * peft.lora_r if method == "lora" else 0  # each lora_A's output
     fused = attention != "eager" and attention != "sdpa"  # flash/flex take windows without a mask
 
@@ -89,11 +92,11 @@ def estimate_from_layout(
         groups.append(LayerGroup("layer", arch.num_layers, per))
         first = bert_layer(arch, L, c, grad_in=grad_first) + lora
     elif L.family == "t5":
-        groups, first, extra = _t5_groups(arch, c, target_len or seq_len, lora)
+        groups, first, extra = _t5_groups(arch, c, s_dec, lora, grad_first=grad_first)
     else:  # a layout family without a model here is a builder bug
         raise AssertionError(L.family)
 
-    t_out = b * (target_len or seq_len) if L.family == "t5" and arch.num_encoder_layers else t
+    t_out = b * s_dec if L.family == "t5" and arch.num_encoder_layers else t
     embed = _embedding_bytes(arch, c, grad_first or gradient_checkpointing,
                              leaf=gradient_checkpointing and not grad_first)
     hd = _head_bytes(arch, c, t_out, keep_outputs=keep_outputs)
@@ -107,8 +110,8 @@ def estimate_from_layout(
         held = n_layers * D * t * arch.hidden_size
         if L.family == "t5":
             if arch.num_encoder_layers:  # decoder blocks hold their input at target_len tokens
-                held += arch.num_layers * D * b * ((target_len or seq_len) - s) * arch.hidden_size
-            held += t5_held_biases(arch, c, target_len or seq_len)
+                held += arch.num_layers * D * b * (s_dec - s) * arch.hidden_size
+            held += t5_held_biases(arch, c, s_dec)
         held += _held_masks(arch, c)
         total = held + embed + head
         recompute = max(g.bytes for g in groups) if groups else 0
@@ -124,7 +127,7 @@ def estimate_from_layout(
         total_bytes=total, layer_bytes=biggest.bytes, first_layer_bytes=first, embedding_bytes=embed,
         head_bytes=head, logits_bytes=logits, recompute_bytes=recompute, formula=formula, layers=tuple(groups),
         checkpointed_layer_bytes=D * t * arch.hidden_size if gradient_checkpointing else 0,
-        checkpointed_layers=_held_layers(arch, c, groups, target_len or seq_len) if gradient_checkpointing else (),
+        checkpointed_layers=_held_layers(arch, c, groups, s_dec) if gradient_checkpointing else (),
         logits_kept_bytes=hd.kept, loss_saved_bytes=hd.saved, loss_forward_tensors=hd.forward,
         loss_backward_tensors=hd.backward, logits_grad_bytes=hd.grad, loss_source=hd.source,
     )
@@ -181,13 +184,15 @@ def _kind_name(kind: str) -> str:
     return name + (" sliding" if "s" in kind else "") + (" nope" if "n" in kind else "")
 
 
-def _t5_groups(arch: ArchSpec, c: Ctx, target_len: int, lora: int) -> tuple[list[LayerGroup], int, str]:
-    """Encoder blocks at ``seq_len`` and decoder blocks at ``target_len`` tokens per sequence."""
+def _t5_groups(arch: ArchSpec, c: Ctx, target_len: int, lora: int, *,
+               grad_first: bool) -> tuple[list[LayerGroup], int, str]:
+    """Encoder blocks at ``seq_len`` and decoder blocks at ``target_len`` tokens per sequence (the
+    first of each over frozen embeddings keeps nothing for its input: ``grad_first``)."""
     L = arch.layout
     every = arch.model_type == "umt5"  # every umT5 block has its own relative bias
     enc_n = arch.num_encoder_layers if arch.num_encoder_layers else arch.num_layers
     enc = t5_encoder_layer(arch, L, c, own_bias=every) + lora
-    enc0 = t5_encoder_layer(arch, L, c, own_bias=True) + lora
+    enc0 = t5_encoder_layer(arch, L, c, own_bias=True, grad_in=grad_first) + lora
     groups = [LayerGroup("encoder", enc_n, enc)]
     if not arch.num_encoder_layers:  # T5ForTokenClassification: the encoder alone
         return groups, enc0, ""
@@ -195,8 +200,16 @@ def _t5_groups(arch: ArchSpec, c: Ctx, target_len: int, lora: int) -> tuple[list
     dec_c = Ctx(**{k: getattr(c, k) for k in Ctx.__slots__})
     dec_c.s = dec_c.skv = target_len
     dec_c.t = c.b * target_len
-    dec = t5_decoder_layer(arch, L, dec_c, s_enc=s_enc, own_bias=every, cross_bias=every) + lora
-    dec0 = t5_decoder_layer(arch, L, dec_c, s_enc=s_enc, own_bias=True, cross_bias=True) + lora
+    # lora_A's outputs: the decoder's self-attention and feed-forward at target_len tokens, the
+    # cross-attention's k and v projections over the encoder's output
+    dec_lora = 0
+    if c.r and not c.full:
+        names = ("q", "k", "v", "o", "wi", "wi_0", "wi_1", "wo")
+        dec_lora = sum(c.C * dec_c.t * c.r for n in names if c.trains(n))  # self-attention and FF
+        dec_lora += sum(c.C * (c.t if n in ("k", "v") else dec_c.t) * c.r for n in ("q", "k", "v", "o") if c.trains(n))
+    dec = t5_decoder_layer(arch, L, dec_c, s_enc=s_enc, own_bias=every, cross_bias=every) + dec_lora
+    dec0 = t5_decoder_layer(arch, L, dec_c, s_enc=s_enc, own_bias=True, cross_bias=True,
+                            grad_in=c.full) + dec_lora  # prompt tuning's tokens reach the encoder alone
     extra = ""
     if dec0 != dec:  # the first decoder block computes the biases T5 and mT5 share with the others
         groups += [LayerGroup("decoder (first)", 1, dec0), LayerGroup("decoder", arch.num_layers - 1, dec)]
@@ -231,7 +244,7 @@ def _embedding_bytes(arch: ArchSpec, c: Ctx, grad_in: bool, *, leaf: bool = Fals
         n += D * t * h if leaf else 0  # the word embeddings' output, before their sum and LayerNorm
         return n + ((16 if arch.model_type == "roberta" else 8) * t if c.full else 0)
     if L.family == "t5":  # embedding dropout masks (their outputs are block 0's inputs, counted there)
-        n = t * h if L.hidden_dropout > 0 else 0
+        n = t * h if L.hidden_dropout > 0 and grad_in else 0
         if arch.num_encoder_layers:
             n += 8 * b * s  # decoder_input_ids (labels shifted right)
         return n
@@ -289,14 +302,19 @@ def _head_bytes(arch: ArchSpec, c: Ctx, t_out: int, *, keep_outputs: bool) -> _H
     elif L.family == "neox":
         n += D * t * h + 8 * t + head_in  # ln_f input, statistics, its output (or autocast's copy of it)
     elif L.family == "t5":
-        # final T5LayerNorm (input, fp32 copy, rsqrt, the cast its weight keeps), dropout (mask, and its
-        # output unless a token classifier's own dropout follows)
+        from memfit.core.activations.stacks import _t5_norm
+
+        # final T5LayerNorm, dropout (mask, and its output: the head's input, unless a token classifier's
+        # own dropout follows)
         drop = t * h if L.hidden_dropout > 0 else 0
-        n += 2 * D * t * h + 4 * t * h + 4 * t + drop + (D * t * h if task != "token-classification" else 0)
+        n += _t5_norm(_ctx_at(c, t)) + drop + (head_in if task != "token-classification" else 0)
         if arch.num_encoder_layers:
-            te = c.t  # the encoder's own final norm and dropout (its output: cross-attention's k, v input)
-            n += 2 * D * te * h + 4 * te * h + 4 * te + (te * h if L.hidden_dropout > 0 else 0) + D * te * h
-            n += t * h if L.hidden_dropout > 0 else 0  # the decoder's embedding dropout mask
+            te = c.t  # the encoder's own final norm and dropout; its output is every cross-attention's k
+            # and v projections' input (under AMP each makes its own copy, counted with the decoder)
+            n += _t5_norm(c) + (te * h if L.hidden_dropout > 0 else 0)
+            # (the outputs hold it too: Seq2SeqLMOutput.encoder_last_hidden_state)
+            n += D * te * h if keep_outputs or (not c.amp and c.trains("k", "v")) else 0
+            n += t * h if L.hidden_dropout > 0 and c.full else 0  # the decoder's embedding dropout mask
     elif L.family == "bert" and task in _LM_TASKS:
         n += lin_in(c, t * h, "dense")  # the last layer's output: the transform dense's input
     elif L.family == "bert" and task != "token-classification":

@@ -28,6 +28,13 @@ def _mlp_act(act: str, D: int, n: int) -> int:
     return D * n * (4 if act == "gelu_new" else 1)
 
 
+def gelu_new_amp(C: int, n: int) -> int:
+    """``gelu_new`` (activations.NewGELUActivation: ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``)
+    under CUDA autocast, with its input: ``pow`` is on the fp32 list (an fp32 copy of x, which it keeps;
+    not x itself), the sum promotes, so tanh, 1 + tanh and the product are fp32; 0.5 x stays 16-bit."""
+    return 4 * n + 4 * n + 4 * n + 4 * n + C * n
+
+
 def neox_layer(arch: ArchSpec, L: LayerLayout, c: Ctx, *, grad_in: bool) -> int:
     """GPT-NeoX and Falcon (modeling_gpt_neox.py, modeling_falcon.py): LayerNorm, fused qkv, rotary q
     and k (promoted to cos/sin's dtype, the stream's: fp32 under AMP), the MLP (``dense_h_to_4h``, its
@@ -85,7 +92,9 @@ def _neox_attention(arch: ArchSpec, L: LayerLayout, c: Ctx, *, falcon: bool) -> 
         # Falcon-7B's multi-query attention: one key head broadcast to all query heads, which no fused
         # CUDA kernel takes: sdpa's math kernel (fp32 q, k, v; ``cuda_kernels._math``). matmul broadcasts
         # the single key head: a view of it when b == 1, copies expanded to every head when b > 1
-        n = D * b * s * hkv + C * b * s * hkv  # the cache's k (rotated) and v (outputs)
+        # the cache's k (rotated) and v (outputs; a token classifier's have no cache): fp32's v is the
+        # kernel's own when b == 1
+        n = D * b * s * hkv + C * b * s * hkv if c.cache else (4 * t * hkv if C == 4 and b == 1 else 0)
         n += 4 * b * a * s * s  # the probabilities
         if b == 1:
             n += 4 * t * hq + 4 * t * hkv + (4 * t * hkv if C == 2 else 0)  # scaled q, scaled k, v's fp32 copy
@@ -171,43 +180,64 @@ def _deberta_attention(arch: ArchSpec, L: LayerLayout, c: Ctx, *, grad_in: bool)
     return n
 
 
-def t5_encoder_layer(arch: ArchSpec, L: LayerLayout, c: Ctx, *, own_bias: bool) -> int:
+def t5_encoder_layer(arch: ArchSpec, L: LayerLayout, c: Ctx, *, own_bias: bool, grad_in: bool = True) -> int:
     """A T5 encoder block: self-attention with the relative position bias, then the feed-forward."""
-    D, t, s, h, hq = c.D, c.t, c.s, c.h, c.hq
-    n = 2 * (D * t * h + _t5_norm(c))  # two residual inputs, kept by their T5LayerNorms
-    n += 3 * D * t * hq + _t5_attention(L, c, s, s, bias=True)  # q, k, v; the kernel or the scores
-    n += 8 * s * s if own_bias else 0  # this block's bucket indices (the bias embedding's input)
-    n += _drop(L.hidden_dropout, t * h) + _t5_ff(arch, L, c) + _drop(L.hidden_dropout, t * h)
+    C, t, s, h, hq = c.C, c.t, c.s, c.h, c.hq
+    n = _t5_norm(c, "q", "k", "v", grad_in=grad_in)
+    n += 3 * C * t * hq + _t5_attention(L, c, s, s, bias=True)  # q, k, v; the kernel or the scores
+    n += 8 * s * s if own_bias and c.full else 0  # this block's bucket indices (the bias embedding's input,
+    # kept when the bias trains)
+    n += _drop(L.hidden_dropout, t * h) + _t5_norm(c, *_ff_in(L)) + _t5_ff(arch, L, c) + _drop(L.hidden_dropout, t * h)
     return n
 
 
-def t5_decoder_layer(arch: ArchSpec, L: LayerLayout, c: Ctx, *, s_enc: int, own_bias: bool, cross_bias: bool) -> int:
-    """A T5 decoder block: causal self-attention (bias + causal mask), cross-attention, FF."""
-    D, t, b, s, h, hq = c.D, c.t, c.b, c.s, c.h, c.hq
-    n = 3 * (D * t * h + _t5_norm(c))
-    n += D * t * hq + 2 * D * t * hq + _t5_attention(L, c, s, s, bias=True)  # self: q, the cache's k and v
-    n += s * s if not c.eager else 0  # sdpa: the causal mask sdpa_attention builds next to the bias
-    n += 8 * s * s if own_bias else 0
-    n += D * t * hq + 2 * D * b * s_enc * hq + _t5_attention(L, c, s, s_enc, bias=cross_bias)  # cross-attention
-    n += 2 * _drop(L.hidden_dropout, t * h) + _t5_ff(arch, L, c) + _drop(L.hidden_dropout, t * h)
+def t5_decoder_layer(arch: ArchSpec, L: LayerLayout, c: Ctx, *, s_enc: int, own_bias: bool, cross_bias: bool,
+                     grad_in: bool = True) -> int:
+    """A T5 decoder block: causal self-attention (bias + causal mask), cross-attention (its k and v
+    projections read the encoder's output: under AMP each makes its own 16-bit copy), FF."""
+    C, t, b, s, h, hq = c.C, c.t, c.b, c.s, c.h, c.hq
+    self_grad = grad_in or c.trains("q", "k", "v", "o")  # else (prompt tuning's first block over frozen
+    # embeddings) its self-attention keeps nothing: only the cache's k and v, which the outputs hold
+    n = 2 * C * t * hq
+    if self_grad:
+        n += _t5_norm(c, "q", "k", "v", grad_in=grad_in)
+        n += C * t * hq + _t5_attention(L, c, s, s, bias=True)  # self: q; the kernel or the scores
+        # sdpa: the causal mask sdpa_attention merges into the bias, kept by the where when the bias trains
+        n += s * s if not c.eager and c.full else 0
+        n += 8 * s * s if own_bias and c.full else 0
+        n += _drop(L.hidden_dropout, t * h)
+    n += _t5_norm(c, "q", grad_in=self_grad)
+    n += C * t * hq + 2 * C * b * s_enc * hq + _t5_attention(L, c, s, s_enc, bias=cross_bias)  # cross-attention
+    n += sum(C * b * s_enc * h for name in ("k", "v") if c.amp and c.trains(name))  # the encoder output's copies
+    n += _drop(L.hidden_dropout, t * h) + _t5_norm(c, *_ff_in(L)) + _t5_ff(arch, L, c) + _drop(L.hidden_dropout, t * h)
     return n
 
 
-def _t5_norm(c: Ctx) -> int:
-    """T5LayerNorm beyond its input: fp32 copy, rsqrt, the dtype cast the weight keeps, its output."""
-    return 4 * c.t * c.h + 4 * c.t + 2 * c.D * c.t * c.h
+def _ff_in(L: LayerLayout) -> tuple[str, ...]:
+    return ("wi_0", "wi_1") if L.gated else ("wi",)
+
+
+def _t5_norm(c: Ctx, *readers: str, grad_in: bool = True) -> int:
+    """T5LayerNorm (modeling_t5.T5LayerNorm): ``hidden * rsqrt(variance)`` keeps the input (16-bit
+    next to the fp32 copy ``pow`` keeps; in fp32 and under AMP one tensor) and the rsqrt when the
+    input needs a gradient; the weight's operand when it trains (the normalized tensor cast back to a
+    16-bit weight's dtype); its output, kept by the Linears ``readers`` that train (``lin_in``)."""
+    D, t, h = c.D, c.t, c.h
+    n = (D * t * h + (4 * t * h if D != 4 else 0) + 4 * t) if grad_in else 0
+    n += D * t * h if c.full else 0
+    return n + lin_in(c, t * h, *readers)
 
 
 def _t5_attention(L: LayerLayout, c: Ctx, s: int, skv: int, *, bias: bool) -> int:
-    """sdpa gets the bias as a float mask: the memory-efficient kernel keeps it (per layer), the
-    output and a padded logsumexp. eager (T5Attention): softmax in the dtype, dropout (mask and
-    output), the merged heads; the bias is added, not kept."""
-    D, b, a, hq = c.D, c.b, c.a, c.hq
+    """sdpa gets the bias as a float mask: the memory-efficient kernel keeps it (per layer; under AMP
+    autocast's 16-bit copy of the fp32 bias), the output and a padded logsumexp. eager (T5Attention):
+    softmax in the dtype, dropout (mask and output), the merged heads; the bias is added, not kept."""
+    C, b, a, hq = c.C, c.b, c.a, c.hq
     if c.eager:
         p = L.attention_dropout
-        return D * b * a * s * skv + (b * a * s * skv + D * b * a * s * skv if p > 0 else 0) + D * b * s * hq
-    n = D * b * s * hq + 4 * b * a * ((s + 31) // 32 * 32) + 16
-    return n + (D * a * s * skv if bias else 0)
+        return C * b * a * s * skv + (b * a * s * skv + C * b * a * s * skv if p > 0 else 0) + C * b * s * hq
+    n = C * b * s * hq + 4 * b * a * ((s + 31) // 32 * 32) + 16
+    return n + (C * a * s * skv if bias else 0)
 
 
 def t5_held_biases(arch: ArchSpec, c: Ctx, s_dec: int) -> int:
@@ -220,9 +250,14 @@ def t5_held_biases(arch: ArchSpec, c: Ctx, s_dec: int) -> int:
 
 
 def _t5_ff(arch: ArchSpec, L: LayerLayout, c: Ctx) -> int:
-    """T5's DenseReluDense (``wi``/``wo``) or gated (``wi_0``, ``wi_1``, ``wo``), with its dropout."""
-    D, t, i = c.D, c.t, c.i
+    """T5's DenseReluDense (``wi``/``wo``) or gated (``wi_0``, ``wi_1``, ``wo``), with its dropout: the
+    dropout's output is ``wo``'s input (under AMP autocast's copy of it: T5 first casts it to ``wo``'s
+    fp32 weight dtype, a temporary)."""
+    C, t, i = c.C, c.t, c.i
     drop = _drop(L.hidden_dropout, t * i)
+    wo = C * t * i if c.trains("wo") else 0
     if L.gated:  # wi_0 output, the activation's tensors, wi_1 output, dropout mask and output
-        return D * t * i + _mlp_act(L.act, D, t * i) + D * t * i + drop + D * t * i
-    return D * t * i + drop + D * t * i  # relu's output (it keeps its result), dropout mask and output
+        if c.amp and L.act == "gelu_new":
+            return gelu_new_amp(C, t * i) + C * t * i + drop + wo
+        return C * t * i + _mlp_act(L.act, C, t * i) + C * t * i + drop + wo
+    return C * t * i + drop + wo  # relu's output (it keeps its result), dropout mask and output
