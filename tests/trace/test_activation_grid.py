@@ -70,6 +70,7 @@ CANNOT_RUN = {
                                               "amp-bf16-prompt", "fp32-lora")},
     **{f"{n}-bf16-prefix": "transformers 5.24's T5 attention cannot take peft 0.21's prefix cache (the forward raises "
        "'Sizes of tensors must match' in the cross-attention's cat)" for n in ENCODER_DECODERS},
+    "t5-amp-bf16-prefix": "as t5-bf16-prefix (transformers 5.24's T5 attention and peft 0.21's prefix cache)",
     **{f"{n}-bf16-prefix": "the model's own forward fails with peft 0.21's prefix cache ('Sizes of tensors must match': "
        "a cache of one key head per layer against the model's heads)" for n in ("deepseek_v3", "falcon-7b-style")},
     **{f"deberta-v2-{p}-prefix": "DeBERTa-v2 ignores peft's past_key_values: nothing trains ('element 0 of tensors does "
