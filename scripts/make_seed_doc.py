@@ -103,10 +103,12 @@ def allocator_section(sc, plan, sc19, plan19) -> list[str]:
         f"of two: {fmt_bytes(lk19.cpu_pinned_locked_bytes, 'GB')} locked for "
         f"{fmt_bytes(lk19.cpu_pinned_requested_bytes, 'GB')} requested (DeepSpeed 0.19, phase {lk19.name}).",
         "",
-        "Not modelled: side streams (ZeRO-3's all-gathers allocate on their own stream and free through "
-        "`record_stream`), lumps the ledger books as one tensor, and where cudaMalloc puts a segment (best-fit "
-        "ties are broken by address). `memfit compare` replays a real run's `torch.cuda.memory._snapshot()` "
-        "through the same simulator to check it.",
+        "Activations go to the simulator one tensor at a time, as the activation model counts them; with "
+        "DeepSpeed 0.19's ZeRO-3 and `overlap_comm`, gathered params live on the all-gather stream and are freed "
+        "through `record_stream` (docs/allocators.md). Not modelled: the kernels' temporaries inside a forward and "
+        "the activations' gradients inside a backward, the GPU's lag behind the CPU, and where cudaMalloc puts a "
+        "segment (best-fit ties are broken by address). `memfit compare` replays a real run's "
+        "`torch.cuda.memory._snapshot()` through the same simulator to check it.",
     ]
 
 

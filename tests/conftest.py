@@ -49,21 +49,32 @@ BUILD_TIMEOUT_S = 1800
 
 
 @pytest.fixture(scope="session")
-def cpu_adam_built() -> float:
-    """DeepSpeed's cpu_adam op (and deepspeed.comm's shared-memory op), built once per test session, before any replay starts, in its own
-    supervised process (``memfit.replay.ops.warm_ops``): no replay's deadline includes a build, and a
-    stale build lock is a one-line failure (the folder and the safe fix), never a hang. The value is
-    the wall time of loading the built op in a fresh process (importing torch and DeepSpeed
-    included): tests that time a child's start-up scale their deadlines by it instead of guessing."""
+def ds_ops_built() -> float:
+    """Every DeepSpeed op a test's replay loads (``memfit.replay.ops.OPS``: cpu_adam with an offloaded
+    optimizer, fused_adam without, deepspeed.comm's shared-memory collectives), built once per test
+    session, before any replay starts, in its own supervised process (``memfit.replay.ops.warm_ops``):
+    no replay's deadline includes a build (a build a deadline cut short once left a stale fused_adam
+    lock that failed every later replay), and a stale build lock is a one-line failure (the folder and
+    the safe fix), never a hang. ``.ci/run`` builds the same ops before the tests. The value is the
+    wall time of loading the built ops in a fresh process (importing torch and DeepSpeed included):
+    tests that time a child's start-up scale their deadlines by it instead of guessing."""
     pytest.importorskip("deepspeed")
-    from memfit.replay.ops import BuildLockError, warm_ops
+    from memfit.replay.ops import OPS, BuildLockError, warm_ops
 
     try:
-        ops = ("cpu_adam", "deepspeed_shm_comm")  # the second: deepspeed.comm's CPU collectives
+        ops = tuple(OPS)
         warm_ops(ops, timeout_s=BUILD_TIMEOUT_S)  # builds if needed
         return warm_ops(ops, timeout_s=BUILD_TIMEOUT_S)  # now only imports and loads
     except (BuildLockError, RuntimeError) as exc:
         pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def cpu_adam_built(ds_ops_built) -> float:
+    """``ds_ops_built`` by its older name (cpu_adam among the ops it builds)."""
+    return ds_ops_built
+
+
 @pytest.fixture(scope="session")
 def ds0510(request, tmp_path_factory) -> Path:
     """DeepSpeed 0.5.10's source tree (``<root>/deepspeed/...``): downloaded from PyPI by pip into

@@ -4,11 +4,13 @@ host allocator and the GPU memory outside PyTorch."""
 from __future__ import annotations
 
 from mutations.model import Mutation
-from mutations.selections import ALLOC_RULES, ALLOC_SEED, PINNED_RULES, NON_PYTORCH
+from mutations.selections import (ALLOC_RULES, ALLOC_SEED, NON_PYTORCH, NON_PYTORCH_MODEL, PINNED_RULES, SEQUENCE,
+                                 SEQUENCE_REPLAY, TRACKER)
 
 BK, CC, EX, CF = ("src/memfit/core/alloc/blocks.py", "src/memfit/core/alloc/device_caching.py",
                   "src/memfit/core/alloc/expandable.py", "src/memfit/core/alloc/conf.py")
 PH, NP = "src/memfit/core/alloc/pinned_host.py", "src/memfit/core/alloc/non_pytorch.py"
+VR, TR = "src/memfit/core/alloc/versions.py", "src/memfit/core/alloc/tracker.py"
 
 
 ALLOCATOR_MUTATIONS: tuple[Mutation, ...] = (
@@ -38,7 +40,7 @@ ALLOCATOR_MUTATIONS: tuple[Mutation, ...] = (
              "        if pool.small or self.conf.expandable_segments:", "        if pool.small:", ALLOC_RULES + ALLOC_SEED,
              "expandable segments' large blocks split by the > 1 MiB rule instead of any remainder >= 512 B"),
     Mutation("cuda-oversize-serves-small", "allocator", CC,
-             "        if size < conf.max_split_size <= b.size:\n            return None\n", "", ALLOC_RULES,
+             "        if size < mss <= b.size:\n            return None\n", "", ALLOC_RULES,
              "a cached block >= max_split_size handed to a smaller request"),
     Mutation("cuda-non-split-rounding-10mib", "allocator", CF, "    max_non_split_rounding: int = LARGE_BUFFER",
              "    max_non_split_rounding: int = 10 * MiB", ALLOC_RULES,
@@ -53,14 +55,15 @@ ALLOCATOR_MUTATIONS: tuple[Mutation, ...] = (
              "(self.release_cached_blocks() and self._alloc_block(pool, size, alloc, stream, retry=True))",
              "(False and self._alloc_block(pool, size, alloc, stream, retry=True))", ALLOC_RULES,
              "OOM raised without freeing the cached blocks and retrying"),
-    Mutation("cuda-stream-blind", "allocator", BK, "        return (self.stream, self.size, self.ptr)",
-             "        return (0, self.size, self.ptr)", ALLOC_RULES,
+    Mutation("cuda-stream-blind", "allocator", BK, "        return (self.stream << 128) | (self.size << 64) | self.ptr",
+             "        return (self.size << 64) | self.ptr", ALLOC_RULES,
              "free blocks pooled without their stream (a block reused on another stream)"),
     Mutation("cuda-record-stream-ignored", "allocator", CC,
-             "        if deferred:\n            b.event_count += 1\n            self.pending.append(b)\n        else:\n"
-             "            self._free_block(b)", "        self._free_block(b)", ALLOC_RULES,
+             "        if deferred:\n            b.event_count += 1\n            self.pending.append(b)\n"
+             "            if self.event_lag is not None:\n                self._lag[id(b)] = self.event_lag\n        else:\n"
+             "            self._free_block(b)", "        self._free_block(b)", ALLOC_RULES + SEQUENCE,
              "a block recorded on another stream reused before that stream's use completes"),
-    Mutation("cuda-no-merge", "allocator", CC, "        for other in (b.prev, b.next):", "        for other in ():",
+    Mutation("cuda-no-merge", "allocator", CC, "        prev, nxt = b.prev, b.next\n", "        prev, nxt = None, None\n",
              ALLOC_RULES, "freed blocks never merged with free neighbours (try_merge_blocks)"),
     Mutation("cuda-fraction-ignored", "allocator", CC,
              "if self.set_fraction and self.total_allocated_memory + alloc > self.allowed_max:",
@@ -84,21 +87,47 @@ ALLOCATOR_MUTATIONS: tuple[Mutation, ...] = (
     Mutation("pinned-thc-rounded", "allocator", PH, "            b = self._thc_malloc(size)",
              "            b = self._thc_malloc(power_of_two_ceil(size))", PINNED_RULES + ALLOC_SEED,
              "torch <= 1.10 pinning rounded to powers of two (pytorch#95823 measured exact sizes)"),
+    # ---- the rules per torch release (versions.py) and the ledger's tracker (tracker.py) ---------------------
+    Mutation("versions-pinned-pow2-late", "allocator", VR, "pinned_power_of_two=k >= (1, 11)",
+             "pinned_power_of_two=k >= (2, 0)", PINNED_RULES + ALLOC_SEED,
+             "pinned requests exact up to torch 1.13 (pytorch#95823 measured 1.13.1 rounded to a power of two)"),
+    Mutation("versions-cublas-outside-late", "allocator", VR, "cublas_workspace_in_allocator=k >= (1, 13)",
+             "cublas_workspace_in_allocator=k >= (2, 14)", NON_PYTORCH,
+             "cuBLAS's workspace outside the caching allocator on torch 2.13 (test_cuda.py checks it is inside)"),
+    Mutation("tracker-oom-without-outside", "allocator", TR,
+             "self.oom_peak = max(self.oom_peak, s.nonreleasable_bytes.current + self.outside_gpu)",
+             "self.oom_peak = max(self.oom_peak, s.nonreleasable_bytes.current)", TRACKER,
+             "the OOM-relevant figure without the memory outside PyTorch that shares the card"),
+    Mutation("tracker-pinned-block-as-request", "allocator", TR, "            handle, locked = b, b.size  # type: ignore[union-attr]",
+             "            handle, locked = b, nbytes  # type: ignore[union-attr]", TRACKER,
+             "pinned memory locked counted at the request, not the block the host allocator gave"),
     # ---- GPU memory outside PyTorch ------------------------------------------------------------------------
-    Mutation("context-eager-sm86-with-segment", "allocator", NP, 'CONTEXT_EAGER = {"sm_86": (999 * MiB,',
-             'CONTEXT_EAGER = {"sm_86": (1001 * MiB,', NON_PYTORCH,
+    Mutation("context-eager-sm86-with-segment", "allocator", NP, '("sm_86", 11): (_r(999, ',
+             '("sm_86", 11): (_r(1001, ', NON_PYTORCH,
              "the eager sm_86 context taken as nvidia-smi's whole reading (its 2 MiB segment counted twice)"),
-    Mutation("context-eager-other-with-segment", "allocator", NP, "CONTEXT_EAGER_OTHER = (645_660_672,",
-             "CONTEXT_EAGER_OTHER = (666_632_192,", NON_PYTORCH,
+    Mutation("context-eager-other-with-segment", "allocator", NP, "(Reading(645_660_672,",
+             "(Reading(666_632_192,", NON_PYTORCH,
              "the eager context taken as cudaMemGetInfo's whole reading (its 20 MiB segment counted twice)"),
     Mutation("cublas-workspace-half", "allocator", NP, "CUBLAS_WORKSPACE = 4096 * 1024 * 2 + 16 * 1024 * 8",
              "CUBLAS_WORKSPACE = 4096 * 1024 + 16 * 1024 * 8", NON_PYTORCH,
              "cuBLAS's default workspace with one 4 MiB chunk instead of two"),
     Mutation("cublas-sm90-default", "allocator", NP,
-             'ws = CUBLAS_WORKSPACE_SM90 if arch == "sm_90" else CUBLAS_WORKSPACE', "ws = CUBLAS_WORKSPACE",
+             'cublas = CUBLAS_WORKSPACE_SM90 if arch == "sm_90" else CUBLAS_WORKSPACE', "cublas = CUBLAS_WORKSPACE",
              NON_PYTORCH, "Hopper's 32 MiB cuBLAS workspace taken as the 8 MiB default"),
     Mutation("cublas-outside-allocator", "allocator", NP,
-             "cublas_in_allocator=torch.cublas_workspace_in_allocator)", "cublas_in_allocator=False)", NON_PYTORCH,
+             "cublas_in_allocator=torch.cublas_workspace_in_allocator,", "cublas_in_allocator=False,", NON_PYTORCH,
              "cuBLAS's workspace booked outside the caching allocator on torch >= 1.13"),
+    Mutation("nccl-a100-formula", "allocator", NP, "per_channel = NCCL_MEASURED[2 if local <= 2 else 3] / NCCL_MEASURED_CHANNELS",
+             "per_channel = 2 * NCCL_BUFFSIZE", NON_PYTORCH_MODEL,
+             "NCCL's buffers as channels x 2 x NCCL_BUFFSIZE instead of nccl#964's A100 reading per channel"),
+    Mutation("zero3-one-stream", "allocator", "src/memfit/core/ledger/deepspeed/streams.py",
+             "    t.streams.update(STREAM_OF)\n", "", SEQUENCE,
+             "ZeRO-3's all-gathers and reduce-scatters on the compute stream (overlap_comm's side streams ignored)"),
+    Mutation("activations-one-lump-per-layer", "allocator", "src/memfit/core/activations/tensors.py",
+             "            out.extend([size] * count)", "            out.extend([size * count])", SEQUENCE,
+             "a term of several tensors booked as one (3 * D * t * i as one tensor of 3 D t i)"),
+    Mutation("sequence-frees-dropped", "allocator", "src/memfit/core/alloc/sequence.py",
+             "                    sim.free(b)  # type: ignore[arg-type]", "                    pass", SEQUENCE_REPLAY,
+             "a recorded sequence replayed without its frees (every tensor kept to the end)"),
 )
 """The allocator simulators (src/memfit/core/alloc/)."""

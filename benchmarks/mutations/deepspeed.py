@@ -19,8 +19,9 @@ STEP_COPY_FIND = """                t.alloc(STEP_TMP, n * 4)
                 if z.stage in (1, 2):  # free_grad_in_param_list: the kept gradients go before the step
                     t.free(GRADS)
                     t.free(GRADS_PART)
-            if first:
-                t.alloc(OPT_STATES, n * 4 * k)
+            if first:  # one tensor per state (exp_avg, exp_avg_sq: torch's _init_group, DeepSpeedCPUAdam)
+                for _ in range(k):
+                    t.alloc(OPT_STATES, n * 4)
             if gpu_temps and z.stage == 0:  # FP16_Optimizer: fp32 copy of the flat gradient
                 t.alloc(STEP_TMP, n * 4)
             if gpu_temps:
@@ -76,7 +77,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("persistence-strict", "ledger", Z3F, "if n <= param_threshold if inclusive else n < param_threshold:",
              "if n < param_threshold if inclusive else n < param_threshold:", PLAN_VS_REPLAY,
              "0.19's persistence threshold read as < instead of <="),
-    Mutation("states-half", "ledger", ST, "t.alloc(OPT_STATES, n * 4 * k)", "t.alloc(OPT_STATES, n * 2 * k)",
+    Mutation("states-half", "ledger", ST, "for _ in range(k):\n                    t.alloc(OPT_STATES, n * 4)",
+             "for _ in range(k):\n                    t.alloc(OPT_STATES, n * 2)",
              PLAN_VS_REPLAY, "Adam states at 2 bytes per element"),
     Mutation("grads-kept-through-step", "ledger", ST, "                    t.free(GRADS_PART)\n", "                    pass\n",
              PLAN_VS_REPLAY, "ZeRO-1/2's gradient partition kept through the optimizer step (stage_1_and_2.py step: "
@@ -99,8 +101,8 @@ MUTATIONS: tuple[Mutation, ...] = (
              "eager attention's 16-bit copy of the probabilities left out"),
     Mutation("sdpa-logsumexp-dropped", "activations", ACTC, "+ D * t * hq + 4 * b * a * s\n", "+ D * t * hq\n",
              ANALYTIC_VS_TRACE, "sdpa's saved logsumexp (fp32, per query and head) left out"),
-    Mutation("lora-dimension-plus-one", "peft", LORA, 'ParamSpec(at % "lora_A" + ".weight", (r, in_features)),',
-             'ParamSpec(at % "lora_A" + ".weight", (r + 1, in_features)),', PEFT_LIBRARY + PLAN_VS_REPLAY,
+    Mutation("lora-dimension-plus-one", "peft", LORA, 'ParamSpec(at % "lora_A" + ".weight", (r, in_features), not spec.lora_fa),',
+             'ParamSpec(at % "lora_A" + ".weight", (r + 1, in_features), not spec.lora_fa),', PEFT_LIBRARY + PLAN_VS_REPLAY,
              "one LoRA dimension +1 (vs peft's model and the replays' trainable bytes)"),
     Mutation("prefix-bias-dropped", "peft", PROMPT, '        ParamSpec(at + "transform.0.bias", (h,)),\n', "",
              PEFT_LIBRARY + PLAN_VS_REPLAY, "the prefix encoder's first bias left out"),

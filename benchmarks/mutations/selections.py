@@ -25,6 +25,14 @@ measurements pytorch#95823 and vllm-backport#67, and cases derived from CachingH
 NON_PYTORCH = ("tests/core/test_alloc_vs_torch_tests.py",)
 """GPU memory outside the caching allocator against published programs' readings and test_cuda.py's
 cuBLAS workspace check."""
+NON_PYTORCH_MODEL = ("tests/core/test_alloc_timeline.py",)
+"""The model of memory outside PyTorch per stack (context, NCCL per world size and interconnect)."""
+SEQUENCE = ("tests/core/test_alloc_sequence.py", "tests/core/test_activation_tensors.py")
+"""Alloc/free sequences: tensor by tensor activations, ZeRO-3's side streams, deferred frees."""
+SEQUENCE_REPLAY = ("tests/replay/test_sequence_vs_replay.py",)
+"""The alloc/free sequences recorded by torch.profiler in real CPU runs of DeepSpeed and torch/DDP/FSDP
+(tests/fixtures/replay_sequence): the recording's simulated peaks against the host tracker's own figures,
+and the ledger's sequence through the allocator simulation against the recording's."""
 TORCH_FIXTURES = ("tests/replay/test_torch_plan_vs_replay.py",)
 """Every torch/DDP/FSDP replay fixture (real runs on this CPU) against the re-planned ledger: sizes
 read off the objects to the byte, phase peaks (fast: JSON only)."""
@@ -36,7 +44,14 @@ FSDP1_FLAT = ("tests/replay/test_fsdp1_vs_torch.py",) + TORCH_FIXTURES
 """FSDP1's flat parameters against real FullyShardedDataParallel's (fake world, W = 3 and 4)."""
 BNB = ("tests/exact/test_quant_against_bnb.py",) + TORCH_FIXTURES
 """Quantized storage against bitsandbytes' real Params4bit/Int8Params on this CPU."""
-OPTIM = ("tests/replay/test_optimizers_vs_torch.py",) + TORCH_FIXTURES
-"""Optimizer states and step temporaries against the real optimizers' state dicts and allocations."""
+OPTIM = ("tests/replay/test_optimizers_vs_torch.py", "tests/exact/test_optimizer_states_against_libraries.py") + TORCH_FIXTURES
+"""Optimizer states and step temporaries against the real optimizers' state dicts and allocations, and each
+state tensor against the one the library creates (per shape class)."""
 AMP = ("tests/trace/test_amp_casts_vs_autocast.py",) + TORCH_FIXTURES
 """Autocast's weight copies against torch.autocast on this CPU (made, alive, kept for backward)."""
+PUBLIC_RUNS = ("tests/core/test_public_runs.py",)
+"""Published measured GPU runs (tests/fixtures/public_runs): no figure's error against its measurement may
+grow, no verdict that agreed with the run's outcome may disagree."""
+TRACKER = ("tests/core/test_alloc_tracker_vs_published.py",)
+"""The ledger's path into the simulators (MemoryTracker's per-phase figures) against published readings:
+pytorch#86509's cudaMemGetInfo (and nvidia-smi), pytorch#95823's locked pinned memory."""

@@ -78,7 +78,7 @@ def test_zero_paper_command():
     (["plan", "no/such/file.yaml"], "not found"),
     (["plan", "--model", "no-such-model-xyz", "--gpus", "1xa100"], "model"),
     (["plan", "--model", "gpt2", "--gpus", "2xwhatever"], "unknown GPU"),
-    (["plan", "--model", "gpt2", "--seq-len", "-5"], "seq_len"),
+    (["plan", "--model", "gpt2", "--seq-len", "-5"], "--seq-len"),
     (["plan", "--model", "gpt2", "--cpu-ram", "lots"], "cpu_ram"),
     (["plan", "--model", "gpt2", "--deepspeed", "missing.json"], "missing.json"),
     (["plan", "--model", "gpt2", "--peft", "dora"], "PEFT"),

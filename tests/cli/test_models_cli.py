@@ -74,7 +74,7 @@ def test_length_distribution_plans_the_longest_batch(tmp_path):
     (("--model", "bigscience/bloom-7b1", "--attention", "sdpa"), "do not support attn_implementation='sdpa'"),
     (("--model", "gpt2", "--target-len", "8"), "target_len applies to encoder-decoder models"),
     (("--model", "t5-base", "--task", "causal-lm"), "no causal-lm class for model_type 't5'"),
-    (("--model", "gpt2", "--task", "summarize"), "--task must be one of"),
+    (("--model", "gpt2", "--task", "summarize"), "--task: invalid value 'summarize'; valid: causal-lm"),
     (("--model", "gpt2", "--batching", "pack"), "batching needs a length distribution"),
 ])
 def test_bad_inputs_are_one_line_with_exit_status_2(args, message):

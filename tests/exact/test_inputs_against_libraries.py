@@ -52,7 +52,7 @@ def test_bnb_config_matches_transformers(tmp_path, raw):
     p = tmp_path / "bnb.json"
     cfg = transformers.BitsAndBytesConfig(**raw)
     cfg.to_json_file(str(p))  # what a user saves
-    mine = read_bnb_config(str(p)).values["quantization"]
+    mine = _mapping(read_bnb_config(str(p)).values, "quantization")
     names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.uint8: "uint8"}
     assert mine["method"] == ("4bit" if cfg.load_in_4bit else "8bit")
     if cfg.load_in_4bit:
@@ -70,11 +70,16 @@ ACCELERATE = [
                      "fsdp_cpu_ram_efficient_loading": True, "fsdp_reshard_after_forward": True}},
     {"compute_environment": "LOCAL_MACHINE", "distributed_type": "MULTI_GPU", "mixed_precision": "fp16",
      "num_machines": 2, "num_processes": 16, "machine_rank": 0, "main_training_function": "main"},
+    # no fsdp_version: accelerate's FullyShardedDataParallelPlugin decides (FSDP_VERSION unset)
+    {"compute_environment": "LOCAL_MACHINE", "distributed_type": "FSDP", "mixed_precision": "no",
+     "num_machines": 1, "num_processes": 2, "machine_rank": 0, "main_training_function": "main",
+     "fsdp_config": {"fsdp_offload_params": False, "fsdp_cpu_ram_efficient_loading": False,
+                     "fsdp_sharding_strategy": "SHARD_GRAD_OP"}},
 ]
 
 
 @pytest.mark.parametrize("raw", ACCELERATE)
-def test_accelerate_config_matches_accelerate(tmp_path, raw):
+def test_accelerate_config_matches_accelerate(tmp_path, raw, monkeypatch):
     pytest.importorskip("accelerate")
     import yaml
     from accelerate.commands.config.config_args import load_config_from_file
@@ -88,9 +93,20 @@ def test_accelerate_config_matches_accelerate(tmp_path, raw):
     assert mine["gpus_count"] * mine["nodes"] == theirs.num_processes and mine["nodes"] == theirs.num_machines
     assert mine["mixed_precision"] == str(getattr(theirs.mixed_precision, "value", theirs.mixed_precision)).lower()
     dt = str(getattr(theirs.distributed_type, "value", theirs.distributed_type))
-    assert mine["framework"] == {"MULTI_GPU": "ddp", "FSDP": "fsdp2" if theirs.fsdp_config.get("fsdp_version") == 2
-                                 else "fsdp"}[dt]
+    version = theirs.fsdp_config.get("fsdp_version") if dt == "FSDP" else None
+    if dt == "FSDP" and version is None:
+        from accelerate.utils import FullyShardedDataParallelPlugin
+
+        monkeypatch.delenv("FSDP_VERSION", raising=False)
+        version = FullyShardedDataParallelPlugin().fsdp_version
+    assert mine["framework"] == {"MULTI_GPU": "ddp", "FSDP": "fsdp2" if version == 2 else "fsdp"}[dt]
     if dt == "FSDP":
         fc = theirs.fsdp_config
-        assert mine["fsdp"]["cpu_offload"] == bool(fc["fsdp_offload_params"])
-        assert mine["fsdp"]["cpu_ram_efficient_loading"] == bool(fc["fsdp_cpu_ram_efficient_loading"])
+        fsdp = _mapping(mine, "fsdp")
+        assert fsdp["cpu_offload"] == bool(fc["fsdp_offload_params"])
+        assert fsdp["cpu_ram_efficient_loading"] == bool(fc["fsdp_cpu_ram_efficient_loading"])
+
+
+def _mapping(values: dict, name: str) -> dict:
+    """The ``<name>.<key>`` settings a reader gives, as one mapping."""
+    return {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith(name + ".")}

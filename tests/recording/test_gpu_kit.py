@@ -20,10 +20,16 @@ from conftest import FIXTURES, ROOT
 
 
 @pytest.fixture(scope="module")
-def dry_run(tmp_path_factory):
+def dry_run(tmp_path_factory, ds_ops_built):
+    """The dry run of every case. Its DeepSpeed cases load cpu_adam and fused_adam: built before
+    (``ds_ops_built``), so no case's own timeout includes a build. A dry run has no time budget and
+    its cases only a hang guard (``gpu_kit.DRY_RUN_CASE_TIMEOUT_S``): the GPU run's 450 s budget and
+    per-case limits are wall time, which a loaded machine stretches (a loaded run failed after
+    "alloc_device: ok (5.1 s)"; with both cores busy alloc_device took 59 s and 9 cases ran past their
+    GPU limits). ``timeout`` here is the same kind of hang guard for the whole kit."""
     out = tmp_path_factory.mktemp("kit") / "out"
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_validate.py"), "--dry-run", "--out", str(out)],
-                       capture_output=True, text=True, timeout=1500, cwd=ROOT)
+                       capture_output=True, text=True, timeout=7200, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return out
 
@@ -31,7 +37,7 @@ def dry_run(tmp_path_factory):
 @pytest.mark.slow
 def test_dry_run_output_structure(dry_run):
     summary = json.loads((dry_run / "summary.json").read_text())
-    assert summary["dry_run"] is True and summary["kit"] == "memfit.gpu_kit"
+    assert summary["dry_run"] is True and summary["kit"] == "memfit.gpu_kit" and summary["budget_s"] is None
     assert [r["case"] for r in summary["cases"]] == [c.name for c in CASES]
     for row in summary["cases"]:
         assert row["status"] == "ok", row

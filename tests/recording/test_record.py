@@ -4,6 +4,7 @@ the files readable by memfit compare."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -136,9 +137,13 @@ def test_record_cuda_branch_with_torch_cuda_patched(tmp_path, monkeypatch):
         "get_device_properties": lambda i: Props(),
     }.items():
         monkeypatch.setattr(cuda, name, fn)
-    snap = (FIXTURES / "records" / "allocator-exact" / "snapshot.pickle").read_bytes()
+    import pickle
+
+    snap = pickle.loads((FIXTURES / "records" / "allocator-exact" / "snapshot.pickle").read_bytes())
     monkeypatch.setattr(cuda.memory, "_record_memory_history", lambda *a, **k: calls.append(f"history {k}"))
-    monkeypatch.setattr(cuda.memory, "_dump_snapshot", lambda path: open(path, "wb").write(snap))
+    # what _dump_snapshot pickles; memfit.record writes it itself, through its own writer
+    monkeypatch.setattr(cuda.memory, "_snapshot", lambda *a, **k: snap)
+    monkeypatch.setattr(cuda.memory, "_dump_snapshot", lambda *a, **k: pytest.fail("_dump_snapshot follows links"))
     with memfit.record(tmp_path / "rec", snapshot=True, max_entries=1234) as rec:
         with rec.phase("load"):
             pass
@@ -155,3 +160,84 @@ def test_record_cuda_branch_with_torch_cuda_patched(tmp_path, monkeypatch):
     ph = rs.stats[0].phases[0]
     assert (ph.device_allocated_peak_bytes, ph.pinned_held_peak_bytes, ph.driver_used_end_bytes) == (1000, 4096, 2**30)
     assert rs.snapshots[0].rank == 0 and len(rs.snapshots[0].segments) == 3
+
+
+# ------------------------------------------------------------------ nothing written through a link
+
+def _victim(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    return victim
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_record_never_writes_through_a_symlink(tmp_path, overwrite):
+    """Issue 24 item 7: ``ln -s ../victim d/stats.rank0.json``, then ``with memfit.record("d")``."""
+    import memfit
+    from memfit.errors import MemfitError
+
+    victim = _victim(tmp_path)
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "stats.rank0.json").symlink_to("../victim")
+    with pytest.raises(MemfitError, match="symbolic link") as err:
+        with memfit.record(d, overwrite=overwrite):
+            pass
+    assert "\n" not in str(err.value) and isinstance(err.value, FileExistsError)
+    assert victim.read_text() == "precious\n" and (d / "stats.rank0.json").is_symlink()
+    dangling = tmp_path / "e"
+    dangling.mkdir()
+    (dangling / "stats.rank0.json").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(MemfitError, match="symbolic link"):
+        with memfit.record(dangling, overwrite=overwrite):
+            pass
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_link_that_appears_during_the_recording_is_not_followed(tmp_path):
+    """The name is checked when the recording starts and the file is created with O_EXCL | O_NOFOLLOW
+    when it ends: a link planted meanwhile makes the write fail, it is never followed; with
+    overwrite=True the link itself is refused, its target untouched."""
+    import memfit
+    from memfit.errors import MemfitError
+
+    victim = _victim(tmp_path)
+    for overwrite in (False, True):
+        d = tmp_path / f"d{overwrite}"
+        with pytest.raises(MemfitError, match="symbolic link|exists"):
+            with memfit.record(d, overwrite=overwrite):
+                (d / "stats.rank0.json").symlink_to(victim)
+        assert victim.read_text() == "precious\n"
+
+
+def test_overwrite_replaces_the_file_itself(tmp_path):
+    import memfit
+
+    d = tmp_path / "d"
+    with memfit.record(d) as rec:
+        rec.mark("load")
+    first = (d / "stats.rank0.json").stat().st_ino
+    hard = tmp_path / "hardlink.json"
+    os.link(d / "stats.rank0.json", hard)  # a second name for the old file: it must keep the old content
+    before = hard.read_text()
+    with memfit.record(d, overwrite=True) as rec:
+        rec.mark("setup")
+    assert (d / "stats.rank0.json").stat().st_ino != first  # a new file renamed over the old one
+    assert hard.read_text() == before and [p["name"] for p in json.loads((d / "stats.rank0.json").read_text())["phases"]] == ["setup"]
+    assert sorted(p.name for p in d.iterdir()) == ["stats.rank0.json"]  # no temporary left behind
+
+
+def test_memfit_callback_never_writes_through_a_symlink(tmp_path):
+    pytest.importorskip("transformers")
+    from memfit.errors import MemfitError
+    from memfit.integrations import MemfitCallback
+
+    victim = _victim(tmp_path)
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "stats.rank0.json").symlink_to(victim)
+    with pytest.raises(MemfitError, match="symbolic link"):
+        MemfitCallback(d)
+    with pytest.raises(MemfitError, match="symbolic link"):
+        MemfitCallback(d, overwrite=True)
+    assert victim.read_text() == "precious\n"

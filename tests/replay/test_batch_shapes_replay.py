@@ -31,13 +31,12 @@ LAYERS = 2
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, ds_ops_built):
     pytest.importorskip("deepspeed")
-    from memfit.replay.deepspeed.record_fixtures import TINY_LLAMA, deepspeed_json, warm_ops
+    from memfit.replay.deepspeed.record_fixtures import TINY_LLAMA, deepspeed_json
     from memfit.replay.runner import run_replay
     from memfit.replay.spec import spec_from_scenario
 
-    warm_ops(("cpu_adam",))
     root = tmp_path_factory.mktemp("batch_shapes")
     config = {**TINY_LLAMA, "num_hidden_layers": LAYERS}
     (root / "model").mkdir()

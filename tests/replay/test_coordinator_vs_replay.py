@@ -137,6 +137,7 @@ def test_upper_bound_holds_at_every_hook(case):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("ds_ops_built")  # its LoRA case loads fused_adam: never built inside the replay's deadline
 def test_a_fresh_replay_logs_the_same(tmp_path):
     """The fixtures are what the replay logs today (deterministic: sizes, not timings)."""
     from memfit.replay.deepspeed.coordinator_log import record

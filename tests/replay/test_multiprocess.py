@@ -123,7 +123,7 @@ def test_a_rank_that_dies_stops_the_world_and_is_named():
     # Rank 0's own phases, from its progress log: it was stopped at or just before partitioning.
     names = [p.name for p in m.phases]
     assert len(names) >= 2 and names == ["load", "initialize.cast", "initialize.move"][: len(names)]
-    assert m.returncode != 0 and m.wall_s < TIMEOUT_S / 2  # stopped by torchrun, not by our deadline (or a 30 min collective)
+    assert m.returncode != 0  # stopped by torchrun ("killed" above), not by our deadline ("timeout") or a 30 min collective
 
 
 def test_torchrun_starts_w_children_that_write_one_file_per_rank():

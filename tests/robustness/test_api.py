@@ -58,6 +58,29 @@ BAD = {
     "model_parameters unknown": (Tiny(), {"model_parameters": "some"}),
     "deepspeed_version a float": (Tiny(), {"deepspeed_version": 0.19}),
     "raise_on_failure a string": (Tiny(), {"raise_on_failure": "yes"}),
+    # issue 24 item 6: these raised raw exceptions or were silently ignored/misread
+    "ddp a string": (Tiny(), {"ds_config": None, "framework": "ddp", "ddp": "x", "gpus": "2xa100-80gb"}),
+    "ddp a list": (Tiny(), {"ds_config": None, "framework": "ddp", "ddp": [1, 2], "gpus": "2xa100-80gb"}),
+    "fsdp a number": (Tiny(), {"ds_config": None, "framework": "fsdp", "fsdp": 5, "gpus": "2xa100-80gb"}),
+    "ddp bucket NaN": (Tiny(), {"ds_config": None, "framework": "ddp", "ddp": {"bucket_cap_mb": math.nan},
+                                "gpus": "2xa100-80gb"}),
+    "fsdp min_num_params text": (Tiny(), {"ds_config": None, "framework": "fsdp", "gpus": "2xa100-80gb",
+                                          "fsdp": {"wrap_policy": "size", "min_num_params": "many"}}),
+    "fsdp unknown key": (Tiny(), {"ds_config": None, "framework": "fsdp", "fsdp": {"ofload": True},
+                                  "gpus": "2xa100-80gb"}),
+    "grad_accum zero": (Tiny(), {"ds_config": None, "framework": "torch", "grad_accum": 0}),
+    "grad_accum zero with DeepSpeed": (Tiny(), {"grad_accum": 0}),
+    "precision amp_bf16 with DeepSpeed": (Tiny(), {"precision": "amp_bf16"}),
+    "precision contradicting the config": (Tiny(), {"precision": "fp16"}),
+    "grad_accum contradicting the config": (Tiny(), {"ds_config": {**DS, "gradient_accumulation_steps": 2},
+                                                     "grad_accum": 4}),
+    "optim not a client AdamW under DeepSpeed": (Tiny(), {"optim": "sgd"}),
+    "optim unknown": (Tiny(), {"ds_config": None, "framework": "torch", "optim": "adam_x"}),
+    "precision unknown": (Tiny(), {"ds_config": None, "framework": "torch", "precision": "fp8"}),
+    "framework a number": (Tiny(), {"framework": 5}),
+    "ddp with DeepSpeed": (Tiny(), {"ddp": {"bucket_cap_mb": 10}}),
+    "an accelerate YAML as ds_config": (Tiny(), {"ds_config": "accelerate.yaml"}),
+    "training_args a number": (Tiny(), {"training_args": 5}),
 }
 
 
@@ -77,3 +100,32 @@ def test_the_right_arguments_plan_and_a_failure_is_both_a_memfit_error_and_a_mem
     with pytest.raises(memfit.MemfitCheckError) as err:
         memfit.check(Tiny(), DS, gpus="1x1GiB", cpu_ram="1GiB", seq_len=2**20, warn=False)
     assert isinstance(err.value, MemfitError) and isinstance(err.value, MemoryError)
+
+
+def test_grad_accum_and_precision_fill_deepspeed_auto_as_the_cli_does():
+    auto = {**DS, "gradient_accumulation_steps": "auto", "bf16": {"enabled": "auto"}}
+    plan = memfit.check(Tiny(), auto, grad_accum=4, precision="fp16", **GOOD)
+    assert "accum.forward" in {p.name for p in plan.phases}
+    assert "accum.forward" not in {p.name for p in memfit.check(Tiny(), auto, **GOOD).phases}
+
+
+def test_warnings_point_at_the_callers_line():
+    """Issue 23 item 5: the warnings pointed at memfit's check.py, not the user's line."""
+    with pytest.warns(memfit.MemfitWarning) as seen:
+        memfit.check(Tiny(), {**DS, "zero_optimisation": {"stage": 2}}, gpus="1xa100-80gb", cpu_ram="64GiB")
+    assert seen and all(w.filename == __file__ for w in seen), [w.filename for w in seen]
+
+
+def test_accelerates_own_fsdp_key_names_and_files_are_read(tmp_path):
+    """Issue 23 item 5: memfit.check refused accelerate's key names (fsdp_sharding_strategy)."""
+    import yaml
+
+    plan = memfit.check(Tiny(), framework="fsdp", gpus="2xa100-80gb", cpu_ram="64GiB", warn=False,
+                        fsdp={"fsdp_sharding_strategy": "SHARD_GRAD_OP", "fsdp_offload_params": True})
+    assert plan.verdict.fits
+    acc = tmp_path / "acc.yaml"
+    acc.write_text(yaml.safe_dump({"compute_environment": "LOCAL_MACHINE", "distributed_type": "FSDP",
+                                   "mixed_precision": "bf16", "num_machines": 1, "num_processes": 2,
+                                   "fsdp_config": {"fsdp_version": 2, "fsdp_offload_params": False}}))
+    plan = memfit.check(Tiny(), accelerate_config=str(acc), gpus="2xa100-80gb", cpu_ram="64GiB", warn=False)
+    assert plan.verdict.fits

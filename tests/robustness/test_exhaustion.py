@@ -54,10 +54,10 @@ def test_a_yaml_alias_bomb_is_refused_within_budget(tmp_path, where):
     assert len(text) < 1000  # 9 ** 9 = 387,420,489 values from under 1 KB
     # Observed: exit 2 in 0.65 s, peak RSS 22 MB, also under a 200 MB address-space cap. Before the
     # fix the same kind of file took 35-95 s and ~6 GiB, then died in a MemoryError.
+    # (timeout_s is a hang guard, not a speed claim: the memory cap is the bound under test)
     r, took = _limited_memfit(["plan", str(tmp_path / "bomb.yaml")], address_space_bytes=400 * 2**20, timeout_s=60)
     assert r.returncode == 2 and "alias" in r.stderr and "Traceback" not in r.stderr, r.stderr[-500:]
     assert len(r.stderr.strip().splitlines()) == 1
-    assert took < 10  # observed 0.65 s; 10 s allows a loaded machine's interpreter start-up
 
 
 def test_aliases_within_budget_are_read(tmp_path):
@@ -150,16 +150,18 @@ def test_oversized_files_are_refused_before_reading(tmp_path):
 def test_absurd_model_sizes_are_refused_fast_and_the_largest_allowed_plans_in_time(tmp_path):
     for layers in (1_025, 1_000_000, 10**9):
         (tmp_path / "config.json").write_text(json.dumps({**TINY, "num_hidden_layers": layers}))
-        start = time.perf_counter()
+        start = time.process_time()
         assert_one_line_error(cli("plan", "--model", str(tmp_path / "config.json")), "at most 1,024")
-        assert time.perf_counter() - start < 1.0  # observed 0.01 s; 1,000,000 layers took 79 s and 3.2 GiB before
+        # CPU time, the work done (a loaded machine stretches wall time, not this): observed 0.01 s;
+        # 1,000,000 layers took 79 s and 3.2 GiB before
+        assert time.process_time() - start < 1.0
     (tmp_path / "config.json").write_text(json.dumps({**TINY, "num_hidden_layers": 1024}))
-    start = time.perf_counter()
+    start = time.process_time()
     r = cli("plan", "--model", str(tmp_path / "config.json"), "--json")
-    took = time.perf_counter() - start
+    took = time.process_time() - start
     assert r.rc == 0, r.err
     assert len(json.loads(r.out)["phases"]) >= 9
-    assert took < 5  # the largest plan memfit accepts: observed 0.34 s here (9,219 params in the ledger)
+    assert took < 5  # CPU time of the largest plan memfit accepts: observed 0.34 s (9,219 params in the ledger)
 
 
 def test_an_unreachable_hub_fails_fast_and_a_cached_config_is_still_read(tmp_path, monkeypatch):
@@ -188,16 +190,19 @@ def test_an_unreachable_hub_fails_fast_and_a_cached_config_is_still_read(tmp_pat
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
 
+    attempts = []
+
     def refuse(request):
+        attempts.append(request.url)
         raise httpx.ConnectError("[Errno -2] Name or service not known", request=request)
 
     huggingface_hub.close_session()
     huggingface_hub.set_client_factory(lambda: httpx.Client(transport=httpx.MockTransport(refuse)))
     try:
-        start = time.perf_counter()
         with pytest.raises(MemfitError, match="unreachable"):
             resolve_model_config("acme/not-cached")
-        assert time.perf_counter() - start < 3.0  # observed 0.05 s; 23 s of retries before
+        # one try, no retries: counted, not timed (23 s of retries with back-off before)
+        assert len(attempts) <= 2, attempts
         put_in_cache(cache, "acme/tiny-qwen", json.dumps(TINY_QWEN))
         assert resolve_model_config("acme/tiny-qwen").config["vocab_size"] == 100
     finally:

@@ -8,12 +8,14 @@ from typing import Optional
 import typer
 
 from memfit.cli.app import app
-from memfit.cli.common import check_report_path, console, warn_inputs
+from memfit.cli.common import check_report_path, console, scenario_command, show_assumptions, warn_inputs, write_new_file
+from memfit.errors import MemfitError
 
 
 @app.command()
+@scenario_command(records_follow=True)
 def compare(
-    scenario: Path = typer.Argument(..., help="Scenario YAML of the run that was recorded (see examples/), or a published-run case (tests/fixtures/public_runs/*.yaml), which carries its own measurements."),
+    scenario: Path = typer.Argument(..., help="Scenario YAML of the run that was recorded (see examples/), or a published-run case (tests/fixtures/public_runs/*.yaml), which carries its own measurements; with --model (the scenario as flags) it is the first record instead, unless it is a .yaml/.yml file."),
     records: Optional[list[Path]] = typer.Argument(None, help=(
         "What the real run left: a memfit.record directory (stats.rank<R>.json, snapshot.rank<R>.pickle), a "
         "torch.cuda.memory._dump_snapshot pickle (read without running anything in it), a JSON of "
@@ -22,6 +24,8 @@ def compare(
     rank: Optional[int] = typer.Option(None, "--rank", help="Which rank's records to compare (default: the lowest recorded)."),
     report: Optional[Path] = typer.Option(None, "--report", help="Also write a report: .html (self-contained, the recording's chart under the plan's) or .md. Never overwrites."),
     json_out: bool = typer.Option(False, "--json", help="Print the reconciliation as JSON (schema memfit.compare, version 1)."),
+    *,
+    inputs,
 ) -> None:
     """Reconcile the plan with what a real run recorded: per phase, planned vs recorded allocated,
     reserved, pinned and nvidia-smi memory (GiB = 2^30 B; each recorded figure says its source), the
@@ -33,6 +37,9 @@ def compare(
     torch.cuda.memory._dump_snapshot pickle (read without running anything in it); a JSON of
     torch.cuda.memory_stats()/host_memory_stats() per phase; a log with DeepSpeed see_memory_usage
     lines ("memory_breakdown": true); an nvidia-smi CSV (--query-gpu=timestamp,memory.used --format=csv).
+    Each is read within caps, past which it is one error line: snapshots up to 128 MiB and 300,000
+    trace entries, stats JSON up to 64 MiB and 100,000 phases, nvidia-smi CSV up to 32 MiB and
+    1,000,000 lines, logs up to 16 MiB; every figure at most 1 EiB.
 
     Without RECORDS, SCENARIO is a published-run case (tests/fixtures/public_runs/<id>.yaml): its
     measurements (allocated, reserved, nvidia-smi, host RSS, as published) against the plan of its
@@ -43,16 +50,18 @@ def compare(
     from memfit.core.plan import make_plan
     from memfit.core.records import read_records
     from memfit.core.scenario.build import build_scenario
-    from memfit.core.scenario.read import read_scenario_file
 
-    if not records:
+    if not records and inputs is None:  # a published-run case (scenario_command leaves it unread)
         _compare_case(scenario, json_out=json_out)
         return
-    sc = build_scenario(read_scenario_file(scenario))
+    sc = build_scenario(inputs)
     warn_inputs(sc)
     if report is not None:
         check_report_path(report)
     plan_result = make_plan(sc)
+    if not records:
+        raise MemfitError("give the records of the run to compare (a memfit.record directory, a snapshot, a "
+                          "memory_stats JSON, a log or an nvidia-smi CSV) after the scenario")
     rc = reconcile(plan_result, read_records([str(r) for r in records]), rank=rank,
                    capacity_bytes=sc.hardware.gpu.total_bytes)
     if report is not None:
@@ -67,6 +76,7 @@ def compare(
     from memfit.render.compare_out import render_reconciliation
 
     render_reconciliation(rc, console())
+    show_assumptions(sc)
 
 
 def _compare_case(path: Path, *, json_out: bool) -> None:
@@ -110,5 +120,5 @@ def _write_compare_report(path: Path, rc, plan_result, sc) -> None:
     else:
         out = html_report(plan_result, sc, sections=html_sections(rc), title=title,
                           figures=(("recording-chart", svg),) if svg else ())
-    path.write_text(out, encoding="utf-8")
+    write_new_file(path, out, what="--report")
     console(stderr=True).print(f"report written to {path}")

@@ -9,15 +9,18 @@ from typing import Optional
 import typer
 
 from memfit.cli.app import app
-from memfit.cli.common import check_report_path, console, warn_inputs, write_report
+from memfit.cli.common import check_report_path, console, scenario_command, show_assumptions, warn_inputs, write_report
 
 
 @app.command()
+@scenario_command
 def diagnose(
-    scenario: Optional[Path] = typer.Argument(None, help="Scenario YAML (see examples/) to reconcile the log's figures with the plan."),
+    scenario: Optional[Path] = typer.Argument(None, help="Scenario YAML (see examples/), or the scenario's flags, to reconcile the log's figures with the plan."),
     log: str = typer.Option(..., "--log", "-l", help="The pasted traceback or log file (- reads standard input); noise, colours and interleaved ranks are fine."),
     report: Optional[Path] = typer.Option(None, "--report", help="Also write a report (.html or .md): the diagnosis, then the plan with its charts. Never overwrites."),
     json_out: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON."),
+    *,
+    inputs,
 ) -> None:
     """Read a traceback or log: what failed (CUDA or host out of memory, a failed pinned allocation,
     NCCL, an op build), in which phase and why, with the usual fixes; with a scenario, how the log's
@@ -26,12 +29,11 @@ def diagnose(
 
     text = read_log(log)
     sc = result = None
-    if scenario is not None:
+    if scenario is not None or inputs.origins:  # a scenario, as a file or as flags
         from memfit.core.plan import make_plan
         from memfit.core.scenario.build import build_scenario
-        from memfit.core.scenario.read import read_scenario_file
 
-        sc = build_scenario(read_scenario_file(scenario))
+        sc = build_scenario(inputs)
         warn_inputs(sc)
         result = make_plan(sc)
     if report is not None:
@@ -56,3 +58,5 @@ def diagnose(
     from memfit.render.diagnose_out import render_diagnosis
 
     render_diagnosis(found, console())
+    if sc is not None:
+        show_assumptions(sc)

@@ -9,18 +9,21 @@ from typing import Optional
 import typer
 
 from memfit.cli.app import app
-from memfit.cli.common import check_report_path, console, warn_inputs, write_report
+from memfit.cli.common import check_report_path, console, scenario_command, show_assumptions, warn_inputs, write_report
 from memfit.errors import MemfitError
 
 
 @app.command()
+@scenario_command
 def recommend(
-    scenario: Path = typer.Argument(..., help="Scenario YAML file (see examples/): your model, DeepSpeed JSON, hardware."),
+    scenario: Optional[Path] = typer.Argument(None, help="Scenario YAML file (see examples/): your model, DeepSpeed JSON, hardware; or give them as flags."),
     top: int = typer.Option(5, "--top", help="Configurations to return."),
     out: Optional[Path] = typer.Option(None, "--out", help="Directory to write each configuration's DeepSpeed JSON, script diff and scenario file (never overwrites)."),
     headroom: Optional[float] = typer.Option(None, "--headroom", help="Fraction of GPU memory and of host RAM to keep free in every phase (default: the verdict's own margins, measured on published runs, and the OS reserve of the host's RAM)."),
     report: Optional[Path] = typer.Option(None, "--report", help="Also write a report (.html or .md): the recommendations, then your configuration's plan with its charts. Never overwrites."),
     json_out: bool = typer.Option(False, "--json", help="Print the recommendations as JSON."),
+    *,
+    inputs,
 ) -> None:
     """Search the settings you can change (under DeepSpeed: ZeRO stage, offload, pinning, zero.Init,
     load dtype, buckets, bf16/fp16; otherwise: framework, FSDP sharding and offload, precision mode,
@@ -30,7 +33,6 @@ def recommend(
     import time
 
     from memfit.core.recommend import recommend as run_recommend
-    from memfit.core.scenario.read import read_scenario_file
 
     if headroom is not None and not (math.isfinite(headroom) and 0 <= headroom < 1):
         raise MemfitError(f"--headroom must be a fraction from 0 to below 1, got {headroom}")
@@ -38,10 +40,10 @@ def recommend(
         raise MemfitError(f"--top must be at least 1, got {top}")
     if report is not None:
         check_report_path(report)
-    inputs = read_scenario_file(scenario)
     from memfit.core.scenario.build import build_scenario as _build
 
-    warn_inputs(_build(inputs))  # what DeepSpeed would ignore in the user's config, said before the search
+    given = _build(inputs)
+    warn_inputs(given)  # what DeepSpeed would ignore in the user's config, said before the search
     if out is not None and out.exists() and not out.is_dir():
         raise MemfitError(f"--out {out} exists and is not a directory")
     started = time.perf_counter()
@@ -84,3 +86,4 @@ def recommend(
     from memfit.render.recommend_out import render_recommendations
 
     render_recommendations(result, console())
+    show_assumptions(given)

@@ -8,30 +8,30 @@ from typing import Optional
 import typer
 
 from memfit.cli.app import app
-from memfit.cli.common import console, warn_inputs
+from memfit.cli.common import console, scenario_command, show_assumptions, warn_inputs
 from memfit.errors import MemfitError
 
 
 @app.command()
+@scenario_command
 def replay(
-    scenario: Path = typer.Argument(..., help="Scenario YAML file to replay (see examples/)."),
+    scenario: Optional[Path] = typer.Argument(None, help="Scenario YAML file to replay (see examples/); or give the scenario as flags."),
     layers: Optional[int] = typer.Option(None, min=1, help="Build this many transformer blocks instead of the config's (same shapes, scaled down)."),
     world_size: Optional[int] = typer.Option(None, min=1, help="Ranks W (rank 0 is measured, see --launcher); default: the scenario's GPU count."),
     launcher: str = typer.Option("fake", help="fake (one process plays rank 0 of W on a fake process group) or torchrun (W real processes on this host: gloo on cpu, nccl on cuda, one GPU each)."),
     accelerator: str = typer.Option("cpu", help="cpu (DeepSpeed's CPU accelerator; runs anywhere) or cuda."),
     emulate: Optional[str] = typer.Option(None, help="cuda: cap the GPU at this capacity, e.g. rtx3090 or 24GiB."),
     steps: int = typer.Option(2, min=1, help="Training steps to run."),
-    seq_len: Optional[int] = typer.Option(None, help="Override the scenario's sequence length."),
     timeout: float = typer.Option(1800, help="Seconds before the replay is stopped (a finite number > 0)."),
     save_fixture: Optional[Path] = typer.Option(None, "--save-fixture", help="Write the measurement as a JSON fixture (never overwrites)."),
     json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON."),
+    *,
+    inputs,
 ) -> None:
     """Run the real deepspeed.initialize (or, for framework torch/ddp/fsdp/fsdp2, the plain torch
     loop) and training steps for a scenario in a supervised child process, measure memory per
     phase, and compare with the plan (byte for byte where the allocations are deterministic)."""
     from memfit.core.scenario.build import build_scenario
-    from memfit.core.scenario.inputs import ScenarioInputs, merge_inputs
-    from memfit.core.scenario.read import read_scenario_file
     from memfit.replay.compare import compare_replay
     from memfit.replay.measurement import save_fixture as write_fixture
     from memfit.replay.runner import run_replay
@@ -42,16 +42,13 @@ def replay(
 
     if not math.isfinite(timeout) or timeout <= 0:
         raise MemfitError(f"--timeout must be a finite number of seconds > 0, got {timeout}")
-    inputs = merge_inputs(read_scenario_file(scenario), ScenarioInputs(seq_len=seq_len))
     sc = build_scenario(inputs)
     warn_inputs(sc)
     if save_fixture is not None:
-        import os
+        from memfit.core.writing import check_new_path
 
-        if os.path.lexists(save_fixture):
-            raise MemfitError(f"{save_fixture} exists; memfit never overwrites a file you have (choose another path)")
-        if not save_fixture.parent.is_dir():
-            raise MemfitError(f"--save-fixture: {save_fixture.parent} is not a directory")
+        check_new_path(save_fixture, what="--save-fixture",
+                       exists_hint="memfit never overwrites a file you have (choose another path)")
     cap = None
     if emulate:
         cap = _emulated_capacity(emulate)
@@ -71,6 +68,7 @@ def replay(
         typer.echo(json.dumps(comparison_to_dict(result, m), indent=2))
     else:
         render_comparison(result, m, console())
+        show_assumptions(sc)
     if not m.ok:
         raise typer.Exit(1)
 

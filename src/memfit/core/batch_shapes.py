@@ -23,7 +23,6 @@ histogram), or JSON: a list of counts, ``{"lengths": [...]}`` or ``{"<length>": 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,22 +92,27 @@ class BatchShape:
                 f"{self.samples:,} samples, mean {self.mean_length:,.0f} tokens{cut}")
 
 
+MAX_LENGTHS_BYTES = 64 * 2**20
+"""A lengths file: one count per line for ~10 million samples, or a histogram (a few KiB)."""
+MAX_LENGTH = 2**31 - 1
+"""The longest sample a lengths file may give (as every count memfit reads)."""
+MAX_SAMPLES = 10**15
+"""Samples of one length in a histogram (far beyond any dataset; keeps the products exact)."""
+MAX_JSON_VALUES = 20_000_000
+"""Values in a JSON lengths file (a list of counts per sample)."""
+
+
 def read_lengths(path: str | Path) -> LengthDistribution:
-    """Parse a lengths file (see the module docstring); one-line ``MemfitError`` if malformed."""
+    """Parse a lengths file (see the module docstring) through the bounded reader (size cap, UTF-8,
+    JSON depth); every count a whole number within range; one-line ``MemfitError`` if malformed."""
+    from memfit.core.reading import decode_text, parse_json, read_bytes
+
     p = Path(path)
-    if not p.is_file():
-        raise MemfitError(f"lengths file not found: {p}")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MemfitError(f"cannot read lengths file {p}: {exc}") from exc
+    text = decode_text(read_bytes(p, what="lengths file", max_bytes=MAX_LENGTHS_BYTES), what=f"lengths file {p}")
     stripped = text.lstrip()
     hist: dict[int, int] = {}
     if stripped.startswith(("[", "{")):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise MemfitError(f"{p}: not valid JSON (line {exc.lineno}): {exc.msg}") from None
+        data = parse_json(text, what=f"lengths file {p}", max_nodes=MAX_JSON_VALUES)
         if isinstance(data, dict) and "lengths" in data:
             data = data["lengths"]
         if isinstance(data, list):
@@ -120,17 +124,24 @@ def read_lengths(path: str | Path) -> LengthDistribution:
         else:
             raise MemfitError(f"{p}: expected a list of token counts or a {{length: count}} histogram")
     else:
-        for number, line in enumerate(text.splitlines(), 1):
-            line = line.split("#", 1)[0].strip()
+        import io
+        from collections import Counter
+
+        # a dataset's lines repeat (a few thousand distinct lengths): each distinct line is parsed once,
+        # and the lines are read one at a time (no list of ten million strings)
+        for raw_line, times in Counter(io.StringIO(text)).items():
+            line = raw_line.split("#", 1)[0].strip()
             if not line:
                 continue
             parts = line.replace(",", " ").split()
             if len(parts) == 1:
-                _add(hist, _count(parts[0], p, line=number), 1, p)
+                _add(hist, _count(parts[0], p, line=_first_line(text, raw_line)), times, p)
             elif len(parts) == 2:
-                _add(hist, _count(parts[0], p, line=number), _count(parts[1], p, line=number, zero=True), p)
+                at = _first_line(text, raw_line)
+                _add(hist, _count(parts[0], p, line=at), _count(parts[1], p, line=at, zero=True) * times, p)
             else:
-                raise MemfitError(f"{p} line {number}: expected a token count or 'length,count', got {line!r}")
+                raise MemfitError(f"{p} line {_first_line(text, raw_line)}: expected a token count or 'length,count', "
+                                  f"got {line[:60]!r}")
     hist = {length: n for length, n in hist.items() if n}
     if not hist:
         raise MemfitError(f"{p}: no sample lengths")
@@ -138,19 +149,47 @@ def read_lengths(path: str | Path) -> LengthDistribution:
     return LengthDistribution(lengths=lengths, counts=tuple(hist[length] for length in lengths), source=str(p))
 
 
-def _count(value: object, p: Path, *, line: int | None = None, zero: bool = False) -> int:
+class _first_line:  # noqa: N801 (a lazy value: computed only for a message)
+    """The number of the first line that is ``raw_line``, worked out only when an error names it."""
+
+    def __init__(self, text: str, raw_line: str) -> None:
+        self.text, self.raw_line = text, raw_line
+
+    def __str__(self) -> str:
+        at = self.text.find(self.raw_line)
+        while at > 0 and self.text[at - 1] != "\n":
+            at = self.text.find(self.raw_line, at + 1)
+        return str(self.text.count("\n", 0, max(at, 0)) + 1)
+
+    def __bool__(self) -> bool:
+        return True
+
+
+def _count(value: object, p: Path, *, line: object = None, zero: bool = False) -> int:
+    """A token length (1 to ``MAX_LENGTH``) or, with ``zero``, a sample count (0 to ``MAX_SAMPLES``)."""
     where = f"{p} line {line}" if line else str(p)
-    try:
-        number = int(str(value).strip()) if not isinstance(value, bool) else None
-    except ValueError:
-        number = None
-    if number is None or number < (0 if zero else 1):
-        raise MemfitError(f"{where}: {value!r} is not a {'count' if zero else 'token count'} (a whole number)")
+    limit = MAX_SAMPLES if zero else MAX_LENGTH
+    number = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, float) and value.is_integer() and abs(value) <= limit:
+        number = int(value)
+    elif isinstance(value, str) and value.strip().isdigit() and len(value.strip()) <= 19:
+        number = int(value.strip())
+    shown = repr(value) if len(repr(value)) <= 40 else f"a value of {len(repr(value))} characters"
+    if number is None:
+        raise MemfitError(f"{where}: {shown} is not a {'count' if zero else 'token count'} (a whole number)")
+    if not (0 if zero else 1) <= number <= limit:
+        raise MemfitError(f"{where}: {shown} is not a {'count' if zero else 'token count'} from {0 if zero else 1} "
+                          f"to {limit:,}")
     return number
 
 
 def _add(hist: dict[int, int], length: int, count: int, p: Path) -> None:
-    hist[length] = hist.get(length, 0) + count
+    total = hist.get(length, 0) + count
+    if total > MAX_SAMPLES:
+        raise MemfitError(f"{p}: over {MAX_SAMPLES:,} samples of length {length}; memfit refuses")
+    hist[length] = total
 
 
 def longest_batch(

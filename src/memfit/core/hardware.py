@@ -94,13 +94,21 @@ class Hardware:
         return self.gpus_per_node * self.nodes
 
 
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(gib|gb|mib|mb|tib|tb|g|m|t)?\s*$", re.IGNORECASE)
-_UNITS = {"gib": GiB, "gb": GB, "mib": 2**20, "mb": 10**6, "tib": 2**40, "tb": 10**12, "g": GiB, "m": 2**20, "t": 2**40}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(gib|gb|mib|mb|tib|tb|kib|kb|g|m|t|b|bytes)?\s*$", re.IGNORECASE)
+_UNITS = {"gib": GiB, "gb": GB, "mib": 2**20, "mb": 10**6, "tib": 2**40, "tb": 10**12, "kib": 2**10, "kb": 10**3,
+          "g": GiB, "m": 2**20, "t": 2**40, "b": 1, "bytes": 1}
+
+DEFAULT_GPU = "a100-80gb"
+"""The GPU a scenario that names none is planned on (said as an assumption)."""
+DEFAULT_CPU_RAM = "256GB"
+"""The host RAM per node a scenario that gives none is planned with (said as an assumption)."""
 
 
 def parse_size(text: str | int | float, *, what: str = "size") -> int:
-    """Parse ``64GB``, ``24GiB``, ``64 g`` (GiB), or a plain byte count into bytes (exactly: the
-    number is read as a decimal, not a float), from 1 byte to ``MAX_SIZE_BYTES``."""
+    """Parse ``64GB``, ``24GiB``, ``64 g`` (GiB), ``512B`` into bytes (exactly: the number is read as
+    a decimal, not a float), from 1 byte to ``MAX_SIZE_BYTES``. A string needs its unit (``64`` alone
+    is an error with a hint: GB and GiB differ by 7%, bytes by a factor of 10^9); a Python number
+    (the API's ``cpu_ram=64 * 2**30``) is a byte count."""
     if isinstance(text, bool) or not isinstance(text, (str, int, float)):
         raise MemfitError(f"{what}: expected a size like 64GB or 24GiB, got {text!r:.60}")
     if isinstance(text, float) and not math.isfinite(text):
@@ -111,7 +119,10 @@ def parse_size(text: str | int | float, *, what: str = "size") -> int:
         m = _SIZE.match(text) if len(text) <= 64 else None  # the length cap keeps the match linear
         if not m:
             raise MemfitError(f"{what}: expected a size like 64GB or 24GiB, got {text if len(text) <= 64 else text[:60] + '...'!r}")
-        unit = _UNITS[m.group(2).lower()] if m.group(2) else 1
+        if not m.group(2):
+            raise MemfitError(f"{what}: {text.strip()!r} has no unit; write {text.strip()}GB (10^9 bytes) or "
+                              f"{text.strip()}GiB (2^30 bytes), or {text.strip()}B for bytes")
+        unit = _UNITS[m.group(2).lower()]
         try:
             value = int(Decimal(m.group(1)) * unit)
         except InvalidOperation:

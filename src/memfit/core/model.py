@@ -256,3 +256,9 @@ class ModelShape:
 
     def with_params(self, params: tuple[ParamSpec, ...]) -> "ModelShape":
         return replace(self, params=params)
+
+    def with_buffers(self, buffers: tuple[BufferSpec, ...]) -> "ModelShape":
+        return replace(self, buffers=buffers)
+
+    def with_notes(self, notes: tuple[str, ...]) -> "ModelShape":
+        return replace(self, notes=(*self.notes, *notes))

@@ -22,7 +22,8 @@ Each is read from the code it mirrors (torch 2.13, transformers 5.24, bitsandbyt
   relative_step=False``, ``beta1=None``): factored ``exp_avg_sq_row`` (shape[:-1]) and
   ``exp_avg_sq_col`` (shape[:-2] + shape[-1:]) for params of 2+ dims, ``exp_avg_sq`` (param shape)
   for 1-D params, ``exp_avg`` only with ``beta1``; states in the gradient's dtype after
-  ``grad.float()``, so fp32. ``step`` per param: ``grad**2`` then ``+ eps`` (two fp32 param-sized
+  ``grad.float()``, so fp32; ``RMS``, a 0-d fp32 tensor made later in the same ``step`` (``step`` is a
+  Python int). ``step`` per param: ``grad**2`` then ``+ eps`` (two fp32 param-sized
   tensors at once), the factored estimate ``torch.mul(r_factor, c_factor)`` while the old ``update``
   is alive, ``-update`` for the final ``add_``; 16-bit params add ``grad.float()`` and
   ``p.float()`` copies. The previous param's ``update`` stays bound until the next one is made.
@@ -163,6 +164,7 @@ def param_states(opt: OptimizerModel, shape: tuple[int, ...], elem_bytes: int, a
             out.append(StateTensor("exp_avg_sq_col", _prod(shape[:-2] + shape[-1:]) * 4, "device"))
         else:
             out.append(StateTensor("exp_avg_sq", n * 4, "device"))
+        out.append(StateTensor("RMS", 4, "device"))  # state["RMS"] = self._rms(p_data_fp32): a 0-d fp32
         return tuple(out)
     # bitsandbytes
     two = opt.family == "adamw"

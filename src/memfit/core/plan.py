@@ -6,8 +6,10 @@ from memfit.core.findings.derive import derive_findings
 from memfit.core.ledger.build import build_timeline
 from memfit.core.ledger.evaluation import eval_notes
 from memfit.core.ledger_types import ParamCounts, Plan, TracedStep
+from memfit.core.quant import quant_notes
 from memfit.core.scenario.types import Scenario
 from memfit.core.verdict import judge
+from memfit.errors import MemfitError
 
 
 def build_notes(sc: Scenario) -> tuple[str, ...]:
@@ -26,7 +28,11 @@ def count_params(sc: Scenario) -> ParamCounts:
 
 def make_plan(sc: Scenario, traced: TracedStep | None = None) -> Plan:
     """The plan; with ``traced`` (from ``memfit.trace.ledger_step``) the forward/backward phases use
-    the traced step memory instead of the analytic estimate."""
+    the traced step memory instead of the analytic estimate (DeepSpeed plans only: the torch/DDP/FSDP
+    recipes take no traced step yet, and a plan that dropped it would claim a trace it did not use)."""
+    if traced is not None and sc.framework != "deepspeed":
+        raise MemfitError(f"a traced step cannot replace the activations of a {sc.framework} plan yet "
+                          "(only DeepSpeed plans take one)")
     timeline = build_timeline(sc, traced)
     phases = timeline.phases()
     epoch = None
@@ -46,7 +52,7 @@ def make_plan(sc: Scenario, traced: TracedStep | None = None) -> Plan:
         *timeline.granularity_notes,
         *sc.model.notes,
         *((sc.train.batch_shape.describe(),) if sc.train.batch_shape is not None else ()),
-    ) + tuple(sc.input_notes) + (build_notes(sc) if sc.framework != "deepspeed" else ()) + eval_notes(sc)
+    ) + tuple(sc.input_notes) + (build_notes(sc) if sc.framework != "deepspeed" else quant_notes(sc)) + eval_notes(sc)
     if epoch is not None:
         from memfit.core.epoch.words import epoch_notes
 

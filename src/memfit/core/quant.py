@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from memfit.core.frameworks.pytorch import QuantSettings
 
@@ -127,3 +128,55 @@ def should_convert(module: str, patterns: tuple[str, ...]) -> bool:
     """``quantizers_utils.should_convert_module`` (transformers 5.24)."""
     boundary = r"(?:(?<=\.)|(?=\.|$))"
     return not any(re.match(rf"(?:{key}){boundary}", module) or module.endswith(key) for key in patterns)
+
+
+def quantized_weights(params, q: QuantSettings, model_type: str) -> dict[str, tuple[int, ...]]:  # noqa: ANN001
+    return dict(_quantized_weights(tuple(params), q, model_type))
+
+
+@lru_cache(maxsize=16)
+def _quantized_weights(params, q: QuantSettings, model_type: str) -> tuple[tuple[str, tuple[int, ...]], ...]:  # noqa: ANN001
+    """The weights ``replace_with_bnb_linear`` quantizes, by parameter name, with the ``(out, in)`` shape
+    bitsandbytes quantizes (a GPT-2 ``Conv1D``'s ``(in, out)`` weight is transposed first): every
+    Linear/Conv1D ``weight`` whose module ``should_convert``, the skips being ``llm_int8_skip_modules``
+    or, when that is ``None``, ``default_skips``. ``params``: the model's ``ParamSpec``s as trained."""
+    from memfit.core.peft.adapter_params import is_adapter_param
+    from memfit.core.peft.modules import layer_kind
+
+    if not q.enabled:
+        return {}
+    own: dict[str, dict] = {}
+    for p in params:
+        mod, _, leaf = p.name.rpartition(".")
+        own.setdefault(mod, {})[leaf] = p
+    kinds = {mod: layer_kind(model_type, mod.replace(".base_layer", ""), ps) for mod, ps in own.items()}
+    base = [p for p in params if not is_adapter_param(p.name)]
+    skips = q.skip_modules if q.skip_modules is not None else default_skips(
+        sorted({base_module(p.name) for p in base}), base[-1].name)
+    out: dict[str, tuple[int, ...]] = {}
+    for p in base:
+        mod, _, leaf = p.name.rpartition(".")
+        kind = kinds.get(mod)
+        if leaf == "weight" and kind in ("linear", "conv1d") and should_convert(base_module(p.name), skips):
+            out[p.name] = tuple(p.shape)[::-1] if kind == "conv1d" else tuple(p.shape)
+    return tuple(out.items())
+
+
+def quant_notes(sc) -> tuple[str, ...]:  # noqa: ANN001 (Scenario)
+    """What a plan with a bitsandbytes base should say it assumed: the release when not given, an
+    empty skip list (everything quantized), and under DeepSpeed the load order it does not follow."""
+    q = sc.quant
+    if not q.enabled:
+        return ()
+    notes = []
+    if not sc.runtime.bitsandbytes_version_given:
+        notes.append(f"bitsandbytes {sc.runtime.bitsandbytes_version} assumed (what its matmuls keep changes with the "
+                     "release: 4-bit layers keep their input up to 0.43.1); give runtime.bitsandbytes_version or "
+                     "--bitsandbytes-version")
+    if q.skip_modules is not None and not q.skip_modules:
+        notes.append("llm_int8_skip_modules is an empty list: every Linear is quantized, the output head too "
+                     "(transformers adds its default skips only when the key is absent)")
+    if sc.framework == "deepspeed" and not (sc.load.zero_init and sc.deepspeed.zero.stage == 3):
+        notes.append("4-bit base under DeepSpeed without zero.Init: from_pretrained quantizes each weight on the GPU "
+                     "as it loads; the plan's load phase still stages the packed weights in host memory first")
+    return tuple(notes)

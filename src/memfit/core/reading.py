@@ -101,10 +101,11 @@ def _show(p: Path) -> str:
 
 def parse_json(text: str, *, what: str,
                object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None,
-               allow_non_finite: bool = False) -> Any:
+               allow_non_finite: bool = False, max_nodes: int = MAX_NODES) -> Any:
     """Strict JSON (no NaN/Infinity) checked by ``check_tree``. ``allow_non_finite``: Python's
     NaN/Infinity extension is read (transformers writes and reads it in config.json; the fields
-    memfit uses are then checked by name where they are read)."""
+    memfit uses are then checked by name where they are read). ``max_nodes``: a record file's own
+    cap instead of ``MAX_NODES`` (``core/records/bounded.py``)."""
     def no_constant(name: str) -> Any:
         raise MemfitError(f"{what} holds {name}, which is not a JSON number")
 
@@ -119,7 +120,7 @@ def parse_json(text: str, *, what: str,
         if isinstance(e, MemfitError):
             raise
         raise MemfitError(f"{what}: {str(e).splitlines()[0]}") from None
-    check_tree(value, what=what, finite=not allow_non_finite)
+    check_tree(value, what=what, finite=not allow_non_finite, max_nodes=max_nodes)
     return value
 
 
@@ -152,6 +153,8 @@ def parse_yaml(text: str, *, what: str, dates_as_text: bool = False) -> Any:
     except ValueError as e:
         if isinstance(e, MemfitError):
             raise
+        if "integer string conversion" in str(e):  # Python's int-digit limit (sys.set_int_max_str_digits)
+            raise MemfitError(f"{what}: a number of more than 4,300 digits; no memfit setting is that large") from None
         raise MemfitError(f"{what}: {str(e).splitlines()[0]}") from None
     check_tree(value, what=what)
     return value
@@ -162,6 +165,9 @@ def _check_expansion(root: Any, what: str) -> None:
     from yaml.nodes import MappingNode, SequenceNode
 
     size: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    """Nodes whose children are being counted: meeting one again below itself is a cycle (an alias
+    inside the very node it names, ``&a [*a]``), which would expand without end."""
     stack: list[tuple[Any, bool]] = [(root, False)]
     while stack:
         node, done = stack.pop()
@@ -175,19 +181,29 @@ def _check_expansion(root: Any, what: str) -> None:
             size[id(node)] = 1
             continue
         if done:
+            open_nodes.discard(id(node))
             total = 1 + sum(size.get(id(c), 0) for c in children)
             if total > MAX_NODES:
                 raise MemfitError(f"{what}: YAML aliases expand it to over {MAX_NODES:,} values; memfit refuses "
                                   "(an alias bomb?)")
             size[id(node)] = total
         else:
+            if id(node) in open_nodes:
+                raise MemfitError(f"{what}: a YAML alias refers to a node that contains it (line "
+                                  f"{node.start_mark.line + 1}), which expands without end; memfit refuses")
+            open_nodes.add(id(node))
             stack.append((node, True))
-            stack.extend((c, False) for c in children if id(c) not in size)
+            for c in children:
+                if id(c) in open_nodes:
+                    raise MemfitError(f"{what}: a YAML alias refers to a node that contains it (line "
+                                      f"{c.start_mark.line + 1}), which expands without end; memfit refuses")
+                if id(c) not in size:
+                    stack.append((c, False))
 
 
 # ------------------------------------------------------------------------------------ the trees
 
-def check_tree(value: Any, *, what: str, finite: bool = True) -> None:
+def check_tree(value: Any, *, what: str, finite: bool = True, max_nodes: int = MAX_NODES) -> None:
     """A JSON-typed tree: dict (string keys), list, str, int, float (finite unless ``finite`` is
     False), bool, None; at most ``MAX_DEPTH`` deep and ``MAX_NODES`` values. Iterative: no recursion
     limit to hit."""
@@ -196,8 +212,8 @@ def check_tree(value: Any, *, what: str, finite: bool = True) -> None:
     while stack:
         v, where, depth = stack.pop()
         count += 1
-        if count > MAX_NODES:
-            raise MemfitError(f"{what} holds over {MAX_NODES:,} values; memfit refuses")
+        if count > max_nodes:
+            raise MemfitError(f"{what} holds over {max_nodes:,} values; memfit refuses")
         if depth > MAX_DEPTH:
             raise MemfitError(f"{what} is nested over {MAX_DEPTH} levels deep (at {where or 'the top'}); memfit "
                               "refuses")

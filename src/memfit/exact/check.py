@@ -102,12 +102,19 @@ def check(model: Any, ds_config: Mapping[str, Any] | str | None = None, *, gpus:
           deepspeed_version: str = "0.19", raise_on_failure: bool = True, warn: bool = True,
           framework: str | None = None, precision: str | None = None, optim: str | None = None,
           grad_accum: int | None = None, ddp: Mapping[str, Any] | None = None,
-          fsdp: Mapping[str, Any] | None = None) -> Plan:
+          fsdp: Mapping[str, Any] | None = None, training_args: str | os.PathLike | None = None,
+          accelerate_config: str | os.PathLike | None = None) -> Plan:
     """Plan the run of the live ``model`` under ``ds_config`` (a dict or a JSON path) on this machine.
 
     Outside DeepSpeed pass ``framework`` (``torch``, ``ddp``, ``fsdp``, ``fsdp2``) with ``precision``,
-    ``optim`` (the Trainer's string), ``grad_accum``, ``ddp``/``fsdp`` settings instead of a
-    ``ds_config``; a model quantized by bitsandbytes is recognised from its weights.
+    ``optim`` (the Trainer's string), ``grad_accum``, ``ddp``/``fsdp`` settings (memfit's names or
+    accelerate's ``fsdp_*`` keys) instead of a ``ds_config``; a model quantized by bitsandbytes is
+    recognised from its weights. ``training_args`` (a TrainingArguments/SFTConfig JSON or YAML) and
+    ``accelerate_config`` (an accelerate config YAML) are read as ``memfit plan`` reads them, under the
+    same precedence (these arguments > the TrainingArguments > the accelerate config), and the same
+    combinations are refused (with DeepSpeed, ``precision`` and ``grad_accum`` fill its "auto" values,
+    as the Trainer's --bf16/--gradient_accumulation_steps do, and a written value they contradict is
+    refused).
 
     GPUs and host RAM are read from the machine unless given (``gpus="2xrtx3090"``,
     ``cpu_ram="64GiB"``). Raises ``MemfitCheckError`` if a phase does not fit (unless
@@ -115,20 +122,70 @@ def check(model: Any, ds_config: Mapping[str, Any] | str | None = None, *, gpus:
     is checked (type, range, finiteness): a bad one raises ``MemfitError`` naming it, and nothing
     but a ``MemfitError`` (``MemfitCheckError`` is one) leaves this function.
     """
-    _check_arguments(ds_config=ds_config, gpus=gpus, nodes=nodes, cpu_ram=cpu_ram, seq_len=seq_len,
-                     micro_batch=micro_batch, gradient_checkpointing=gradient_checkpointing,
-                     model_parameters=model_parameters, deepspeed_version=deepspeed_version,
-                     raise_on_failure=raise_on_failure, warn=warn, framework=framework)
     try:
-        return _check(model, ds_config, gpus=gpus, nodes=nodes, cpu_ram=cpu_ram, seq_len=seq_len,
-                      micro_batch=micro_batch, gradient_checkpointing=gradient_checkpointing,
+        _check_arguments(ds_config=ds_config, gpus=gpus, nodes=nodes, cpu_ram=cpu_ram, seq_len=seq_len,
+                         micro_batch=micro_batch, gradient_checkpointing=gradient_checkpointing,
+                         model_parameters=model_parameters, deepspeed_version=deepspeed_version,
+                         raise_on_failure=raise_on_failure, warn=warn, framework=framework, precision=precision,
+                         optim=optim, grad_accum=grad_accum, ddp=ddp, fsdp=fsdp, training_args=training_args,
+                         accelerate_config=accelerate_config)
+        inputs = _resolved_inputs(ds_config, framework=framework, precision=precision, optim=optim,
+                                  grad_accum=grad_accum, ddp=ddp, fsdp=fsdp, micro_batch=micro_batch, gpus=gpus,
+                                  nodes=nodes, gradient_checkpointing=gradient_checkpointing,
+                                  deepspeed_version=deepspeed_version, training_args=training_args,
+                                  accelerate_config=accelerate_config, warn=warn)
+        return _check(model, inputs, gpus=gpus, cpu_ram=cpu_ram, seq_len=seq_len,
                       model_parameters=model_parameters, deepspeed_version=deepspeed_version,
-                      raise_on_failure=raise_on_failure, warn=warn, framework=framework, precision=precision,
-                      optim=optim, grad_accum=grad_accum, ddp=ddp, fsdp=fsdp)
+                      raise_on_failure=raise_on_failure, warn=warn)
     except (MemfitError, KeyboardInterrupt):
         raise
     except RecursionError:
         raise MemfitError("memfit.check: an argument is nested too deeply to read") from None
+    except Exception as e:  # the contract: nothing but a MemfitError leaves (the cause stays chained)
+        raise MemfitError(f"memfit.check could not plan this run ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:200] if str(e) else ''}); please report it") from e
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the first frame outside memfit (the user's line)."""
+    import sys
+
+    level, frame = 1, sys._getframe(1)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(root + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, MemfitWarning, stacklevel=_user_stacklevel())
+
+
+def _resolved_inputs(ds_config, *, framework, precision, optim, grad_accum, ddp, fsdp, micro_batch, gpus, nodes,
+                     gradient_checkpointing, deepspeed_version, training_args, accelerate_config, warn):
+    """The arguments as ``ScenarioInputs``, checked and merged with the input files exactly as the CLI's
+    (``check_inputs``, ``apply_input_files``): the same values refused, the same precedence."""
+    from memfit.core.frameworks.resolve import apply_input_files
+    from memfit.core.scenario.inputs import ScenarioInputs
+    from memfit.core.scenario.validate import check_inputs
+
+    given = dict(framework=framework, precision=precision, optim=optim, grad_accum=grad_accum,
+                 ddp=dict(ddp) if ddp is not None else None, fsdp=dict(fsdp) if fsdp is not None else None,
+                 micro_batch=micro_batch, gpus=gpus, nodes=nodes if nodes != 1 else None,
+                 gradient_checkpointing=gradient_checkpointing, ds_version=deepspeed_version,
+                 training_args=os.fspath(training_args) if training_args is not None else None,
+                 accelerate_config=os.fspath(accelerate_config) if accelerate_config is not None else None)
+    if isinstance(ds_config, (str, os.PathLike)):
+        given["deepspeed"] = os.fspath(ds_config)
+    elif ds_config is not None:
+        given["deepspeed_inline"] = dict(ds_config)
+    origins = {k: f"memfit.check({'ds_config' if k.startswith('deepspeed') else k}=...)" for k, v in given.items()
+               if v is not None}
+    inputs = apply_input_files(check_inputs(ScenarioInputs(origins=origins, **given)))
+    if warn:
+        for w in inputs.input_warnings:
+            _warn(f"memfit: {w}")
+    return inputs
 
 
 def _whole(value: Any, name: str, *, optional: bool = False) -> None:
@@ -140,11 +197,32 @@ def _whole(value: Any, name: str, *, optional: bool = False) -> None:
 
 def _check_arguments(*, ds_config: Any, gpus: Any, nodes: Any, cpu_ram: Any, seq_len: Any, micro_batch: Any,
                      gradient_checkpointing: Any, model_parameters: Any, deepspeed_version: Any,
-                     raise_on_failure: Any, warn: Any, framework: Any) -> None:
+                     raise_on_failure: Any, warn: Any, framework: Any, precision: Any = None, optim: Any = None,
+                     grad_accum: Any = None, ddp: Any = None, fsdp: Any = None, training_args: Any = None,
+                     accelerate_config: Any = None) -> None:
+    from memfit.core.frameworks.pytorch import OPTIMIZERS, PRECISION_MODES
     from memfit.core.scenario.types import DS_VERSIONS
 
-    if ds_config is None and framework in (None, "deepspeed"):
+    if framework is not None and not isinstance(framework, str):
+        raise MemfitError(f"memfit.check: framework must be a string, got {framework!r:.60}")
+    for name, value in (("training_args", training_args), ("accelerate_config", accelerate_config)):
+        if value is not None and (not isinstance(value, (str, os.PathLike)) or isinstance(value, bytes)
+                                  or not os.fspath(value).strip()):
+            raise MemfitError(f"memfit.check: {name} must be the path of a file, got {value!r:.60}")
+    if ds_config is None and framework in (None, "deepspeed") and training_args is None and accelerate_config is None:
         raise MemfitError("memfit.check: give the DeepSpeed config, or framework='torch'/'ddp'/'fsdp'/'fsdp2'")
+    if isinstance(ds_config, (str, os.PathLike)) and os.fspath(ds_config).lower().endswith((".yaml", ".yml")):
+        raise MemfitError(f"memfit.check: ds_config {os.fspath(ds_config)!r:.80} is a YAML file; a DeepSpeed config "
+                          "is JSON (an accelerate config goes in accelerate_config=, TrainingArguments in "
+                          "training_args=)")
+    if precision is not None and precision not in PRECISION_MODES:
+        raise MemfitError(f"memfit.check: precision: invalid value {precision!r:.60}; valid: {', '.join(PRECISION_MODES)}")
+    if optim is not None and optim not in OPTIMIZERS:
+        raise MemfitError(f"memfit.check: optim: invalid value {optim!r:.60}; valid: {', '.join(OPTIMIZERS)}")
+    _whole(grad_accum, "grad_accum", optional=True)
+    for name, value in (("ddp", ddp), ("fsdp", fsdp)):
+        if value is not None and not isinstance(value, Mapping):
+            raise MemfitError(f"memfit.check: {name} must be a dict of settings, got {value!r:.60}")
     if framework is not None and framework not in ("deepspeed", "torch", "ddp", "fsdp", "fsdp2"):
         raise MemfitError(f"memfit.check: framework must be deepspeed, torch, ddp, fsdp or fsdp2, got {framework!r:.60}")
     if ds_config is not None and framework not in (None, "deepspeed"):
@@ -174,15 +252,13 @@ def _check_arguments(*, ds_config: Any, gpus: Any, nodes: Any, cpu_ram: Any, seq
                           f"{deepspeed_version!r:.60}")
 
 
-def _check(model: Any, ds_config: Mapping[str, Any] | str | None, *, gpus: str | None, nodes: int,
-           cpu_ram: str | int | None, seq_len: int, micro_batch: int | None, gradient_checkpointing: bool | None,
-           model_parameters: str, deepspeed_version: str, raise_on_failure: bool, warn: bool,
-           framework: str | None, precision: str | None, optim: str | None, grad_accum: int | None,
-           ddp: Mapping[str, Any] | None, fsdp: Mapping[str, Any] | None) -> Plan:
+def _check(model: Any, inputs, *, gpus: str | None, cpu_ram: str | int | None, seq_len: int, model_parameters: str,
+           deepspeed_version: str, raise_on_failure: bool, warn: bool) -> Plan:
     import torch
 
     from memfit.core.dsconfig import (AutoContext, parse_deepspeed_config, read_deepspeed_json, resolve_auto,
                                       trainer_defaults)
+    from memfit.core.frameworks.resolve import resolve_framework_settings
     from memfit.core.hardware import Hardware, parse_gpus, parse_size
     from memfit.core.peft.parse import adapter_config_spec
     from memfit.core.peft.spec import PeftSpec
@@ -190,6 +266,7 @@ def _check(model: Any, ds_config: Mapping[str, Any] | str | None, *, gpus: str |
     from memfit.core.scenario.types import LoadSettings, Scenario, TrainSettings
 
     shape = model_shape_of(model)
+    gpus = inputs.gpus if inputs.gpus is not None else gpus
     if gpus is not None:
         count, gpu = parse_gpus(gpus)
     else:
@@ -198,24 +275,42 @@ def _check(model: Any, ds_config: Mapping[str, Any] | str | None, *, gpus: str |
             raise MemfitError("no CUDA device visible: pass gpus='2xrtx3090' (or another card) to plan for one")
         count, gpu = found
     ram = parse_size(cpu_ram, what="cpu_ram") if cpu_ram is not None else _host_ram_bytes()
-    hw = Hardware(gpu=gpu, gpus_per_node=count, nodes=nodes, cpu_ram_bytes=ram)
-    if ds_config is None:  # outside DeepSpeed: a stage-0 stub carrying the micro batch
-        ds_config = {"train_micro_batch_size_per_gpu": micro_batch or 1, "zero_optimization": {"stage": 0}}
-    raw = read_deepspeed_json(ds_config) if isinstance(ds_config, (str, os.PathLike)) else ds_config
+    hw = Hardware(gpu=gpu, gpus_per_node=count, nodes=inputs.nodes or 1, cpu_ram_bytes=ram)
+    has_ds = inputs.deepspeed is not None or inputs.deepspeed_inline is not None
+    framework = inputs.framework or ("deepspeed" if has_ds else None)
+    micro_batch, precision = inputs.micro_batch, inputs.precision
+    if framework == "deepspeed":  # the same refusals as the CLI (torch-only settings under DeepSpeed)
+        resolve_framework_settings(inputs, hw, has_deepspeed_json=has_ds)
+        if precision is not None and precision not in ("fp16", "bf16", "fp32"):
+            raise MemfitError(f"memfit.check: precision: invalid value {precision!r} with DeepSpeed; valid: fp16, bf16, "
+                              "fp32 (amp_* are the torch/DDP/FSDP precision modes)")
+    if inputs.deepspeed is not None:
+        raw = read_deepspeed_json(inputs.deepspeed)
+    elif inputs.deepspeed_inline is not None:
+        raw = inputs.deepspeed_inline
+    else:  # outside DeepSpeed: a stage-0 stub carrying the micro batch
+        raw = {"train_micro_batch_size_per_gpu": micro_batch or 1, "zero_optimization": {"stage": 0}}
     fills, sources = trainer_defaults(raw, precision="bf16" if gpu.bf16 else "fp16",
                                       precision_why=f"the GPU ({gpu.name}) {'supports' if gpu.bf16 else 'has no'} bf16")
-    if isinstance(raw.get("gradient_accumulation_steps"), str):
+    if inputs.grad_accum is not None and framework == "deepspeed":
+        fills["gradient_accumulation_steps"] = inputs.grad_accum
+        sources["gradient_accumulation_steps"] = inputs.origins.get("grad_accum", "grad_accum=")
+    elif isinstance(raw.get("gradient_accumulation_steps"), str):
         fills["gradient_accumulation_steps"] = 1
         sources["gradient_accumulation_steps"] = "transformers' TrainingArguments default"
+    if precision is not None and framework == "deepspeed":
+        fills["precision"], sources["precision"] = precision, inputs.origins.get("precision", "precision=")
     if micro_batch is None and isinstance(raw.get("train_micro_batch_size_per_gpu"), str):
         fills["micro_batch_size"], sources["micro_batch_size"] = 1, "memfit's default (pass micro_batch=)"
     elif micro_batch is not None:
-        fills["micro_batch_size"], sources["micro_batch_size"] = micro_batch, "micro_batch="
+        fills["micro_batch_size"], sources["micro_batch_size"] = micro_batch, inputs.origins.get("micro_batch", "micro_batch=")
     ctx = AutoContext(world_size=hw.world_size, hidden_size=shape.arch.hidden_size if shape.arch.hidden_size > 1 else None,
                       sources=sources, **fills)
     ds, ds_json = parse_deepspeed_config(raw, context=ctx), resolve_auto(raw, ctx)
-    for w in ds.warnings:
-        warnings.warn(f"memfit: {w}", MemfitWarning, stacklevel=3)
+    if warn:
+        for w in ds.warnings:
+            _warn(f"memfit: {w}")
+    gradient_checkpointing = inputs.gradient_checkpointing
     dtypes = [p.dtype for p in model.parameters()]
     load_dtype = _DTYPES.get(str(max(set(dtypes), key=dtypes.count)), "fp32") if dtypes else "fp32"
     zero_init = any(hasattr(p, "ds_id") for p in model.parameters())
@@ -236,8 +331,7 @@ def _check(model: Any, ds_config: Mapping[str, Any] | str | None, *, gpus: str |
         try:
             peft_spec = adapter_config_spec(raw_cfg)
         except MemfitError as e:
-            warnings.warn(f"memfit: the adapter's settings could not be read ({e}); planning with memfit's "
-                          f"{method} defaults", MemfitWarning, stacklevel=3)
+            _warn(f"memfit: the adapter's settings could not be read ({e}); planning with memfit's {method} defaults")
     quantized = any(getattr(p, "quant_state", None) is not None or type(p).__name__ == "Int8Params"
                     for p in model.parameters())
     if quantized:  # the load dtype of the non-quantized params (a 4-bit weight reports its storage dtype)
@@ -252,23 +346,23 @@ def _check(model: Any, ds_config: Mapping[str, Any] | str | None, *, gpus: str |
                   load=LoadSettings(dtype=load_dtype, zero_init=zero_init),
                   train=TrainSettings(seq_len=seq_len, micro_batch=micro_batch or ds.train_micro_batch_size_per_gpu,
                                       gradient_checkpointing=gradient_checkpointing, model_parameters=model_parameters),
-                  ds_version=deepspeed_version, accelerator="cuda", framework=framework or "deepspeed")
+                  ds_version=deepspeed_version, accelerator=inputs.accelerator or "cuda",
+                  framework=framework or "deepspeed")
     if framework not in (None, "deepspeed"):
-        sc = _framework_scenario(sc, model, framework=framework, precision=precision, optim=optim,
-                                 grad_accum=grad_accum, ddp=ddp, fsdp=fsdp)
+        sc = _framework_scenario(sc, model, inputs)
     del torch
     plan = make_plan(sc)
     if warn:
         for f in plan.findings:
             if f.severity in ("warning", "error"):
-                warnings.warn(f"memfit: {f.message}", MemfitWarning, stacklevel=2)
+                _warn(f"memfit: {f.message}")
     v = plan.verdict
     devs = {"gpu": "GPU memory per rank", "cpu": "host RAM per node", "nvme": "NVMe"}
     if warn and v.level == "at_risk":
         r = max(v.risks, key=lambda r: r.needed_bytes / r.available_bytes)
-        warnings.warn(f"memfit: this run is at risk: phase {r.phase} needs {r.needed_bytes / 2**30:.2f} GiB of "
-                      f"{devs[r.device]} of {r.available_bytes / 2**30:.2f} GiB; fits needs at most "
-                      f"{r.limit_bytes / 2**30:.2f} GiB ({r.why})", MemfitWarning, stacklevel=2)
+        _warn(f"memfit: this run is at risk: phase {r.phase} needs {r.needed_bytes / 2**30:.2f} GiB of "
+              f"{devs[r.device]} of {r.available_bytes / 2**30:.2f} GiB; fits needs at most "
+              f"{r.limit_bytes / 2**30:.2f} GiB ({r.why})")
     if raise_on_failure and not v.fits:
         fail, worst = v.failures[0], v.worst
         worse = (f"; worst: phase {worst.phase}, {worst.needed_bytes / 2**30:.2f} GiB of {devs[worst.device]}"
@@ -285,7 +379,7 @@ def _bnb_modules(model):
             and type(getattr(m, "weight", None)).__name__ in ("Params4bit", "Int8Params")]
 
 
-def _framework_scenario(sc, model, *, framework, precision, optim, grad_accum, ddp, fsdp):
+def _framework_scenario(sc, model, given):
     """The live model's scenario outside DeepSpeed; bitsandbytes settings read off its first quantized
     weight (``quant_state``: quant type, double quantization, storage dtype; ``compute_dtype`` of
     its ``Linear4bit``)."""
@@ -294,7 +388,6 @@ def _framework_scenario(sc, model, *, framework, precision, optim, grad_accum, d
     import torch
 
     from memfit.core.frameworks.resolve import resolve_framework_settings
-    from memfit.core.scenario.inputs import ScenarioInputs
 
     quant = None
     for mod in _bnb_modules(model):
@@ -311,9 +404,7 @@ def _framework_scenario(sc, model, *, framework, precision, optim, grad_accum, d
         if type(w).__name__ == "Int8Params":
             quant = {"method": "8bit"}
             break
-    inputs = ScenarioInputs(framework=framework, precision=precision, optim=optim, grad_accum=grad_accum,
-                            quantization=quant, ddp=dict(ddp) if ddp else None, fsdp=dict(fsdp) if fsdp else None,
-                            peft_method=sc.peft.method)
+    inputs = _replace(given, quantization=quant, peft_method=sc.peft.method)
     fw = resolve_framework_settings(inputs, sc.hardware, has_deepspeed_json=False)
     return _replace(sc, framework=fw.framework, torch=fw.torch, quant=fw.quant, ddp=fw.ddp, fsdp=fw.fsdp)
 

@@ -27,7 +27,10 @@ def peft_config_for(model: torch.nn.Module, spec: PeftSpec) -> PeftConfig | None
     The task type comes from ``spec.task_type`` or the model class, as ``apply_peft`` reads it, so
     ``get_peft_model`` picks the same ``PeftModelFor<task>`` class.
     """
-    from peft import LoraConfig, PrefixTuningConfig, PromptTuningConfig
+    from peft import PEFT_TYPE_TO_CONFIG_MAPPING, LoraConfig, PrefixTuningConfig, PromptTuningConfig
+
+    from memfit.core.peft.tuners import TUNERS
+    from memfit.core.peft.tuners.read import tuner_config
 
     validate_peft_spec(spec)
     if spec.method in ("full", "freeze"):
@@ -37,15 +40,25 @@ def peft_config_for(model: torch.nn.Module, spec: PeftSpec) -> PeftConfig | None
         type(model).__name__, is_encoder_decoder=bool(getattr(config, "is_encoder_decoder", False)), spec=spec
     )
     modules_to_save = list(spec.modules_to_save) or None
+    if spec.method in TUNERS:
+        tuner = TUNERS[spec.method]
+        return PEFT_TYPE_TO_CONFIG_MAPPING[tuner.peft_type](task_type=task, **tuner_config(tuner, spec))
     if spec.method == "lora":
         pattern = spec.target_modules_pattern
         if pattern is not None and pattern.lower() == ALL_LINEAR:
             pattern = ALL_LINEAR
+        exclude = spec.exclude_pattern if spec.exclude_pattern is not None else (list(spec.exclude_modules) or None)
         return LoraConfig(
             task_type=task,
             r=spec.lora_r,
             lora_alpha=spec.lora_alpha,
+            lora_dropout=spec.lora_dropout,
             target_modules=list(spec.target_modules) or pattern,
+            exclude_modules=exclude,
+            layers_to_transform=list(spec.layers_to_transform) or None,
+            layers_pattern=list(spec.layers_pattern) or None,
+            rank_pattern=dict(spec.rank_pattern),
+            alpha_pattern=dict(spec.alpha_pattern),
             bias=spec.lora_bias,
             modules_to_save=modules_to_save,
             use_dora=spec.use_dora,
@@ -86,8 +99,14 @@ def build_peft_meta_model(model: torch.nn.Module, spec: PeftSpec) -> torch.nn.Mo
     on_meta = any(p.device.type == "meta" for p in model.parameters())
     if on_meta:
         with torch.device("meta"):
-            return get_peft_model(model, config)
-    return get_peft_model(model, config)
+            built = get_peft_model(model, config)
+    else:
+        built = get_peft_model(model, config)
+    if spec.lora_fa:  # peft/optimizers/lorafa.py:create_lorafa_optimizer
+        for name, param in built.named_parameters():
+            if "lora_A" in name:
+                param.requires_grad_(False)
+    return built
 
 
 def named_param_specs(module: torch.nn.Module) -> tuple[ParamSpec, ...]:

@@ -35,9 +35,11 @@ from transformers import TrainerCallback
 class MemfitCallback(TrainerCallback):
     """Records memory per phase into ``output_dir`` (see the module docstring)."""
 
-    def __init__(self, output_dir: str | os.PathLike, *, snapshot: bool = False, max_entries: int = 1_000_000,
+    def __init__(self, output_dir: str | os.PathLike, *, snapshot: bool = False, max_entries: int | None = None,
                  device: str | None = None, overwrite: bool = False) -> None:
-        from memfit.recording.recorder import Recorder
+        from memfit.recording.recorder import DEFAULT_MAX_ENTRIES, Recorder
+
+        max_entries = DEFAULT_MAX_ENTRIES if max_entries is None else max_entries
 
         self.recorder = Recorder(output_dir, snapshot=snapshot, max_entries=max_entries, device=device, overwrite=overwrite)
         self.recorder.start()

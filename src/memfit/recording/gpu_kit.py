@@ -14,7 +14,8 @@ writes::
 
 ``--dry-run`` runs the same cases, same code, on the CPU with tiny configs (no snapshot, no
 nvidia-smi): the test suite runs it so the kit cannot rot. ``--only NAME`` runs some cases;
-``--budget-s`` stops starting cases once that much time has gone (default 450 s, under 8 minutes);
+``--budget-s`` stops starting cases once that much time has gone (default 450 s on a GPU, under 8
+minutes of a device lease; none in a dry run, whose wall time a loaded CI machine stretches);
 an existing non-empty OUT is refused (memfit never overwrites a recording).
 """
 
@@ -30,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from memfit.core.writing import write_file
 from memfit.recording.kit_cases import BY_NAME, CASES
 
 SMI_QUERY = ["--query-gpu=timestamp,index,memory.used", "--format=csv", "-lms", "100"]
@@ -88,11 +90,24 @@ def _write_markdown(out: Path, summary: dict[str, Any]) -> None:
                      f"{(r.get('error') or r.get('note') or '').replace('|', '/')[:160]} |")
     lines += ["", "Compare a case with its plan: `memfit compare <scenario> OUT/<case>` (the DeepSpeed cases' scenario is "
               "rebuilt from case.json by tests/cuda/test_cuda_fixtures.py).", ""]
-    (out / "summary.md").write_text("\n".join(lines), encoding="utf-8")
+    write_file(out / "summary.md", "\n".join(lines), what="gpu kit")
 
 
-def run_kit(out: Path, *, dry: bool, only: list[str] | None = None, budget_s: float = 450.0,
+DEFAULT_BUDGET_S = 450.0
+DRY_RUN_CASE_TIMEOUT_S = 1800
+"""A dry run's per-case limit: a hang guard only. A case's own ``timeout_s`` is sized for its GPU run
+on a leased machine; a dry run runs on CI, whose wall time a loaded machine stretches tenfold
+(alloc_device: 5.1 s idle, 59 s with both cores busy and other test processes running)."""
+
+
+def run_kit(out: Path, *, dry: bool, only: list[str] | None = None, budget_s: float | None = None,
             python: str | None = None) -> dict[str, Any]:
+    """Run the cases into ``out``. ``budget_s``: stop starting cases after that many seconds (None:
+    ``DEFAULT_BUDGET_S`` on a GPU, no budget in a dry run; ``inf``: none)."""
+    if budget_s is None:
+        budget_s = None if dry else DEFAULT_BUDGET_S
+    elif budget_s != budget_s or budget_s <= 0 or budget_s == float("inf"):
+        budget_s = None
     if out.exists() and any(out.iterdir()):
         from memfit.errors import MemfitError
 
@@ -120,7 +135,7 @@ def run_kit(out: Path, *, dry: bool, only: list[str] | None = None, budget_s: fl
         if missing:
             rows.append(_summary_row(case_dir, name, "skipped", 0.0, f"not installed: {', '.join(missing)}"))
             continue
-        if time.perf_counter() - t0 > budget_s:
+        if budget_s is not None and time.perf_counter() - t0 > budget_s:
             rows.append(_summary_row(case_dir, name, "skipped", 0.0, f"time budget of {budget_s:.0f} s spent"))
             continue
         case_dir.mkdir()
@@ -133,13 +148,14 @@ def run_kit(out: Path, *, dry: bool, only: list[str] | None = None, budget_s: fl
             env["DS_ACCELERATOR"] = "cpu"
         cmd = [python or sys.executable, "-m", "memfit.recording.kit_cases", name, str(case_dir)] + (["--dry-run"] if dry else [])
         start = time.perf_counter()
+        limit = max(case.timeout_s, DRY_RUN_CASE_TIMEOUT_S) if dry else case.timeout_s
         with (case_dir / "log.txt").open("w", encoding="utf-8") as log:
             try:
-                proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=case.timeout_s)
+                proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=limit)
                 status = "ok" if proc.returncode == 0 else "failed"
                 note = "" if proc.returncode in (0, 1) else f"exit status {proc.returncode} (see log.txt)"
             except subprocess.TimeoutExpired:
-                status, note = "failed", f"timed out after {case.timeout_s} s"
+                status, note = "failed", f"timed out after {limit} s"
         if sampler is not None:
             sampler.terminate()
             sampler.wait(timeout=10)
@@ -148,7 +164,7 @@ def run_kit(out: Path, *, dry: bool, only: list[str] | None = None, budget_s: fl
         print(f"{name}: {status} ({time.perf_counter() - start:.1f} s)", flush=True)
     summary = {"kit": "memfit.gpu_kit", "version": 1, "dry_run": dry, "device": device, "versions": versions,
                "wall_s": round(time.perf_counter() - t0, 1), "budget_s": budget_s, "cases": rows}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    write_file(out / "summary.json", json.dumps(summary, indent=1) + "\n", what="gpu kit")
     _write_markdown(out, summary)
     return summary
 
@@ -159,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="same cases on the CPU with tiny sizes (what CI runs)")
     ap.add_argument("--only", nargs="*", help="run only these cases")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
-    ap.add_argument("--budget-s", type=float, default=450.0, help="stop starting cases after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help=f"stop starting cases after this many seconds (default {DEFAULT_BUDGET_S:g} on a GPU, none in a "
+                         "dry run; inf: none)")
     args = ap.parse_args(argv)
     if args.list:
         for c in CASES:

@@ -377,7 +377,9 @@ def run_case(name: str, out: Path, *, dry: bool) -> int:
     ctx.info.update(case=case.name, kind=case.kind, what=case.what, dry_run=dry, device=device,
                     wall_s=round(time.perf_counter() - t0, 3), error=error, python=sys.version.split()[0],
                     torch=torch.__version__)
-    (out / "case.json").write_text(json.dumps(ctx.info, indent=1, default=str) + "\n", encoding="utf-8")
+    from memfit.core.writing import write_file
+
+    write_file(out / "case.json", json.dumps(ctx.info, indent=1, default=str) + "\n", what="gpu kit")
     return 0 if error is None else 1
 
 

@@ -30,8 +30,15 @@ With ``snapshot=True`` (off by default) CUDA's allocation history is recorded fr
 (``torch.cuda.memory._record_memory_history``) and dumped per rank at the end
 (``_dump_snapshot``), also when the run fails (an OOM's snapshot is the most useful one).
 
-Each rank writes ``stats.rank<R>.json`` (and ``snapshot.rank<R>.pickle``) into the directory.
-The recorder's own cost (synchronize + counters) is measured and saved as ``overhead_s``.
+Each rank writes ``stats.rank<R>.json`` (and ``snapshot.rank<R>.pickle``) into the directory,
+through memfit's one writer (``memfit.core.writing``): never through a symbolic link of either name
+(refused when the recording starts, and again when it writes), never over an existing file unless
+``overwrite=True``, which replaces the file itself (a new file renamed over it), never a link's
+target. The recorder's own cost (synchronize + counters) is measured and saved as ``overhead_s``.
+
+``max_entries`` (default ``DEFAULT_MAX_ENTRIES``, 200,000) bounds the allocation history's ring
+buffer: a snapshot of that many entries, with torch's default Python and C++ stacks, stays within
+what ``memfit compare`` reads (``memfit.core.records.bounded``: 128 MiB, 300,000 entries).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -46,8 +54,13 @@ from pathlib import Path
 from typing import Any
 
 from memfit.core.records.stats_json import FORMAT, VERSION
+from memfit.core.writing import FileExistsOnDisk, write_file
+from memfit.errors import MemfitError
 
 STEP_PHASES = ("forward", "backward", "optimizer_step")
+DEFAULT_MAX_ENTRIES = 200_000
+"""The allocation history's ring buffer (see the module docstring)."""
+EXISTS_HINT = "record into a new directory (or overwrite=True)"
 CPU_NOTE = ("device cpu: torch's CPU allocator keeps no statistics; each phase has the process RSS only "
             "(VmRSS at its start and end, VmHWM reset at its start for the peak where /proc/self/clear_refs allows)")
 
@@ -60,10 +73,11 @@ def _env_rank() -> int:
 
 
 def _numbers(stats: Any) -> dict[str, int | float]:
-    """A flat counter dict as plain JSON numbers (memory_stats() values are ints; some host timings floats)."""
+    """A flat counter dict as plain JSON numbers (memory_stats() values are ints; some host timings
+    floats, never written when not finite: strict JSON has no NaN)."""
     out: dict[str, int | float] = {}
     for k, v in dict(stats).items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
             continue
         out[str(k)] = v
     return out
@@ -103,7 +117,7 @@ class StepNamer:
 class Recorder:
     """See the module docstring. Use ``memfit.record(...)`` to make one."""
 
-    def __init__(self, out_dir: str | os.PathLike, *, snapshot: bool = False, max_entries: int = 1_000_000,
+    def __init__(self, out_dir: str | os.PathLike, *, snapshot: bool = False, max_entries: int = DEFAULT_MAX_ENTRIES,
                  device: str | None = None, overwrite: bool = False) -> None:
         self.out_dir = Path(out_dir)
         self.snapshot = snapshot
@@ -139,15 +153,16 @@ class Recorder:
         self.torch = torch
         wanted = self.requested_device or ("cuda" if torch.cuda.is_available() else "cpu")
         if wanted not in ("cuda", "cpu"):
-            raise ValueError(f"memfit.record: device must be 'cuda' or 'cpu', not {wanted!r}")
+            raise MemfitError(f"memfit.record: device must be 'cuda' or 'cpu', not {wanted!r}")
         if wanted == "cuda" and not torch.cuda.is_available():
-            raise ValueError("memfit.record: device='cuda' but torch sees no CUDA device")
+            raise MemfitError("memfit.record: device='cuda' but torch sees no CUDA device")
         self.cuda = wanted == "cuda"
         rank = _env_rank()
-        target = self.out_dir / f"stats.rank{rank}.json"
-        if target.exists() and not self.overwrite:
-            raise FileExistsError(f"memfit.record: {target} exists; record into a new directory (or overwrite=True)")
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._check_targets(rank)
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise MemfitError(f"memfit.record: cannot create {self.out_dir}: {e.strerror or type(e).__name__}") from None
         self.rss = RssMonitor()
         if not self.rss.exact:
             self.notes.append("RSS peaks are sampled every 2 ms (/proc/self/clear_refs refused): a short peak can be missed")
@@ -161,6 +176,18 @@ class Recorder:
                 self.notes.append("snapshot=True ignored: memory snapshots exist for CUDA only")
         self.started = True
         self.overhead_s += time.perf_counter() - t
+
+    def _check_targets(self, rank: int) -> None:
+        """Before anything is recorded: this rank's file names are no symbolic link, and no file
+        unless ``overwrite``."""
+        names = [f"stats.rank{rank}.json"] + ([f"snapshot.rank{rank}.pickle"] if self.snapshot else [])
+        for name in names:
+            target = self.out_dir / name
+            if os.path.islink(target):
+                raise FileExistsOnDisk(f"memfit.record: {target} is a symbolic link; memfit never writes through one "
+                                       "(remove it, or record into a new directory)")
+            if os.path.lexists(target) and not self.overwrite:
+                raise FileExistsOnDisk(f"memfit.record: {target} exists; {EXISTS_HINT}")
 
     def finish(self, error: str | None = None) -> list[Path]:
         """Close the open phase and write this rank's files. Returns the paths written."""
@@ -176,10 +203,14 @@ class Recorder:
             else int(os.environ.get("WORLD_SIZE", "1") or 1)
         snapshot_file = None
         if self.cuda and self.snapshot:
+            import pickle
+
             snapshot_file = f"snapshot.rank{rank}.pickle"
-            torch.cuda.memory._dump_snapshot(str(self.out_dir / snapshot_file))
+            # what torch.cuda.memory._dump_snapshot does (pickle.dump of _snapshot()), through memfit's writer
+            data = pickle.dumps(torch.cuda.memory._snapshot())
             torch.cuda.memory._record_memory_history(enabled=None)
-            self.written.append(self.out_dir / snapshot_file)
+            self.written.append(write_file(self.out_dir / snapshot_file, data, what="memfit.record",
+                                           overwrite=self.overwrite, exists_hint=EXISTS_HINT))
         if error:
             self.notes.append(f"the run failed: {error}")
         self.rss.close()
@@ -195,8 +226,8 @@ class Recorder:
                "utc_offset_s": int(offset.total_seconds()) if offset is not None else 0,
                "snapshot_file": snapshot_file, "overhead_s": round(self.overhead_s, 6), "notes": self.notes,
                "phases": self.phases}
-        path = self.out_dir / f"stats.rank{rank}.json"
-        path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        path = write_file(self.out_dir / f"stats.rank{rank}.json", json.dumps(doc, indent=1) + "\n",
+                          what="memfit.record", overwrite=self.overwrite, exists_hint=EXISTS_HINT)
         self.written.append(path)
         self.started = False
         return self.written
@@ -210,7 +241,7 @@ class Recorder:
         if not self.started:
             raise RuntimeError("memfit.record: mark() outside the recording (use it inside `with memfit.record(...)`)")
         if not isinstance(label, str) or not label or len(label) > 100:
-            raise ValueError(f"memfit.record: a phase name is a short text, not {label!r}")
+            raise MemfitError(f"memfit.record: a phase name is a short text, not {label!r}")
         self.close_phase()
         t = time.perf_counter()
         if step is not None and label in STEP_PHASES:
@@ -272,12 +303,13 @@ class Recorder:
         self.close_phase()
 
 
-def record(out_dir: str | os.PathLike, *, snapshot: bool = False, max_entries: int = 1_000_000,
+def record(out_dir: str | os.PathLike, *, snapshot: bool = False, max_entries: int = DEFAULT_MAX_ENTRIES,
            device: str | None = None, overwrite: bool = False) -> Recorder:
     """A ``Recorder`` to use as a context manager (see the module docstring).
 
     ``snapshot``: also record CUDA's allocation history and dump it per rank (off by default: it keeps
     a stack per allocation; ``max_entries`` bounds the ring buffer). ``device``: ``cuda`` (default when
-    available) or ``cpu``. ``overwrite``: replace this rank's earlier files in ``out_dir``.
+    available) or ``cpu``. ``overwrite``: replace this rank's earlier files in ``out_dir`` (the files
+    themselves: a symbolic link of either name is refused, never followed).
     """
     return Recorder(out_dir, snapshot=snapshot, max_entries=max_entries, device=device, overwrite=overwrite)

@@ -12,6 +12,7 @@ from memfit.core.ledger_types import PHASE_LABELS, Device, PhaseLedger, Plan
 from memfit.core.scenario.types import Scenario
 from memfit.core.units import fmt_bytes
 from memfit.core.verdict import gpu_figure, host_figure
+from memfit.render.assumptions import render_assumptions
 
 GiB = 2**30
 _SEV = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -173,6 +174,7 @@ def verdict_text(plan: Plan) -> Text:
 
 def render_plan(plan: Plan, sc: Scenario, console: Console, *, all_items: bool = False) -> None:
     console.print(Panel(scenario_summary(sc), title=Text(f"memfit plan: {plan.scenario_name}"), title_align="left"))
+    render_assumptions(sc, console)
     console.print(phase_table(plan, sc, width=console.width))
     console.print(verdict_text(plan))
     console.print()

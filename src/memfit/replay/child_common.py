@@ -130,3 +130,35 @@ def _model_summary(model, cfg) -> ModelSummary:
         largest_param_name=largest_name,
         num_layers=num_layers(cfg),
     )
+
+
+STEP_PHASES = ("forward", "backward", "optimizer_step")
+LOOP_PHASES = (*STEP_PHASES, *(f"{p}.{n}" for p in ("accum", "step2") for n in STEP_PHASES))
+"""Phase names of the training loop: the DeepSpeed child names every occurrence by its step name and
+numbers it; the torch child names them as the ledger does."""
+
+
+def step_alloc_sequence(spec: ReplaySpec, recorder, tracker):  # noqa: ANN001 (PhaseRecorder, HostTracker)
+    """The training loop's allocation sequence (``spec.alloc_sequence``): the windows from the first
+    forward to the last optimizer step, labelled with ledger phase names (``sequence_phase``; where a
+    label recurs, the micro-steps of a later step under gradient accumulation, the last occurrence is
+    the ledger's phase and the earlier ones are ``label#k``). None when not asked for or not tracked."""
+    from memfit.replay.host_tracker import alloc_sequence
+    from memfit.replay.measurement import sequence_phase
+
+    if not spec.alloc_sequence or tracker.raw is None:
+        return None
+    rows = [(w, r) for w, r in recorder.closed if r.name in LOOP_PHASES]
+    if not rows:
+        return None
+    first = recorder.closed.index(rows[0])
+    last = recorder.closed.index(rows[-1])
+    rows = recorder.closed[first:last + 1]
+    labels = [sequence_phase(r.name, r.step, r.micro_step) if r.name in STEP_PHASES else r.name for _, r in rows]
+    windows, seen = [], {}
+    for (w, _), label in zip(rows, labels):
+        seen[label] = seen.get(label, 0) + 1
+        later = labels.count(label) - seen[label]
+        windows.append((label if not later else f"{label}#{seen[label]}", w))
+    events, marks, pins = tracker.raw
+    return alloc_sequence(events, marks, pins, windows)

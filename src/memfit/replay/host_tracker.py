@@ -34,6 +34,9 @@ class AllocEvent:
     delta_bytes: int
     device: str
     """``cpu`` (host, pinned or not) or ``cuda``."""
+    total_bytes: int | None = None
+    """The allocator's running total after this report (``total_allocated``): orders reports that
+    share a timestamp."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +195,92 @@ def summarize(
     return TrackerResult(windows=tuple(out), samples=tuple(samples), unmatched_pins=unmatched, events=len(events))
 
 
+def alloc_sequence(events: list[AllocEvent], marks: list[Mark], pins: list[PinEvent],
+                   windows: list[tuple[str, int]], *, device: str = "cpu"):
+    """The tensors ``device``'s allocator reported over consecutive ``windows`` ((label, window index),
+    in order) as a ``core.alloc.sequence.AllocSequence``: the tensors live when the first window opens
+    (allocated since the tracker started, in allocation order), then every allocation and free until
+    the last window closes (the next mark, or the end). Pins resolve to the allocation live at their
+    pointer, as in ``summarize``. Pure (plain events in)."""
+    from memfit.core.alloc.sequence import AllocSequence
+
+    mark_t = {m.index: m.t_ns for m in marks}
+    begin = mark_t[windows[0][1]]
+    last = windows[-1][1]
+    end = min((m.t_ns for m in marks if m.index > last), default=None)
+    mine = chain_order([e for e in events if e.device == device])
+    timeline: list[tuple[int, int, int, object]] = [(e.t_ns, 1, i, e) for i, e in enumerate(mine)]
+    timeline += [(p.t_ns, 2, i, p) for i, p in enumerate(pins)]
+    timeline += [(mark_t[w], 0, k, label) for k, (label, w) in enumerate(windows)]
+    timeline.sort(key=lambda x: (x[0], x[1], x[2]))
+    ptr_id: dict[int, int] = {}
+    sizes: list[int] = []
+    alive: dict[int, None] = {}
+    pinned: set[int] = set()
+    ops: list[int] | None = None
+    remap: dict[int, int] = {}
+    live: tuple[int, ...] = ()
+    out_marks: list[tuple[str, int]] = []
+    for t_ns, kind, _, item in timeline:
+        if end is not None and t_ns >= end:
+            break
+        if ops is None and t_ns >= begin:
+            ids = list(alive)
+            remap = {t: j for j, t in enumerate(ids)}
+            live = tuple(sizes[t] for t in ids)
+            ops = []
+        if kind == 0:
+            out_marks.append((str(item), len(ops or ())))
+        elif kind == 1:
+            e = item  # type: ignore[assignment]
+            if e.delta_bytes > 0:
+                tid = len(sizes)
+                sizes.append(e.delta_bytes)
+                ptr_id[e.ptr] = tid
+                alive[tid] = None
+                if ops is not None:
+                    remap[tid] = len(live) + sum(1 for n in ops if n > 0)
+                    ops.append(e.delta_bytes)
+            else:
+                tid = ptr_id.pop(e.ptr, None)
+                if tid is None:
+                    continue  # allocated before the tracker started
+                del alive[tid]
+                if ops is not None and tid in remap:
+                    ops.append(~remap[tid])
+        else:
+            tid = ptr_id.get(item.ptr)  # type: ignore[union-attr]
+            if tid is not None:
+                pinned.add(tid)
+    ops = ops or []
+    return AllocSequence(live=live, ops=tuple(ops), marks=tuple(out_marks),
+                         pinned=tuple(sorted(remap[t] for t in pinned if t in remap)),
+                         source=f"torch.profiler profile_memory=True, {device} allocator reports")
+
+
+def chain_order(events: list[AllocEvent]) -> list[AllocEvent]:
+    """``events`` of one allocator in time order; reports with the same timestamp in the order their
+    running totals (``total_bytes``) chain: each one's total is the previous total plus its delta."""
+    evs = sorted(events, key=lambda e: e.t_ns)
+    out: list[AllocEvent] = []
+    k = 0
+    total = None
+    while k < len(evs):
+        j = k
+        while j < len(evs) and evs[j].t_ns == evs[k].t_ns:
+            j += 1
+        group = evs[k:j]
+        while group:
+            pick = 0
+            if total is not None and len(group) > 1:
+                pick = next((g for g, e in enumerate(group) if e.total_bytes == total + e.delta_bytes), 0)
+            e = group.pop(pick)
+            out.append(e)
+            total = e.total_bytes
+        k = j
+    return out
+
+
 def downsample(samples: tuple[Sample, ...], max_points: int) -> tuple[Sample, ...]:
     """At most about ``max_points`` samples, keeping each window's first and last sample and, per
     chunk, the highest host and device samples (so every peak survives)."""
@@ -224,6 +313,8 @@ class HostTracker:
         self.enabled = enabled
         self._prof = None
         self._marks = 0
+        self.raw: tuple[list[AllocEvent], list[Mark], list[PinEvent]] | None = None
+        """(allocation reports, marks, pin events) once stopped (``alloc_sequence`` reads them)."""
 
     def start(self) -> None:
         if not self.enabled:
@@ -263,6 +354,7 @@ class HostTracker:
         prof, self._prof = self._prof, None
         prof.__exit__(None, None, None)
         events, marks, pins = extract_events(prof)
+        self.raw = (events, marks, pins)
         return summarize(events, marks, pins, num_windows=self._marks)
 
 
@@ -287,7 +379,8 @@ def extract_events(prof) -> tuple[list[AllocEvent], list[Mark], list[PinEvent]]:
             dev = "cpu" if ef.device.type == "cpu" else "cuda" if ef.device.type == "cuda" else None
             if dev is None:
                 continue
-            events.append(AllocEvent(t_ns=ev.start_time_ns, ptr=int(ef.ptr), delta_bytes=int(ef.alloc_size), device=dev))
+            events.append(AllocEvent(t_ns=ev.start_time_ns, ptr=int(ef.ptr), delta_bytes=int(ef.alloc_size), device=dev,
+                                     total_bytes=int(ef.total_allocated)))
         else:
             name = ev.name
             if name.startswith(MARK_PREFIX):

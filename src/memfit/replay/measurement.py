@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from memfit.core.alloc.sequence import AllocSequence
 from memfit.errors import MemfitError
 from memfit.replay.spec import ReplaySpec
 
@@ -197,6 +198,10 @@ class Measurement:
     wall_s: float = 0.0
     returncode: int | None = None
     notes: tuple[str, ...] = ()
+    alloc_sequence: AllocSequence | None = None
+    """With ``spec.alloc_sequence``: every host tensor the CPU allocator reported from the first
+    forward to the end of the last optimizer step (``memfit.replay.host_tracker.alloc_sequence``);
+    its marks are ledger phase names (``sequence_phase``)."""
 
     @property
     def ok(self) -> bool:
@@ -227,6 +232,9 @@ class Measurement:
             value = getattr(self, f.name)
             if f.name == "spec":
                 out[f.name] = value.to_dict()
+            elif f.name == "alloc_sequence":
+                if value is not None:
+                    out[f.name] = value.to_dict()
             else:
                 out[f.name] = _to_plain(value)
         return out
@@ -244,6 +252,7 @@ class Measurement:
         d["attributed"] = tuple(AttributedItem(**a) for a in d.get("attributed", ()))
         d["timeline"] = tuple(TimelinePoint(**t) for t in d.get("timeline", ()))
         d["error"] = ReplayError(**d["error"]) if d.get("error") else None
+        d["alloc_sequence"] = AllocSequence.from_dict(d["alloc_sequence"]) if d.get("alloc_sequence") else None
         return cls(**d)
 
     def to_json(self) -> str:
@@ -254,17 +263,26 @@ class Measurement:
         return cls.from_dict(json.loads(text))
 
 
+def sequence_phase(name: str, step: int | None, micro_step: int | None) -> str:
+    """The ledger phase a replay's step phase occurrence is: step 1's first micro-step is ``forward``/
+    ``backward``, its later ones ``accum.*``; every later step is ``step2.*``."""
+    if not step:
+        return name if not micro_step or name == "optimizer_step" else f"accum.{name}"
+    return f"step2.{name}"
+
+
 def save_fixture(measurement: Measurement, path: str, *, overwrite: bool = False) -> str:
-    """Write ``measurement`` as JSON to ``path``; refuse to replace an existing file unless told to."""
-    if os.path.exists(path) and not overwrite:
-        raise MemfitError(f"fixture {path} exists; pass overwrite=True (--overwrite) to replace it")
+    """Write ``measurement`` as JSON to ``path``; refuse to replace an existing file unless told to,
+    and never write through a symbolic link (memfit's one writer, ``memfit.core.writing``)."""
+    from memfit.core.writing import write_file
+
     parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(measurement.to_json())
-        fh.write("\n")
-    os.replace(tmp, path)
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as e:
+        raise MemfitError(f"fixture: cannot create {parent}: {e.strerror or type(e).__name__}") from None
+    write_file(path, measurement.to_json() + "\n", what="fixture", overwrite=overwrite,
+               exists_hint="pass overwrite=True (--overwrite) to replace it")
     return path
 
 

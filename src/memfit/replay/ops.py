@@ -32,6 +32,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from memfit.replay.build_locks import lock_holders  # noqa: F401 - part of this module's interface
+
 OPS = {"cpu_adam": "CPUAdamBuilder", "fused_adam": "FusedAdamBuilder", "deepspeed_shm_comm": "ShareMemCommBuilder"}
 """DeepSpeed ops the replays load (by builder ``NAME``): cpu_adam with an offloaded optimizer,
 fused_adam without, and on the CPU accelerator the shared-memory collectives deepspeed.comm builds
@@ -74,34 +76,6 @@ def build_directory(op: str) -> str:
 
 def lock_path(directory: str) -> str:
     return os.path.join(directory, "lock")
-
-
-def lock_holders(path: str) -> tuple[tuple[int, ...], bool]:
-    """(pids with ``path`` open, whether every process could be inspected) through /proc/*/fd."""
-    target = os.path.realpath(path)
-    holders: list[int] = []
-    complete = os.path.isdir("/proc/self/fd")
-    try:
-        pids = [int(n) for n in os.listdir("/proc") if n.isdigit()]
-    except OSError:
-        return (), False
-    for pid in pids:
-        fd_dir = f"/proc/{pid}/fd"
-        try:
-            fds = os.listdir(fd_dir)
-        except FileNotFoundError:
-            continue  # exited meanwhile
-        except PermissionError:
-            complete = False
-            continue
-        for fd in fds:
-            try:
-                if os.readlink(f"{fd_dir}/{fd}") == target:
-                    holders.append(pid)
-                    break
-            except OSError:
-                continue
-    return tuple(holders), complete
 
 
 def lock_state(directory: str) -> LockState:

@@ -177,6 +177,9 @@ class ReplaySpec:
     ``never``: no save phase."""
     host_tracker: bool = True
     """Track every host (and device) tensor allocation with torch.profiler's memory events."""
+    alloc_sequence: bool = False
+    """Keep the training loop's allocation sequence (every host tensor allocated and freed from the
+    first forward to the last optimizer step, ``Measurement.alloc_sequence``); needs ``host_tracker``."""
     seed: int = 0
     threads: int | None = None
     """``torch.set_num_threads`` in the child (None: torch's default)."""

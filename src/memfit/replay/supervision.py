@@ -29,6 +29,12 @@ The child keeps its own session (``start_new_session=True``) so a deadline can s
 group at once (``_kill_tree``). ``run_supervised`` starts a command this way and waits for it, up to
 a deadline (the replay runner, the op builder).
 
+A build that a deadline stops leaves no lock behind: ``_kill_tree`` notes the torch build locks the
+stopped processes hold before its first signal and, once they are gone, removes those no live
+process holds (``memfit.replay.build_locks.release_orphaned``); a watchdog removes its own process's
+locks before its SIGKILL. Only locks of processes memfit stopped: one it finds is reported, never
+removed.
+
 Pure Python, no torch: the parent side imports this.
 """
 
@@ -234,6 +240,9 @@ def start_watchdog(token: str | None = None, *, poll_s: float = WATCHDOG_POLL_S,
             except OSError:
                 pass
         time.sleep(grace_s)
+        from memfit.replay.build_locks import release_own
+
+        release_own()  # its build dies with it: no stale lock for the next one
         end_own_group(signal.SIGKILL)
 
     thread = threading.Thread(target=watch, name="memfit-replay-watchdog", daemon=True)
@@ -259,25 +268,30 @@ def run_supervised(argv: list[str], *, env: dict[str, str], timeout_s: float | N
     try:
         return proc.wait(timeout=timeout_s), False
     except subprocess.TimeoutExpired:
-        _kill_tree(proc)
+        _kill_tree(proc, env)
         return proc.wait(), True
     except BaseException:  # KeyboardInterrupt in the supervisor: the child goes with it
-        _kill_tree(proc)
+        _kill_tree(proc, env)
         proc.wait()
         raise
 
 
-def _kill_tree(proc: subprocess.Popen) -> None:
+def _kill_tree(proc: subprocess.Popen, env: dict[str, str] | None = None) -> None:
     """SIGTERM the child's process group (its session) and those of all its descendants, then
     SIGKILL the groups still there after ``KILL_GRACE_S``.
 
     torchrun starts each worker with ``start_new_session=True`` (torch's ``SubprocessHandler``),
     so signalling the child's own group would miss them; they are found through /proc before the
     first signal (once torchrun is gone they are no longer its descendants). A group is killed only
-    while its leader is the very process seen then (same pid and start time).
+    while its leader is the very process seen then (same pid and start time). The build locks the
+    tree held are removed afterwards if no live process holds them (``build_locks``).
     """
+    from memfit.replay import build_locks
+
+    tree = [proc.pid, *descendants(proc.pid)]
+    locks = build_locks.held_build_locks(tree, build_locks.extension_roots(env))
     leaders = {proc.pid: start_time(proc.pid)}
-    for pid in descendants(proc.pid):
+    for pid in tree[1:]:
         try:
             pgid = os.getpgid(pid)
         except ProcessLookupError:
@@ -296,6 +310,12 @@ def _kill_tree(proc: subprocess.Popen) -> None:
         same = proc.poll() is None if pgid == proc.pid else started is not None and start_time(pgid) == started
         if same:
             _signal_group(pgid, signal.SIGKILL)
+    if locks:
+        proc.wait()
+        deadline = time.monotonic() + KILL_GRACE_S  # the SIGKILLed take a moment to close their files
+        while any(alive(pid) for pid in tree) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        build_locks.release_orphaned(locks)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

@@ -21,7 +21,7 @@ from memfit.core.peft.spec import PeftSpec
 from memfit.errors import MemfitError
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-PEFT_METHODS = ("full", "freeze", "lora", "prefix", "prompt")
+PEFT_METHODS = ("full", "freeze", "lora", "prefix", "prompt")  # kept for older callers; apply_peft takes every method
 
 TRACED_AS = {"flash_attention_2": "sdpa", "flash_attention_3": "sdpa", "flex_attention": "sdpa"}
 """Implementations a CPU cannot run, traced through sdpa's flash kernel (the same saved tensors)."""
@@ -49,8 +49,10 @@ def apply_peft(model: torch.nn.Module, spec: PeftSpec) -> torch.nn.Module:
     PEFT accounting is tested against: ``memfit.exact.peft_build``)."""
     from memfit.exact.peft_build import build_peft_meta_model
 
-    if spec.method not in PEFT_METHODS:
-        raise MemfitError(f"PEFT method must be one of {', '.join(PEFT_METHODS)}, got {spec.method!r}")
+    from memfit.core.peft.params import PEFT_METHODS as ALL_METHODS
+
+    if spec.method not in ALL_METHODS:
+        raise MemfitError(f"PEFT method must be one of {', '.join(ALL_METHODS)}, got {spec.method!r}")
     try:
         return build_peft_meta_model(model, spec)
     except ValueError as exc:  # peft's NoMatchingPeftModuleError and config checks

@@ -39,6 +39,7 @@ Bytes are per GPU; ``dtype_bytes`` is the training dtype's element size.
 
 from __future__ import annotations
 
+from memfit.core.activations.adapters import AdapterActivations, first_block_adapters, first_block_qk_grads
 from memfit.core.activations.common import CAUSAL_LM_LOSS, _attention_bytes, _lora_targets
 from memfit.core.activations.estimate import ActivationEstimate, LayerGroup
 from memfit.core.families.attention import IMPLEMENTATIONS
@@ -68,6 +69,7 @@ def estimate_activation_bytes(
     linear_saves_frozen_inputs: bool = False,
     target_len: int | None = None,
     compute_bytes: int | None = None,
+    adapters: AdapterActivations | None = None,
 ) -> ActivationEstimate:
     """Activation bytes of one micro-batch of ``micro_batch`` x ``seq_len`` tokens (see module doc).
 
@@ -75,7 +77,8 @@ def estimate_activation_bytes(
     every one but ``eager`` keeps the fused kernels' tensors. ``target_len``: decoder tokens of an
     encoder-decoder (default ``seq_len``). ``dtype_bytes`` is the residual stream's element size (the
     model's dtype); ``compute_bytes`` the matmul outputs' (autocast's 16-bit dtype under AMP on an
-    fp32 model; default ``dtype_bytes``).
+    fp32 model; default ``dtype_bytes``). ``adapters``: what the PEFT method's adapted layers keep
+    (``memfit.core.activations.adapters``; without it, LoRA is counted from ``peft`` alone).
     """
     if seq_len < 1 or micro_batch < 1 or dtype_bytes < 1:
         raise MemfitError(f"seq_len, micro_batch and dtype_bytes must be >= 1, got {seq_len}, {micro_batch}, {dtype_bytes}")
@@ -91,14 +94,13 @@ def estimate_activation_bytes(
         return estimate_from_layout(arch, peft, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes,
                                     gradient_checkpointing=gradient_checkpointing, attention=attention,
                                     keep_outputs=keep_outputs, linear_saves_frozen_inputs=linear_saves_frozen_inputs,
-                                    target_len=target_len, compute_bytes=compute_bytes)
+                                    target_len=target_len, compute_bytes=compute_bytes, adapters=adapters)
     method = peft.method
     fam = _FAMILY.get(arch.model_type, "llama" if arch.mlp_kind == "gated" else "gpt2")
     D = dtype_bytes
     b = micro_batch
-    P = peft.num_virtual_tokens if method in ("prefix", "prompt") else 0
-    s = seq_len + P if method == "prompt" else seq_len
-    skv = s + P if method == "prefix" else s
+    s = seq_len + peft.prompt_tokens
+    skv = s + peft.prefix_tokens
     t = b * s
     h = arch.hidden_size
     a = arch.num_heads
@@ -108,24 +110,28 @@ def estimate_activation_bytes(
     k_exp = arch.experts_per_token if arch.num_experts > 1 else 1
     eager = attention == "eager"
     full = method == "full" or method == "freeze"
-    targets = _lora_targets(arch, peft) if method == "lora" else ()
+    targets = (adapters.kept_inputs(D) if adapters is not None else
+               _lora_targets(arch, peft) if method == "lora" else ())
     frozen_saves = linear_saves_frozen_inputs and fam != "gpt2"  # GPT-2's Conv1D is not nn.Linear
 
     def trains(*names: str) -> bool:
         """The input of a Linear among ``names`` is kept: its weight trains (or ZeRO-3 keeps it)."""
         return full or frozen_saves or any(n in targets for n in names)
 
-    lora_r = sum(1 for _ in targets) * D * t * peft.lora_r if method == "lora" else 0
-    grad_into_first = full or method == "prompt"
+    lora_r = (max(adapters.block_bytes(t, D), default=0) if adapters is not None else
+              sum(1 for _ in targets) * D * t * peft.lora_r if method == "lora" else 0)
+    grad_into_first = full or peft.prompt_tokens > 0
+    qk_grads = first_block_qk_grads(adapters, targets, peft)  # first layer, frozen embeddings
     cache = keep_outputs and not gradient_checkpointing  # transformers turns the cache off under checkpointing
 
     layer = _layer_bytes(fam, D=D, b=b, s=s, skv=skv, t=t, h=h, a=a, hq=hq, hkv=hkv, i=i * k_exp, eager=eager,
                          trains=trains, full=full, grad_in=True, gqa=hkv != hq, cache=cache)
     first = _layer_bytes(fam, D=D, b=b, s=s, skv=skv, t=t, h=h, a=a, hq=hq, hkv=hkv, i=i * k_exp, eager=eager,
-                         trains=trains, full=full, grad_in=grad_into_first, gqa=hkv != hq, cache=cache)
+                         trains=trains, full=full, grad_in=grad_into_first, gqa=hkv != hq, cache=cache,
+                         qk_grads=qk_grads)
     router = t * arch.num_experts * 4 if arch.num_experts > 1 else 0
     layer += lora_r + router
-    first += lora_r + router
+    first += (first_block_adapters(adapters, arch, t, D, grad_into_first) if adapters is not None else lora_r) + router
     # checkpointing calls enable_input_require_grads(): the embedding output becomes a leaf that
     # requires grad (its AccumulateGrad node holds it until backward)
     embed_grad = grad_into_first or gradient_checkpointing
@@ -134,6 +140,9 @@ def estimate_activation_bytes(
         embed += D * t * h  # wte output, separate from the (position-added, dropped-out) layer input
     logits = (D * t * arch.vocab_size if keep_outputs else 0) + 4 * t * arch.vocab_size
     head = logits + _head_bytes(fam, D=D, t=t, h=h, lm_head_trains=full)
+    if adapters is not None:  # adapted (or quantized) embeddings and heads, outside the blocks
+        before, after = adapters.outside_bytes(t, D)
+        embed, head = embed + before, head + after
     L = arch.num_layers + arch.num_encoder_layers
     if gradient_checkpointing:
         held = L * D * t * h + (D * b * s * skv if eager else 0)  # layer inputs, the eager causal mask
@@ -178,8 +187,9 @@ def _held_layers(n_layers: int, per_layer: int, first_extra: int) -> tuple[int, 
 
 
 def _layer_bytes(fam: str, *, D: int, b: int, s: int, skv: int, t: int, h: int, a: int, hq: int, hkv: int, i: int,
-                 eager: bool, trains, full: bool, grad_in: bool, gqa: bool, cache: bool) -> int:
-    """One decoder layer's saved bytes, as the family's transformers code produces them."""
+                 eager: bool, trains, full: bool, grad_in: bool, gqa: bool, cache: bool, qk_grads: int = 1) -> int:
+    """One decoder layer's saved bytes, as the family's transformers code produces them. ``qk_grads``: how
+    many of q and k need a gradient when the layer's input does not (``grad_in`` false: the adapted ones)."""
     prefix_mask = skv != s
     if fam == "gptj":
         # parallel block: ln_1 feeds attention and the MLP; with a frozen embedding the first
@@ -235,7 +245,8 @@ def _layer_bytes(fam: str, *, D: int, b: int, s: int, skv: int, t: int, h: int, 
     if eager and not trains("o_proj"):
         n -= D * t * hq
     if eager and not grad_in:
-        n -= D * t * hq  # only one of q, k needs a gradient in the first layer
+        # the score matmul keeps k for q's gradient and q for k's: in the first layer only the adapted ones need one
+        n -= D * t * hq * (2 - qk_grads)
     n += norm + (norm_out if full else 0)
     n += D * t * h if trains("gate_proj", "up_proj") else 0
     n += 3 * D * t * i + (D * t * i if trains("down_proj") else 0)

@@ -40,10 +40,12 @@ class Ctx:
     ``D``: element size of the residual stream (the model's dtype: embeddings, norms, residual sums);
     ``C``: of the matmul outputs (autocast's 16-bit dtype under AMP, else ``D``); ``amp`` when they
     differ. ``trains(*names)``: whether any of these Linears keeps its input (its weight trains, or
-    ZeRO-3's linear keeps it anyway). ``r``: LoRA's rank (0 without LoRA)."""
+    ZeRO-3's linear keeps it anyway). ``adapted(*names)``: whether any of these layers' outputs need a
+    gradient in the first block over frozen embeddings (full training, an adapter on them, an adapted
+    norm before them). ``r``: LoRA's rank (0 without LoRA)."""
 
     __slots__ = ("D", "C", "amp", "b", "s", "skv", "t", "h", "a", "hq", "hkv", "kv", "i", "eager", "full", "trains",
-                 "cache", "gqa", "attention", "r")
+                 "adapted", "cache", "gqa", "attention", "r")
 
     def __init__(self, **kw) -> None:
         for k, v in kw.items():
@@ -203,8 +205,8 @@ def _attention(arch: ArchSpec, L: LayerLayout, c: Ctx, *, masked: bool, qk_norm:
     full = c.full
     n = 0
     # in the first layer over frozen embeddings, q (k) needs a gradient only through a trained q_proj (k_proj)
-    wq = hq if grad_in or c.trains("q_proj", "qkv_proj") else 0
-    wk = hkv if grad_in or c.trains("k_proj", "qkv_proj") else 0
+    wq = hq if grad_in or c.adapted("q_proj", "qkv_proj") else 0
+    wk = hkv if grad_in or c.adapted("k_proj", "qkv_proj") else 0
     if qk_norm and L.qk_norm == "head":
         n += 4 * t * (wq + wk) + 4 * t * (a * bool(wq) + kv * bool(wk))
         if full:  # the weight's operand: q, k (matmul outputs) normalized, cast back to their dtype
@@ -236,8 +238,8 @@ def _attention(arch: ArchSpec, L: LayerLayout, c: Ctx, *, masked: bool, qk_norm:
         if not grad_in:  # the first layer over frozen embeddings: q, k need a gradient through their
             # projections (a fused one for both), k also through prefix tuning's virtual keys; the scores'
             # matmul keeps q only for k's gradient and k for q's
-            q_need = c.trains("q_proj", "qkv_proj")
-            k_need = c.trains("k_proj", "qkv_proj") or skv != s
+            q_need = c.adapted("q_proj", "qkv_proj")
+            k_need = c.adapted("k_proj", "qkv_proj") or skv != s
             n -= 0 if k_need else C * t * hq
             n -= C * b * skv * hq if not q_need and (c.gqa or kd != C) else 0
         if not c.trains("o_proj"):

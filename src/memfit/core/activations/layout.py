@@ -17,9 +17,11 @@ Layer formulas are in ``families`` (Llama-style decoders, experts, latent attent
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import NamedTuple
 
+from memfit.core.activations.adapters import PRE_ATTENTION_NORMS, AdapterActivations, first_block_adapters
 from memfit.core.activations.common import CAUSAL_LM_LOSS, _lora_targets
 from memfit.core.activations.estimate import ActivationEstimate, LayerGroup
 from memfit.core.activations.families import Ctx, lin_in, llama_layer, norm_bytes
@@ -33,36 +35,46 @@ _LM_TASKS = ("causal-lm", "masked-lm", "seq2seq-lm")
 def estimate_from_layout(
     arch: ArchSpec, peft: PeftSpec, *, seq_len: int, micro_batch: int, dtype_bytes: int,
     gradient_checkpointing: bool, attention: str, keep_outputs: bool, linear_saves_frozen_inputs: bool,
-    target_len: int | None, compute_bytes: int | None = None,
+    target_len: int | None, compute_bytes: int | None = None, adapters: AdapterActivations | None = None,
 ) -> ActivationEstimate:
     L = arch.layout
     method = peft.method
     D, b = dtype_bytes, micro_batch
     C = compute_bytes or D
-    P = peft.num_virtual_tokens if method in ("prefix", "prompt") else 0
-    s = seq_len + P if method == "prompt" else seq_len
-    skv = s + P if method == "prefix" else s
+    s = seq_len + peft.prompt_tokens
+    skv = s + peft.prefix_tokens
     t = b * s
     full = method in ("full", "freeze")
-    targets = _lora_targets(arch, peft) if method == "lora" else ()
+    targets = (adapters.kept_inputs(D) if adapters is not None else
+               _lora_targets(arch, peft) if method == "lora" else ())
     frozen_saves = linear_saves_frozen_inputs
 
     def trains(*names: str) -> bool:
         return full or frozen_saves or any(n in targets for n in names)
 
+    # the first block's layers whose outputs need a gradient over frozen embeddings: the adapted ones
+    # (all of them behind an adapted pre-attention norm, LN tuning)
+    first_adapted = adapters.first_block_adapted() if adapters is not None else frozenset(targets)
+    behind_norm = bool(first_adapted & PRE_ATTENTION_NORMS)
+
+    def adapted(*names: str) -> bool:
+        return full or behind_norm or any(n in first_adapted for n in names)
+
     c = Ctx(D=D, C=C, amp=C != D, b=b, s=s, skv=skv, t=t, h=arch.hidden_size, a=arch.num_heads, hq=arch.num_heads * arch.head_dim,
             hkv=arch.num_kv_heads * arch.head_dim, kv=arch.num_kv_heads, i=arch.intermediate_size,
-            eager=attention == "eager", full=full, trains=trains,
+            eager=attention == "eager", full=full, trains=trains, adapted=adapted,
             # the cache lives on only as part of the outputs that carry it (CausalLMOutputWithPast,
             # SequenceClassifierOutputWithPast, Seq2SeqLMOutput); transformers disables it under checkpointing
             cache=keep_outputs and not gradient_checkpointing and arch.task in ("causal-lm", "sequence-classification", "seq2seq-lm"),
             gqa=arch.num_kv_heads != arch.num_heads,
             attention=attention, r=peft.lora_r if method == "lora" else 0)
-    grad_first = full or method == "prompt"
+    grad_first = full or peft.prompt_tokens > 0
     # decoder tokens: the target's (peft 0.21's PeftModelForSeq2SeqLM.forward prepends prompt tuning's
     # virtual tokens to the encoder's inputs only, whatever num_transformer_submodules says)
     s_dec = target_len or seq_len
-    lora = len(targets) * C * t * peft.lora_r if method == "lora" else 0  # each lora_A's output
+    lora = (max(adapters.block_bytes(t, D), default=0) if adapters is not None else
+            len(targets) * C * t * peft.lora_r if method == "lora" else 0)  # each lora_A's output
+    lora_first = first_block_adapters(adapters, arch, t, D, grad_first) if adapters is not None else lora
     fused = attention != "eager" and attention != "sdpa"  # flash/flex take windows without a mask
 
     groups: list[LayerGroup] = []
@@ -82,17 +94,22 @@ def estimate_from_layout(
             kw = dict(moe="m" in kind, masked=masked, qk_norm="n" not in kind)
             groups.append(LayerGroup(_kind_name(kind), counted[kind], llama_layer(arch, L, ck, grad_in=True, **kw) + lora))
             if kind == kinds[0]:
-                first = llama_layer(arch, L, ck, grad_in=grad_first, **kw) + lora
+                first = llama_layer(arch, L, ck, grad_in=grad_first, **kw) + lora_first
     elif L.family == "neox":
         per = neox_layer(arch, L, c, grad_in=True) + lora
         groups.append(LayerGroup("layer", arch.num_layers, per))
-        first = neox_layer(arch, L, c, grad_in=grad_first) + lora
+        first = neox_layer(arch, L, c, grad_in=grad_first) + lora_first
     elif L.family == "bert":
         per = bert_layer(arch, L, c, grad_in=True) + lora
         groups.append(LayerGroup("layer", arch.num_layers, per))
-        first = bert_layer(arch, L, c, grad_in=grad_first) + lora
+        first = bert_layer(arch, L, c, grad_in=grad_first) + lora_first
     elif L.family == "t5":
-        groups, first, extra = _t5_groups(arch, c, s_dec, lora, grad_first=grad_first)
+        if adapters is not None:  # decoder blocks at target length (cross-attention's k, v over the encoder's)
+            lora_first, lora, dec_adapters = _t5_adapter_bytes(adapters, arch, D, t, b * s_dec, grad_first)
+        else:
+            dec_adapters = None
+        groups, first, extra = _t5_groups(arch, c, s_dec, lora, grad_first=grad_first, lora_first=lora_first,
+                                          dec_adapters=dec_adapters)
     else:  # a layout family without a model here is a builder bug
         raise AssertionError(L.family)
 
@@ -101,6 +118,9 @@ def estimate_from_layout(
                              leaf=gradient_checkpointing and not grad_first)
     hd = _head_bytes(arch, c, t_out, keep_outputs=keep_outputs)
     head, logits = hd.head, hd.logits
+    if adapters is not None:  # adapted (or quantized) embeddings and heads, outside the blocks
+        before, after = adapters.outside_bytes(t, D)
+        embed, head = embed + before, head + after
     layers_total = sum(g.count * g.bytes for g in groups) - (groups[0].bytes - first if groups else 0)
     n_layers = sum(g.count for g in groups)
     biggest = max(groups, key=lambda g: g.count * g.bytes) if groups else LayerGroup("layer", 0, 0)
@@ -184,15 +204,34 @@ def _kind_name(kind: str) -> str:
     return name + (" sliding" if "s" in kind else "") + (" nope" if "n" in kind else "")
 
 
-def _t5_groups(arch: ArchSpec, c: Ctx, target_len: int, lora: int, *,
-               grad_first: bool) -> tuple[list[LayerGroup], int, str]:
+def _t5_adapter_bytes(adapters: AdapterActivations, arch: ArchSpec, D: int, t_enc: int, t_dec: int,
+                      grad_first: bool) -> tuple[int, int, int]:
+    """The adapters' (and quantized matmuls') bytes of an encoder-decoder: (first encoder block, largest
+    encoder block, largest decoder block), decoder layers at the target's tokens except the
+    cross-attention's k and v, which read the encoder's output."""
+    n_enc = arch.num_encoder_layers if arch.num_encoder_layers else arch.num_layers
+    per_enc = adapters.block_bytes(t_enc, D)[:n_enc]
+    first = first_block_adapters(adapters, arch, t_enc, D, grad_first)
+    dec = [0] * max(adapters.blocks - n_enc, 0)
+    rows = [(x.module, x.block, adapters.saved(x, D)) for x in adapters.layers]
+    if adapters.quantized is not None:
+        rows += [(q.module, q.block, adapters.quantized.saved(q, D)) for q in adapters.quantized.layers]
+    for module, block, saved in rows:
+        if n_enc <= block < adapters.blocks:
+            tokens = t_enc if re.search(r"EncDecAttention\.[kv]$", module) else t_dec
+            dec[block - n_enc] += saved.per_token * tokens + saved.fixed
+    return first, max(per_enc, default=0), max(dec, default=0)
+
+
+def _t5_groups(arch: ArchSpec, c: Ctx, target_len: int, lora: int, *, grad_first: bool, lora_first: int | None = None,
+               dec_adapters: int | None = None) -> tuple[list[LayerGroup], int, str]:
     """Encoder blocks at ``seq_len`` and decoder blocks at ``target_len`` tokens per sequence (the
     first of each over frozen embeddings keeps nothing for its input: ``grad_first``)."""
     L = arch.layout
     every = arch.model_type == "umt5"  # every umT5 block has its own relative bias
     enc_n = arch.num_encoder_layers if arch.num_encoder_layers else arch.num_layers
     enc = t5_encoder_layer(arch, L, c, own_bias=every) + lora
-    enc0 = t5_encoder_layer(arch, L, c, own_bias=True, grad_in=grad_first) + lora
+    enc0 = t5_encoder_layer(arch, L, c, own_bias=True, grad_in=grad_first) + (lora if lora_first is None else lora_first)
     groups = [LayerGroup("encoder", enc_n, enc)]
     if not arch.num_encoder_layers:  # T5ForTokenClassification: the encoder alone
         return groups, enc0, ""
@@ -202,8 +241,8 @@ def _t5_groups(arch: ArchSpec, c: Ctx, target_len: int, lora: int, *,
     dec_c.t = c.b * target_len
     # lora_A's outputs: the decoder's self-attention and feed-forward at target_len tokens, the
     # cross-attention's k and v projections over the encoder's output
-    dec_lora = 0
-    if c.r and not c.full:
+    dec_lora = dec_adapters or 0
+    if dec_adapters is None and c.r and not c.full:
         names = ("q", "k", "v", "o", "wi", "wi_0", "wi_1", "wo")
         dec_lora = sum(c.C * dec_c.t * c.r for n in names if c.trains(n))  # self-attention and FF
         dec_lora += sum(c.C * (c.t if n in ("k", "v") else dec_c.t) * c.r for n in ("q", "k", "v", "o") if c.trains(n))

@@ -54,7 +54,7 @@ def neox_layer(arch: ArchSpec, L: LayerLayout, c: Ctx, *, grad_in: bool) -> int:
     n += _neox_attention(arch, L, c, falcon=falcon)
     # a parallel block's MLP in the first layer over frozen embeddings sees nothing that needs a
     # gradient unless dense_h_to_4h trains: it keeps nothing
-    mlp = grad_in or not L.parallel or c.trains("dense_h_to_4h")
+    mlp = grad_in or not L.parallel or c.adapted("dense_h_to_4h")
     if mlp:  # dense_h_to_4h's output (the activation's input), the activation's own tensors and its output
         n += C * t * i + _mlp_act(L.act, C, t * i) - C * t * i + (C * t * i if c.trains("dense_4h_to_h") else 0)
     # dropout before the residual add: NeoX's post_attention_dropout and post_mlp_dropout, Falcon's one
@@ -139,8 +139,8 @@ def bert_layer(arch: ArchSpec, L: LayerLayout, c: Ctx, *, grad_in: bool) -> int:
             n += C * t * h if c.trains("dense") else 0
             if not grad_in:  # the first layer over frozen embeddings: the scores' matmul keeps q only for
                 # k's gradient (a trained key, prefix tuning's virtual keys), k only for q's
-                n -= 0 if c.trains("key") or skv != s else C * t * h
-                n -= 0 if c.trains("query") else C * b * skv * h
+                n -= 0 if c.adapted("key") or skv != s else C * t * h
+                n -= 0 if c.adapted("query") else C * b * skv * h
         else:
             k = sdpa(c, masked=False, heads=a, kv_heads=a, d_qk=arch.head_dim, d_v=arch.head_dim, s=s, skv=skv)
             n += k.kernel + C * t * h  # the kernel's state; its output (the attention output dense's input)
@@ -171,11 +171,11 @@ def _deberta_attention(arch: ArchSpec, L: LayerLayout, c: Ctx, *, grad_in: bool)
     if L.hidden_dropout > 0 and c.full:
         n += span2 * h
     n += lin_in(c, span2 * h, "query_proj", "key_proj")
-    n += sum(C * span2 * c.r for name in ("query_proj", "key_proj") if c.r and c.trains(name) and not c.full)
+    n += sum(C * span2 * c.r for name in ("query_proj", "key_proj") if c.r and c.adapted(name) and not c.full)
     if not grad_in:  # the first layer over frozen embeddings: content and position terms of q (k) are kept
         # only for the gradient of k (q), which needs one only through a trained key_proj (query_proj)
         for own, other in (("query_proj", "key_proj"), ("key_proj", "query_proj")):
-            if not c.trains(other):
+            if not c.adapted(other):
                 n -= C * t * h + C * b * a * span2 * (h // a)
     return n
 
@@ -196,7 +196,7 @@ def t5_decoder_layer(arch: ArchSpec, L: LayerLayout, c: Ctx, *, s_enc: int, own_
     """A T5 decoder block: causal self-attention (bias + causal mask), cross-attention (its k and v
     projections read the encoder's output: under AMP each makes its own 16-bit copy), FF."""
     C, t, b, s, h, hq = c.C, c.t, c.b, c.s, c.h, c.hq
-    self_grad = grad_in or c.trains("q", "k", "v", "o")  # else (prompt tuning's first block over frozen
+    self_grad = grad_in or c.adapted("q", "k", "v", "o")  # else (prompt tuning's first block over frozen
     # embeddings) its self-attention keeps nothing: only the cache's k and v, which the outputs hold
     n = 2 * C * t * hq
     if self_grad:

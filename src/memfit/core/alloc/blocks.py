@@ -107,20 +107,28 @@ class Block:
     def is_split(self) -> bool:
         return self.prev is not None or self.next is not None
 
-    def key(self) -> tuple[int, int, int]:
-        return (self.stream, self.size, self.ptr)
+    def key(self) -> int:
+        """(stream, size, ptr) packed in one int, ordered as the tuple (``Pool``)."""
+        return (self.stream << 128) | (self.size << 64) | self.ptr
+
+
+def size_key(stream: int, size: int) -> int:
+    """The smallest ``Block.key`` of ``stream`` and ``size`` (ptr 0): ``lower_bound``'s probe."""
+    return (stream << 128) | (size << 64)
 
 
 class Pool:
     """``BlockPool``: free mapped blocks ordered by (stream, size, ptr) (``BlockComparatorSize``);
-    unmapped ones by (stream, ptr) (``BlockComparatorAddress``)."""
+    unmapped ones by (stream, ptr) (``BlockComparatorAddress``). The (stream, size, ptr) keys are
+    packed into one int each (``Block.key``: sizes and addresses below 2^64), which sorts as the
+    tuple does and compares faster; ``key >> 128`` is the stream."""
 
     __slots__ = ("small", "keys", "by_key", "unmapped", "gc_calls")
 
     def __init__(self, small: bool) -> None:
         self.small = small
-        self.keys: list[tuple[int, int, int]] = []
-        self.by_key: dict[tuple[int, int, int], Block] = {}
+        self.keys: list[int] = []
+        self.by_key: dict[int, Block] = {}
         self.unmapped: dict[tuple[int, int], Block] = {}
         self.gc_calls = 0
         """``get_free_blocks_call_count``."""
@@ -134,13 +142,12 @@ class Pool:
 
     def erase(self, b: Block) -> None:
         k = b.key()
-        i = bisect_left(self.keys, k)
-        if i < len(self.keys) and self.keys[i] == k:
-            del self.keys[i]
-            del self.by_key[k]
+        if self.by_key.pop(k, None) is not None:
+            keys = self.keys
+            del keys[bisect_left(keys, k)]
 
     def lower_bound(self, stream: int, size: int) -> int:
-        return bisect_left(self.keys, (stream, size, -1))
+        return bisect_left(self.keys, size_key(stream, size))
 
     def unmapped_sorted(self, stream: int) -> list[Block]:
         return [self.unmapped[k] for k in sorted(self.unmapped) if k[0] == stream]

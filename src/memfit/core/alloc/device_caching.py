@@ -26,8 +26,10 @@ memory outside PyTorch exceeds the card; the per-phase peak of it is what the ve
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 from memfit.core.alloc.blocks import (K_MIN_BLOCK, K_ROUND_LARGE, K_SMALL_SIZE, Block, DeviceStats,  # noqa: F401
-                                      Pool, TraceEvent, allocation_size, round_size,
+                                      Pool, TraceEvent, allocation_size, round_size, size_key,
                                       roundup_power2_next_division)
 from memfit.core.alloc.conf import SIZE_MAX, AllocConf
 from memfit.core.alloc.expandable import ExpandableSegments
@@ -63,6 +65,10 @@ class CudaCachingAllocator(ExpandableSegments):
         self.active: dict[int, Block] = {}
         """``active_blocks``: allocated, or freed but waiting for a stream event."""
         self.pending: list[Block] = []
+        self.event_lag: int | None = None
+        """Ledger replays: mallocs after which a deferred free's stream event counts as completed
+        (``process_events``); None: only ``complete`` completes one (recordings)."""
+        self._lag: dict[int, int] = {}
         self.forced_addresses: list[int] = []
         self._next_addr = ADDRESS_BASE
         self._page_users: dict[tuple[int, int], int] = {}
@@ -70,6 +76,8 @@ class CudaCachingAllocator(ExpandableSegments):
         self.set_fraction = frac is not None and device_total_bytes is not None
         """``set_fraction`` / ``allowed_memory_maximum`` (``setMemoryFraction``: fraction x total)."""
         self.allowed_max = int(frac * device_total_bytes) if self.set_fraction else 0  # type: ignore[operator]
+        self._divisions = any(d > 1 for d in self.conf.roundup_power2_divisions)
+        """Whether ``round_size`` can round to a power-of-two division (else: up to 512 B)."""
 
     # -- helpers -------------------------------------------------------------------------------
     def _emit(self, action: str, addr: int, size: int, stream: int) -> None:
@@ -108,11 +116,16 @@ class CudaCachingAllocator(ExpandableSegments):
         blocks and retry; release every unsplit cached block and retry (``num_alloc_retries``); else OOM
         (``num_ooms``, an ``oom`` trace entry)."""
         self.process_events()
-        size = round_size(orig_size, self.conf)
-        pool = self._pool(size)
-        alloc = allocation_size(size, self.conf)
+        if orig_size < K_MIN_BLOCK:
+            size = K_MIN_BLOCK
+        elif self._divisions:
+            size = round_size(orig_size, self.conf)
+        else:  # round_size without power-of-two divisions
+            size = (orig_size + K_MIN_BLOCK - 1) // K_MIN_BLOCK * K_MIN_BLOCK
+        pool = self.small if size <= K_SMALL_SIZE else self.large
         block = self._get_free_block(pool, size, stream)
         if block is None:
+            alloc = allocation_size(size, self.conf)
             if self.set_fraction and self.conf.garbage_collection_threshold > 0.0:
                 self._garbage_collect()
             block = (self._alloc_block(pool, size, alloc, stream, retry=False)
@@ -120,18 +133,20 @@ class CudaCachingAllocator(ExpandableSegments):
                          and self._alloc_block(pool, size, alloc, stream, retry=False))
                      or (self.release_cached_blocks() and self._alloc_block(pool, size, alloc, stream, retry=True))
                      or None)
-        if block is None:
-            self.stats.num_ooms += 1
-            free = 0 if self.capacity is None else max(self.capacity - self.stats.reserved_bytes.current, 0)
-            self._emit("oom", free, size, stream)
-            if not self.force_on_oom:
-                raise OutOfMemory(f"CUDA out of memory. Tried to allocate {alloc} B")
-            saved_cap, saved_frac = self.capacity, self.set_fraction
-            self.capacity, self.set_fraction = None, False
-            block = self._alloc_block(pool, size, alloc, stream, retry=False)
-            self.capacity, self.set_fraction = saved_cap, saved_frac
+            if block is None:
+                self.stats.num_ooms += 1
+                free = 0 if self.capacity is None else max(self.capacity - self.stats.reserved_bytes.current, 0)
+                self._emit("oom", free, size, stream)
+                if not self.force_on_oom:
+                    raise OutOfMemory(f"CUDA out of memory. Tried to allocate {alloc} B")
+                saved_cap, saved_frac = self.capacity, self.set_fraction
+                self.capacity, self.set_fraction = None, False
+                block = self._alloc_block(pool, size, alloc, stream, retry=False)
+                self.capacity, self.set_fraction = saved_cap, saved_frac
         assert block is not None
-        return self._alloc_found_block(block, pool, size, orig_size, stream)
+        out = self._alloc_found_block(block, pool, size, orig_size, stream)
+        self._after_malloc()
+        return out
 
     def _get_free_block(self, pool: Pool, size: int, stream: int) -> Block | None:
         """``get_free_block``: lower_bound over (stream, size, ptr), same stream only. An expandable
@@ -142,30 +157,38 @@ class CudaCachingAllocator(ExpandableSegments):
         if self.set_fraction and conf.garbage_collection_threshold > 0.0:
             pool.gc_calls += 1
         keys = pool.keys
-        i = pool.lower_bound(stream, size)
-        if i == len(keys) or keys[i][0] != stream:
+        i = bisect_left(keys, size_key(stream, size))  # Pool.lower_bound
+        if i == len(keys):
             return None
-        b = pool.by_key[keys[i]]
+        k = keys[i]
+        if k >> 128 != stream:
+            return None
+        b = pool.by_key[k]
         if b.es is not None:
             if conf.expandable_segments:
                 def grow(x: Block) -> int:
                     return x.size + (x.next.size if x.next is not None and not x.next.mapped else 0)
                 j = i + 1
-                while b.es is not None and j < len(keys) and keys[j][0] == stream and grow(pool.by_key[keys[j]]) < grow(b):
+                while b.es is not None and j < len(keys) and (keys[j] >> 128) == stream and grow(pool.by_key[keys[j]]) < grow(b):
                     b = pool.by_key[keys[j]]
                     j += 1
             else:
                 j = i + 1
-                while j < len(keys) and keys[j][0] == stream and pool.by_key[keys[j]].es is not None:
+                while j < len(keys) and (keys[j] >> 128) == stream and pool.by_key[keys[j]].es is not None:
                     j += 1
-                if j == len(keys) or keys[j][0] != stream:
+                if j == len(keys) or (keys[j] >> 128) != stream:
                     return None
                 b = pool.by_key[keys[j]]
-        if size < conf.max_split_size <= b.size:
+        mss = conf.max_split_size
+        if size < mss <= b.size:
             return None
-        if size >= conf.max_split_size and b.size >= size + conf.max_non_split_rounding:
+        if size >= mss and b.size >= size + conf.max_non_split_rounding:
             return None
-        pool.erase(b)
+        if b.es is None and pool.by_key.get(k) is b:  # Pool.erase of the block at i
+            del keys[i]
+            del pool.by_key[k]
+        else:
+            pool.erase(b)
         return b
 
     def _alloc_block(self, pool: Pool, size: int, alloc: int, stream: int, *, retry: bool) -> Block | None:
@@ -211,11 +234,29 @@ class CudaCachingAllocator(ExpandableSegments):
         b.allocated = True
         b.requested = orig_size
         self.active[id(b)] = b
-        self._emit("alloc", b.ptr, orig_size, stream)
-        self.stats.allocated_bytes.add(b.size)
-        self.stats.active_bytes.add(b.size)
-        self.stats.requested_bytes.add(orig_size)
-        self._busy(b, +1)
+        if self.record:
+            self._emit("alloc", b.ptr, orig_size, stream)
+        st = self.stats
+        bs = b.size
+        x = st.allocated_bytes  # Stat.add, inlined: the hot path of every ledger
+        x.current += bs
+        if x.current > x.peak:
+            x.peak = x.current
+        x = st.active_bytes
+        x.current += bs
+        if x.current > x.peak:
+            x.peak = x.current
+        x = st.requested_bytes
+        x.current += orig_size
+        if x.current > x.peak:
+            x.peak = x.current
+        seg = b.seg
+        if seg is not None:  # _busy(b, +1)
+            seg[1] += 1
+            if seg[1] == 1:
+                st.nonreleasable_bytes.add(seg[0])
+        elif b.es is not None:
+            self._page_busy(b, +1)
         return b
 
     # -- free ------------------------------------------------------------------------------------
@@ -224,12 +265,22 @@ class CudaCachingAllocator(ExpandableSegments):
         (``deferred``, i.e. ``recordStream``) waits for its event (``insert_events``); otherwise
         ``free_block`` returns it to the pool at once."""
         b.allocated = False
-        self.stats.allocated_bytes.add(-b.size)
-        self._emit("free_requested", b.ptr, b.requested, b.stream)
-        self._busy(b, -1)  # a pending block is freed by release_cached_blocks' synchronize first
+        st = self.stats
+        st.allocated_bytes.current -= b.size  # Stat.add of a negative amount (the peak stays)
+        if self.record:
+            self._emit("free_requested", b.ptr, b.requested, b.stream)
+        seg = b.seg  # _busy(b, -1); a pending block is freed by release_cached_blocks' synchronize first
+        if seg is not None:
+            seg[1] -= 1
+            if seg[1] == 0:
+                st.nonreleasable_bytes.current -= seg[0]
+        elif b.es is not None:
+            self._page_busy(b, -1)
         if deferred:
             b.event_count += 1
             self.pending.append(b)
+            if self.event_lag is not None:
+                self._lag[id(b)] = self.event_lag
         else:
             self._free_block(b)
 
@@ -241,19 +292,38 @@ class CudaCachingAllocator(ExpandableSegments):
             self._free_block(b)
 
     def process_events(self) -> None:
-        """Ledger replays have no side streams; a recording says when events complete (``complete``)."""
+        """``process_events``: free the deferred blocks whose stream events have completed. A recording
+        says when that was (``complete``); in a ledger replay (``event_lag`` set) a block freed after
+        ``recordStream`` on another stream is taken as done once ``event_lag`` more mallocs have run:
+        the GPU is that far behind the CPU (the caller's assumption, stated where it sets it)."""
+        if self.event_lag is None or not self.pending:
+            return
+        for b in [b for b in self.pending if self._lag.get(id(b), 1) <= 0]:
+            self._lag.pop(id(b), None)
+            b.event_count = 1
+            self.complete(b)
+
+    def _after_malloc(self) -> None:
+        if self._lag:
+            for k in self._lag:
+                self._lag[k] -= 1
 
     def _free_block(self, b: Block) -> None:
         """``free_block``: merge with free neighbours (``try_merge_blocks``), cache (``free_completed``)."""
-        self._emit("free_completed", b.ptr, b.requested, b.stream)
+        if self.record:
+            self._emit("free_completed", b.ptr, b.requested, b.stream)
         pool = self.small if b.small else self.large
         size0, req = b.size, b.requested
-        for other in (b.prev, b.next):
-            self._try_merge(b, other, pool)
+        prev, nxt = b.prev, b.next
+        if prev is not None:
+            self._try_merge(b, prev, pool)
+        if nxt is not None:
+            self._try_merge(b, nxt, pool)
         self.active.pop(id(b), None)
         pool.insert(b)
-        self.stats.active_bytes.add(-size0)
-        self.stats.requested_bytes.add(-req)
+        st = self.stats
+        st.active_bytes.current -= size0
+        st.requested_bytes.current -= req
 
     def _try_merge(self, dst: Block, src: Block | None, pool: Pool) -> int:
         """``try_merge_blocks``: absorb a free neighbour with the same mapping state."""
@@ -285,9 +355,13 @@ class CudaCachingAllocator(ExpandableSegments):
         each pool (large, then small) cudaFree every unsplit free block and unmap every free page of
         expandable segments (``release_blocks``); a segment left with nothing mapped is dropped."""
         self.stats.num_sync_all_streams += 1
+        if not self.pending and not self.expandables and \
+                self.stats.reserved_bytes.current == self.stats.nonreleasable_bytes.current:
+            return True  # every segment holds a live block: nothing to free (a shortcut, same result)
         for b in list(self.pending):
             b.event_count = 1
             self.complete(b)
+        self._lag.clear()
         for pool in (self.large, self.small):
             to_unmap = []
             for k in list(pool.keys):
@@ -323,7 +397,7 @@ class CudaCachingAllocator(ExpandableSegments):
         need = max(size, mss)
         keys = pool.keys
         i = pool.lower_bound(stream, need)
-        if i < len(keys) and keys[i][0] == stream and pool.by_key[keys[i]].es is None:
+        if i < len(keys) and (keys[i] >> 128) == stream and pool.by_key[keys[i]].es is None:
             self._release_block(pool.by_key[keys[i]], pool)
             return True
         if i == 0:

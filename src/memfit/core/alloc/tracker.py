@@ -31,6 +31,12 @@ OUTSIDE_TORCH_PINNED = {
 mlock), never cached."""
 
 PINNED_CACHE_KEY = "alloc.pinned_cache"
+STREAM_EVENT_LAG = 1
+"""A block freed after ``record_stream`` (DeepSpeed ZeRO-3's gathered params and gradients with
+``overlap_comm``) waits for an event on the other stream; the simulator takes it as completed once one
+more malloc has run (the GPU one allocation behind the CPU: the next request, e.g. the prefetch that
+follows a release, cannot reuse it). An assumption, not a measurement: how far the GPU lags depends
+on kernel times, which memfit does not model; 0 would make such frees immediate."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,6 +60,7 @@ class MemoryTracker:
         self.gpu_total = gpu_total_bytes
         self.gpu = CudaCachingAllocator(conf, capacity_bytes=gpu_total_bytes, device_total_bytes=gpu_total_bytes,
                                         force_on_oom=True)
+        self.gpu.event_lag = STREAM_EVENT_LAG
         self.host = PinnedHostAllocator.for_version(version, conf, native=pin_native)
         self.outside_gpu = 0
         self.outside_locked = 0
@@ -76,15 +83,16 @@ class MemoryTracker:
         return self.host.stats.locked_bytes.current + self.outside_locked
 
     # -- the ledger's calls ------------------------------------------------------------------------
-    def alloc_gpu(self, nbytes: int, *, outside: bool) -> tuple[object, int]:
-        """Returns (handle, bytes the allocator gave: the block size)."""
+    def alloc_gpu(self, nbytes: int, *, outside: bool, stream: int = 0) -> tuple[object, int]:
+        """Returns (handle, bytes the allocator gave: the block size); ``stream``: the CUDA stream
+        current when the tensor is made (0: the default stream; a side stream's blocks serve only it)."""
         if outside:
             self.outside_gpu += nbytes
             self.gpu.capacity = self.gpu_total - self.outside_gpu
             handle: object = ("outside", nbytes)
             block = nbytes
         else:
-            b = self.gpu.malloc(nbytes)
+            b = self.gpu.malloc(nbytes, stream)
             handle, block = b, b.size
         s = self.gpu.stats
         self.oom_peak = max(self.oom_peak, s.nonreleasable_bytes.current + self.outside_gpu)
@@ -92,12 +100,14 @@ class MemoryTracker:
         self.outside_peak = max(self.outside_peak, self.outside_gpu)
         return handle, block
 
-    def free_gpu(self, handle: object) -> None:
+    def free_gpu(self, handle: object, *, deferred: bool = False) -> None:
+        """``deferred``: the tensor was used on another stream (``record_stream``): its block is
+        reusable once that stream's event completes (``STREAM_EVENT_LAG``)."""
         if isinstance(handle, tuple):
             self.outside_gpu -= handle[1]
             self.gpu.capacity = self.gpu_total - self.outside_gpu
         else:
-            self.gpu.free(handle)  # type: ignore[arg-type]
+            self.gpu.free(handle, deferred=deferred)  # type: ignore[arg-type]
 
     def alloc_pinned(self, key: str, nbytes: int) -> tuple[object, int]:
         """Returns (handle, bytes locked for it: its block, or its exact/page-rounded size outside)."""

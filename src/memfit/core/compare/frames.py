@@ -123,6 +123,49 @@ class FrameReader:
                     self._by_func.setdefault(r.function, []).append(r)
         self._order = {id(r): (0 if r in self.ledger else 1) for r in (*self.ledger, *self.extra)}
         self._memo: dict[int, tuple[tuple[str, ...] | None, tuple[StackFrame, ...]]] = {}
+        self._shorts: dict[int, tuple[StackFrame, str]] = {}
+        self._sites: dict[int, tuple[str, tuple[StackFrame, ...]]] = {}
+        self._frames: dict[int, tuple[StackFrame, tuple[FrameRule, ...], bool]] = {}
+        self._site_of: dict[int, tuple[StackFrame, _Site]] = {}
+
+    def _site(self, frame: StackFrame) -> _Site:
+        """``_site_of(frame)``, once per frame object."""
+        hit = self._site_of.get(id(frame))
+        if hit is not None and hit[0] is frame:
+            return hit[1]
+        site = _site_of(frame, self.short)
+        self._site_of[id(frame)] = (frame, site)
+        return site
+
+    def _frame(self, frame: StackFrame) -> tuple[tuple[FrameRule, ...], bool]:
+        """(the rules that match ``frame``, whether it is a library's own code), once per frame object:
+        a snapshot's distinct stacks share a few thousand frames, and the comparison walks 300,000 stacks."""
+        hit = self._frames.get(id(frame))
+        if hit is not None and hit[0] is frame:
+            return hit[1], hit[2]
+        found = tuple([r for r in self._by_func.get(frame.name.rsplit(".", 1)[-1], ()) if r.matches(frame)]
+                      + [r for r in self._contains if r.matches(frame)])
+        own = _in_library(frame, self.short)
+        self._frames[id(frame)] = (frame, found, own)
+        return found, own
+
+    def short(self, frame: StackFrame) -> str:
+        """``frame.short()``, computed once per frame object (a snapshot's stacks share their frames)."""
+        hit = self._shorts.get(id(frame))
+        if hit is not None and hit[0] is frame:
+            return hit[1]
+        text = frame.short()
+        self._shorts[id(frame)] = (frame, text)
+        return text
+
+    def where(self, frames: tuple[StackFrame, ...]) -> str:
+        """``where(frames)``, once per distinct stack."""
+        hit = self._sites.get(id(frames))
+        if hit is not None and hit[1] is frames:
+            return hit[0]
+        site = _where(frames, self._site)
+        self._sites[id(frames)] = (site, frames)
+        return site
 
     def keys_for(self, frames: tuple[StackFrame, ...]) -> tuple[str, ...] | None:
         """The ledger keys of the innermost frame a rule matches; ``None`` when none does."""
@@ -132,11 +175,10 @@ class FrameReader:
         result = None
         passed_library = False
         for frame in frames:
-            found = [r for r in self._by_func.get(frame.name.rsplit(".", 1)[-1], ()) if r.matches(frame)]
-            found += [r for r in self._contains if r.matches(frame)]
+            found, own = self._frame(frame)
             if passed_library:
                 found = [r for r in found if not r.generic]
-            if not found and _in_library(frame):
+            if not found and own:
                 passed_library = True
             if found:
                 best = min(self._order[id(r)] for r in found)
@@ -154,8 +196,8 @@ _OWN_CODE = ("deepspeed/", "peft/", "bitsandbytes/", "accelerate/")
 """Libraries whose own allocations the ledger models item by item (a generic rule never claims them)."""
 
 
-def _in_library(frame: StackFrame) -> bool:
-    return frame.filename.endswith(".py") and frame.short().startswith(_OWN_CODE)
+def _in_library(frame: StackFrame, short=StackFrame.short) -> bool:
+    return frame.filename.endswith(".py") and short(frame).startswith(_OWN_CODE)
 
 
 _INTERNAL = ("torch/nn/modules/module.py", "torch/utils/", "torch/_tensor.py", "torch/autograd/",
@@ -164,19 +206,39 @@ _LIBRARIES = ("deepspeed/", "transformers/", "peft/", "accelerate/", "bitsandbyt
               "torch/distributed/")
 
 
-def where(frames: tuple[StackFrame, ...]) -> str:
+@dataclass(frozen=True, slots=True)
+class _Site:
+    """What ``where`` reads of one frame."""
+    python: bool
+    short: str
+    library: bool
+    internal: bool
+
+
+def _site_of(frame: StackFrame, short=StackFrame.short) -> _Site:
+    if not frame.filename.endswith(".py"):
+        return _Site(False, "", False, False)
+    text = short(frame)
+    path = frame.filename.replace("\\", "/")
+    return _Site(True, text, text.startswith(_LIBRARIES), any(part in path for part in _INTERNAL))
+
+
+def where(frames: tuple[StackFrame, ...], short=StackFrame.short) -> str:
     """A short name for an allocation site: the innermost frame of a library memfit models (DeepSpeed,
     transformers, peft, ...), else the innermost Python frame outside torch's plumbing."""
-    py = [f for f in frames if f.filename.endswith(".py")]
-    for f in py:
-        short = f.short()
-        if short.startswith(_LIBRARIES):
-            return short
-    for f in py:
-        if not any(part in f.filename.replace("\\", "/") for part in _INTERNAL):
-            return f.short()
+    return _where(frames, lambda f: _site_of(f, short))
+
+
+def _where(frames: tuple[StackFrame, ...], site) -> str:
+    py = [s for s in map(site, frames) if s.python]
+    for s in py:
+        if s.library:
+            return s.short
+    for s in py:
+        if not s.internal:
+            return s.short
     if py:
-        return py[0].short()
+        return py[0].short
     if frames:
         return frames[0].name[:80]
     return "(no stack recorded)"

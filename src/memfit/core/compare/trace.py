@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from memfit.core.compare.frames import FrameReader, where
+from memfit.core.compare.frames import FrameReader
 from memfit.core.records.types import ALLOCATOR_ACTIONS, MemorySnapshot, StackFrame, TraceEvent
 
 BEFORE = ("(before trace)",)
@@ -145,7 +145,7 @@ class KeyedReplay:
         for k, e in enumerate(self.r.events):
             if e.action == "alloc":
                 keys = self.reader.keys_for(e.frames)
-                site = where(e.frames)
+                site = self.reader.where(e.frames)
                 live[e.addr] = _Live(e.size, keys if keys is not None else UNKNOWN, site, e.frames)
                 s = sites.setdefault(site, {"keys": keys, "count": 0, "peak": 0, "frames": e.frames, "allocs": []})
                 s["count"] += 1

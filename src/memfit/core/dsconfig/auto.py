@@ -82,6 +82,8 @@ class AutoContext:
     """The model's ``hidden_size``: fills ``reduce_bucket_size`` (h*h) and, for ZeRO-3,
     ``stage3_prefetch_bucket_size`` (int(0.9*h*h)) and ``stage3_param_persistence_threshold``
     (10*h)."""
+    name: str = field(default="DeepSpeed config", compare=False)
+    """How error messages name the config (its file, when it has one)."""
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     """Why a field has its value, by field name, for the findings that list every "auto" resolved
     (e.g. ``"the Trainer's default"``); a field without an entry came from ``AUTO_FLAGS``' source."""
@@ -183,7 +185,8 @@ class _Filler:
         node, leaf = self._node(key)
         return None if node is None else node.get(leaf)
 
-    def fill(self, key: str, value: object, flag: str, *, must_match: bool = True, why: str = "") -> None:
+    def fill(self, key: str, value: object, flag: str, *, must_match: bool = True, why: str = "",
+             who: str | None = None) -> None:
         node, leaf = self._node(key)
         if node is None:
             return
@@ -196,7 +199,7 @@ class _Filler:
             self.resolved.append(f"{key} = {value!r} ({why or flag})")
             return
         if must_match and value is not None and node.get(leaf) is not None and node[leaf] != value:
-            self.mismatches.append(f"{key}={node[leaf]!r} vs {flag} {value!r}")
+            self.mismatches.append(f"{key}={node[leaf]!r} vs {who or flag} {value!r}")
 
 
 def resolve_auto(raw: Mapping, context: AutoContext | None = None) -> dict:
@@ -232,25 +235,27 @@ def resolve_auto_record(raw: Mapping, context: AutoContext | None = None) -> tup
 
     # trainer_config_process
     f.fill("train_micro_batch_size_per_gpu", ctx.micro_batch_size, flag["micro_batch_size"],
-           why=ctx.why("micro_batch_size"))
+           why=ctx.why("micro_batch_size"), who=ctx.sources.get("micro_batch_size"))
     f.fill("gradient_accumulation_steps", ctx.gradient_accumulation_steps, flag["gradient_accumulation_steps"],
-           why=ctx.why("gradient_accumulation_steps"))
+           why=ctx.why("gradient_accumulation_steps"), who=ctx.sources.get("gradient_accumulation_steps"))
     if f.is_auto("train_batch_size"):
         f.fill("train_batch_size", _trainer_train_batch_size(f, ctx), _train_batch_flag(f, ctx),
                why="world size x micro batch x accumulation, as the Trainer computes it")
     elif None not in (ctx.world_size, ctx.micro_batch_size, ctx.gradient_accumulation_steps):
         f.fill("train_batch_size", ctx.world_size * ctx.micro_batch_size * ctx.gradient_accumulation_steps,
                "world x micro x accumulation")
-    f.fill("gradient_clipping", ctx.max_grad_norm, flag["max_grad_norm"], why=ctx.why("max_grad_norm"))
+    f.fill("gradient_clipping", ctx.max_grad_norm, flag["max_grad_norm"], why=ctx.why("max_grad_norm"),
+           who=ctx.sources.get("max_grad_norm"))
     f.fill("optimizer.params.lr", ctx.learning_rate, flag["learning_rate"], why=ctx.why("learning_rate"))
     f.fill("optimizer.params.betas", None if ctx.adam_betas is None else list(ctx.adam_betas),
            flag["adam_betas"], why=ctx.why("adam_betas"))
     f.fill("optimizer.params.eps", ctx.adam_epsilon, flag["adam_epsilon"], why=ctx.why("adam_epsilon"))
-    f.fill("optimizer.params.weight_decay", ctx.weight_decay, flag["weight_decay"], why=ctx.why("weight_decay"))
+    f.fill("optimizer.params.weight_decay", ctx.weight_decay, flag["weight_decay"], why=ctx.why("weight_decay"),
+           who=ctx.sources.get("weight_decay"))
     f.fill("scheduler.params.warmup_min_lr", 0, "", must_match=False, why="the Trainer always writes 0")
     f.fill("scheduler.params.warmup_max_lr", ctx.learning_rate, flag["learning_rate"], why=ctx.why("learning_rate"))
     precision = ctx.precision
-    said = f"{flag['precision']} {precision}, i.e."
+    said = f"{ctx.sources.get('precision') or flag['precision']} {precision}, i.e."
     f.fill("fp16.enabled", None if precision is None else precision == "fp16", said if precision else flag["precision"],
            why=f"precision {precision}: {ctx.why('precision')}")
     f.fill("bf16.enabled", None if precision is None else precision == "bf16", said if precision else flag["precision"],
@@ -277,7 +282,7 @@ def resolve_auto_record(raw: Mapping, context: AutoContext | None = None) -> tup
            why=ctx.why("warmup_steps"))
 
     if f.mismatches:
-        raise MemfitError("DeepSpeed config disagrees with the training arguments (transformers' Trainer "
+        raise MemfitError(f"{ctx.name} disagrees with the training arguments (transformers' Trainer "
                           f"refuses this): {'; '.join(f.mismatches)}; set these config values to \"auto\"")
 
     for path in _PYDANTIC_SECTIONS:

@@ -7,6 +7,7 @@ numbers it quotes are the numbers the tables show.
 from __future__ import annotations
 
 from memfit.core.findings.deepspeed import deepspeed_findings
+from memfit.core.findings.inputs import input_file_findings
 from memfit.core.findings.pytorch import pytorch_findings
 from memfit.core.ledger_types import Finding, PhaseLedger, Verdict
 from memfit.core.scenario.types import Scenario
@@ -15,5 +16,5 @@ from memfit.core.scenario.types import Scenario
 def derive_findings(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: Verdict) -> tuple[Finding, ...]:
     """Plain-words findings: why the run fails or nearly fails, and what the numbers mean."""
     if sc.framework == "deepspeed":
-        return deepspeed_findings(sc, phases, verdict)
-    return pytorch_findings(sc, phases, verdict)
+        return (*deepspeed_findings(sc, phases, verdict), *input_file_findings(sc))
+    return (*pytorch_findings(sc, phases, verdict), *input_file_findings(sc))

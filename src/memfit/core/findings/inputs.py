@@ -19,3 +19,9 @@ def input_findings(sc: Scenario) -> list[Finding]:
             f'"auto" in the DeepSpeed config, resolved as transformers\' Trainer does: {"; ".join(ds.auto_resolved)}.')))
     out.extend(Finding(id="deepspeed-config-note", severity="info", message=n) for n in ds.notes)
     return out
+
+
+def input_file_findings(sc: Scenario) -> list[Finding]:
+    """What a library would ignore in the user's TrainingArguments, accelerate or BitsAndBytesConfig file, or
+    memfit reads but does not model (any framework): one warning each."""
+    return [Finding(id="input-file-ignored", severity="warning", message=w) for w in sc.input_warnings]

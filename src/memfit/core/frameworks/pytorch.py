@@ -81,9 +81,10 @@ class QuantSettings:
     quant_storage: str = "uint8"
     """4bit: ``bnb_4bit_quant_storage``: the dtype the packed weights are stored as (FSDP and ZeRO-3
     shard by it; bf16 lets them be flattened with bf16 params)."""
-    skip_modules: tuple[str, ...] = ()
-    """``llm_int8_skip_modules``: module names kept unquantized (empty: transformers' default, the
-    output embeddings, tied weights and the last module)."""
+    skip_modules: tuple[str, ...] | None = None
+    """``llm_int8_skip_modules``: module names kept unquantized (``None``: transformers' default, the
+    output embeddings, tied weights and the last module; an empty list: nothing is kept, the output
+    head is quantized too: ``HfQuantizer.get_modules_to_not_convert`` adds the defaults only for None)."""
     prepare_kbit: bool = True
     """``peft.prepare_model_for_kbit_training`` is called (upcasts the non-quantized params to fp32;
     TRL's SFTTrainer calls it for a quantized model with a PEFT config)."""

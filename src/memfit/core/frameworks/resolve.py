@@ -9,6 +9,8 @@ ZeRO stage 0 DeepSpeed config). Contradictions are one line naming both sides (`
 
 from __future__ import annotations
 
+import types
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -32,26 +34,56 @@ class FrameworkResolution:
 
 def apply_input_files(inputs):
     """Inputs with the settings of a TrainingArguments/SFTConfig file, a BitsAndBytesConfig JSON and an
-    accelerate config YAML merged in (``memfit.core.inputs``); unchanged when none is given."""
-    if not (getattr(inputs, "training_args", None) or getattr(inputs, "accelerate_config", None)
-            or getattr(inputs, "bnb_config", None)):
-        return inputs
+    accelerate config YAML decided against the flags' and the scenario's by the one precedence rule
+    (``memfit.core.inputs.merge``); run with no file too, so the same rules (the Trainer's optimizer
+    under DeepSpeed) hold for flags alone."""
     from memfit.core.inputs import merge_input_files
 
     return merge_input_files(inputs)
 
 
-def _settings(cls, raw: dict[str, Any] | None, allowed: set[str], what: str):
-    raw = dict(raw or {})
-    unknown = set(raw) - allowed
+def _settings(cls, raw: Any, allowed: set[str], what: str):
+    """``cls`` (a settings dataclass) from a mapping, every value checked against its field's type:
+    unknown keys with the known one they most likely misspell, booleans, finite numbers >= 0, whole
+    numbers, names; one ``MemfitError`` line for anything else."""
+    import typing
+
+    from memfit.core.dsconfig.sections import did_you_mean
+    from memfit.core.inputs.common import as_bool, as_float, as_int, as_names
+
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise MemfitError(f"{what}: invalid value {raw!r:.60}; valid: a mapping of {', '.join(sorted(allowed))}")
+    raw = dict(raw)
+    unknown = sorted(str(k) for k in raw if k not in allowed)
     if unknown:
-        raise MemfitError(f"unknown {what} setting(s): {', '.join(sorted(unknown))} (known: {', '.join(sorted(allowed))})")
-    if "skip_modules" in raw and raw["skip_modules"] is not None:
-        raw["skip_modules"] = tuple(raw["skip_modules"])
-    try:
-        return cls(**{k: v for k, v in raw.items() if v is not None})
-    except TypeError as e:
-        raise MemfitError(f"{what}: {e}") from None
+        hints = [k + (f" (did you mean {c}?)" if (c := did_you_mean(k, allowed)) else "") for k in unknown]
+        raise MemfitError(f"unknown {what} setting(s): {', '.join(hints)} (known: {', '.join(sorted(allowed))})")
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for key, value in raw.items():
+        if value is None:
+            continue
+        hint = hints[key]
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        kind = args[0] if typing.get_origin(hint) in (typing.Union, types.UnionType) and args else hint
+        where = f"{what}.{key}"
+        if kind is bool:
+            out[key] = as_bool(value, where)
+        elif kind is int:
+            out[key] = as_int(value, where, minimum=0, maximum=2**62)
+        elif kind is float:
+            out[key] = as_float(value, where)
+        elif typing.get_origin(kind) is tuple:
+            out[key] = as_names(value, where)
+        elif kind is str:
+            if not isinstance(value, str):
+                raise MemfitError(f"{where}: invalid value {value!r:.60}; valid: a name")
+            out[key] = value
+        else:
+            out[key] = value
+    return cls(**out)
 
 
 def _number(value: Any, what: str, kind=float):
@@ -71,7 +103,12 @@ def resolve_framework_settings(inputs, hw: Hardware, *, has_deepspeed_json: bool
         raise MemfitError("bitsandbytes quantization with full fine-tuning: a quantized base cannot be fully "
                           "fine-tuned (its weights get no gradient); use a PEFT method such as LoRA (QLoRA)")
     ddp = _settings(DdpSettings, inputs.ddp, _DDP_KEYS, "ddp")
-    fsdp = _settings(FsdpSettings, inputs.fsdp, _FSDP_KEYS, "fsdp")
+    fsdp_raw = inputs.fsdp
+    if isinstance(fsdp_raw, Mapping) and any(str(k).startswith("fsdp_") for k in fsdp_raw):  # accelerate's names
+        from memfit.core.inputs.accelerate_config import fsdp_from_accelerate_keys
+
+        fsdp_raw = fsdp_from_accelerate_keys(dict(fsdp_raw), "fsdp", framework=inputs.framework)
+    fsdp = _settings(FsdpSettings, fsdp_raw, _FSDP_KEYS, "fsdp")
     fw = inputs.framework
     torch_only = [k for k, v in (("optim", inputs.optim), ("ddp", inputs.ddp), ("fsdp", inputs.fsdp)) if v is not None]
     if inputs.precision is not None and not (inputs.precision in ("fp16", "bf16", "fp32") and
@@ -101,10 +138,9 @@ def resolve_framework_settings(inputs, hw: Hardware, *, has_deepspeed_json: bool
         raise MemfitError(f"framework torch trains on one GPU, but the hardware has {hw.world_size}; use framework "
                           "ddp, fsdp or fsdp2 (or one GPU)")
     if fw == "deepspeed":
-        if quant.enabled:  # the DeepSpeed recipes partition by the param dtype; quant_storage is not modelled there
-            raise MemfitError(f"bitsandbytes {quant.method} quantization under DeepSpeed is not modelled (ZeRO-3 would "
-                              "shard the packed weights by bnb_4bit_quant_storage); plan QLoRA with framework torch, "
-                              "ddp, fsdp or fsdp2, or drop the quantization")
+        if quant.method == "8bit":
+            raise MemfitError("bitsandbytes 8-bit (LLM.int8()) under DeepSpeed is not modelled; plan it with framework "
+                              "torch or ddp, or use a 4-bit base (QLoRA), which memfit models under DeepSpeed")
         return FrameworkResolution(framework=fw, torch=TorchSettings(), quant=quant, ddp=ddp, fsdp=fsdp)
     precision = inputs.precision or "fp32"
     if precision in ("amp_bf16", "bf16") and not hw.gpu.bf16:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memfit.core.peft.adapter_params import ADAPTER_MARKERS, is_adapter_param  # noqa: F401 (re-exported)
 from memfit.core.scenario.types import Scenario
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -33,12 +34,6 @@ class ParamView:
     """Created by the PEFT method in fp32 (peft's default), not loaded by from_pretrained."""
 
 
-ADAPTER_MARKERS = ("lora_", "prompt_encoder", "prefix_encoder", "modules_to_save")
-
-
-def is_adapter_param(name: str) -> bool:
-    """PEFT-created parameters (LoRA A/B, prompt/prefix encoders, modules_to_save copies)."""
-    return any(m in name for m in ADAPTER_MARKERS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,15 +49,30 @@ class RecipeContext:
     """Element size of from_pretrained's torch_dtype."""
     grad_accum_bytes: int
     comm_bytes: int
+    quantized: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    """bitsandbytes 4-bit weights (QLoRA): name and the (out, in) shape quantized. Their ``ParamView.numel``
+    is the packed storage's (``Params4bit`` in ``bnb_4bit_quant_storage``), in elements of the training
+    dtype: what ZeRO-3 partitions and gathers; the quantization state (absmax, code ...) is a plain
+    attribute of each weight, held whole by every rank."""
 
     @classmethod
     def from_scenario(cls, sc: Scenario) -> "RecipeContext":
+        from memfit.core.quant import quantized_tensors, quantized_weights
+
         ds = sc.deepspeed
         model_bytes = DTYPE_BYTES[ds.precision]
         accum = DTYPE_BYTES[ds.grad_accum_dtype] if ds.grad_accum_dtype else model_bytes
-        params = tuple(ParamView(p.name, p.numel, p.trainable, is_adapter_param(p.name)) for p in sc.model.params)
+        quant = quantized_weights(sc.model.params, sc.quant, sc.model.arch.model_type)
+
+        def numel(p) -> int:  # noqa: ANN001
+            if p.name not in quant:
+                return p.numel
+            return ceil_div(quantized_tensors(sc.quant, quant[p.name])[0].nbytes, model_bytes)
+
+        params = tuple(ParamView(p.name, numel(p), p.trainable, is_adapter_param(p.name)) for p in sc.model.params)
         return cls(scenario=sc, params=params, world=sc.world_size, model_bytes=model_bytes,
-                   load_bytes=DTYPE_BYTES[sc.load.dtype], grad_accum_bytes=accum, comm_bytes=model_bytes)
+                   load_bytes=DTYPE_BYTES[sc.load.dtype], grad_accum_bytes=accum, comm_bytes=model_bytes,
+                   quantized=tuple(quant.items()))
 
     @property
     def zero_init(self) -> bool:

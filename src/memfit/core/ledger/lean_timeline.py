@@ -44,6 +44,10 @@ class LeanTimeline(Timeline):
                 self._rank0 += nbytes
         self._observe()
 
+    def alloc_many(self, key: str, sizes) -> None:  # noqa: ANN001
+        for n in sizes:
+            self.alloc(key, n)
+
     def free(self, key: str, nbytes: int | None = None) -> None:
         live = self._live.get(key, 0)
         nbytes = live if nbytes is None else nbytes

@@ -70,6 +70,15 @@ class Timeline:
         self.granularity_notes: list[str] = []
         self.phase_starts: list[tuple[str, int]] = []
         """(phase name, index into ``events`` of its first event), in phase order."""
+        self._pending_gpu = self._pending_host = self._pending_nvme = False
+        """A new peak whose items are not yet copied: the copy is taken at the next free on that device
+        (or at the phase's end), when the live items first differ from the peak's (``_observe``)."""
+        self.streams: dict[str, int] = {}
+        """Ledger key -> the CUDA stream its GPU tensors are allocated on (default 0), for the
+        allocator simulation (a block cached for one stream serves only that stream)."""
+        self.deferred_frees: set[str] = set()
+        """Keys whose GPU tensors are freed after ``record_stream`` on another stream (the block is
+        reusable once that stream's event completes)."""
 
     # -- placement -------------------------------------------------------------------------
     def place(self, device: Device) -> Device:
@@ -101,6 +110,7 @@ class Timeline:
 
     def end_phase(self) -> None:
         """Record what the current phase leaves live (done by ``phase()`` unless called earlier)."""
+        self._take_pending()
         if self._phases and self._phases[-1].end_items is None:
             self._phases[-1].end_items = {k: v for k, v in self._live.items() if v}
 
@@ -138,9 +148,32 @@ class Timeline:
             self._track(key, dev, nbytes)
         self._observe()
 
+    def alloc_many(self, key: str, sizes) -> None:  # noqa: ANN001 (an iterable of ints)
+        """``alloc(key, n)`` for each size, in order (one tensor each); the phase peaks are observed once,
+        after the last: allocations in a row only raise what is live, so the peaks are the same."""
+        meta = self._meta[key]
+        dev = meta.device
+        tracked = self.tracker is not None and dev in TRACKED
+        total = 0
+        for n in sizes:
+            if n == 0:
+                continue
+            total += n
+            self.events.append(("alloc", key, dev, n))
+            if tracked:
+                self._track(key, dev, n)
+        if not total:
+            return
+        self._live[key] = self._live.get(key, 0) + total
+        self._dev_live[dev] += total
+        if meta.rank0_only:
+            self._rank0_live += total
+        self._observe()
+
     def _track(self, key: str, dev: Device, nbytes: int) -> None:
         if dev is Device.GPU:
-            handle, blk = self.tracker.alloc_gpu(nbytes, outside=self._meta[key].outside_allocator)
+            handle, blk = self.tracker.alloc_gpu(nbytes, outside=self._meta[key].outside_allocator,
+                                                 stream=self.streams.get(key, 0))
         else:
             handle, blk = self.tracker.alloc_pinned(key, nbytes)
         self._tensors.setdefault(key, []).append([nbytes, handle, blk])
@@ -155,6 +188,8 @@ class Timeline:
         if nbytes == 0:
             return
         dev = self._meta[key].device
+        if self._pending_gpu or self._pending_host or self._pending_nvme:
+            self._take_pending(dev)
         self._live[key] = live - nbytes
         self._dev_live[dev] -= nbytes
         self.events.append(("free", key, dev, nbytes))
@@ -165,7 +200,11 @@ class Timeline:
 
     def _untrack(self, key: str, dev: Device, nbytes: int, *, all_of_it: bool) -> None:
         ts = self._tensors[key]
-        release = self.tracker.free_gpu if dev is Device.GPU else self.tracker.free_pinned
+        if dev is Device.GPU and key in self.deferred_frees:
+            def release(handle: object) -> None:
+                self.tracker.free_gpu(handle, deferred=True)
+        else:
+            release = self.tracker.free_gpu if dev is Device.GPU else self.tracker.free_pinned
         if all_of_it:
             for t in reversed(ts):
                 release(t[1])
@@ -189,6 +228,10 @@ class Timeline:
             else:
                 remaining -= n
 
+    def item(self, key: str) -> LedgerItem:
+        """The declared line ``key`` (its device, category, formula)."""
+        return self._meta[key]
+
     def live_bytes(self, key: str) -> int:
         return self._live.get(key, 0)
 
@@ -197,31 +240,52 @@ class Timeline:
         return self._dev_live[device]
 
     def _observe(self) -> None:
+        """Note a new peak per device. Between a peak and the next free on its device only allocations
+        happen, which make a new peak of their own, so the peak's items are copied lazily: at that free
+        (``_take_pending``) or at the phase's end; a phase climbing tensor by tensor copies once."""
         if not self._phases:
             return
         ph = self._phases[-1]
-        gpu = self._dev_live[Device.GPU]
-        pageable = self._dev_live[Device.CPU_PAGEABLE]
-        host = self._dev_live[Device.CPU_PINNED] + pageable
-        nvme = self._dev_live[Device.NVME]
+        dev_live = self._dev_live
+        gpu = dev_live[Device.GPU]
+        pageable = dev_live[Device.CPU_PAGEABLE]
+        host = dev_live[Device.CPU_PINNED] + pageable
         tr = self.tracker
         if gpu > ph.gpu_peak:
             ph.gpu_peak = gpu
-            ph.gpu_items = self._snapshot(Device.GPU)
-            if tr is not None:
-                ph.gpu_blocks = {k: self._block_live.get(k, 0) for k in ph.gpu_items}
+            self._pending_gpu = True
         if host > ph.host_peak:
             ph.host_peak = host
-            ph.host_items = self._snapshot(*HOST)
+            self._pending_host = True
             if tr is not None:
-                ph.host_locked = {k: self._block_live[k] for k in ph.host_items if k in self._block_live}
                 ph.host_cached = tr.host.cached_bytes
-        locked_host = pageable + (tr.pinned_locked if tr is not None else self._dev_live[Device.CPU_PINNED])
+        locked_host = pageable + (tr.pinned_locked if tr is not None else dev_live[Device.CPU_PINNED])
         if locked_host > ph.locked_host_peak:
             ph.locked_host_peak = locked_host
             ph.locked_rank0 = self._rank0_live
+        nvme = dev_live[Device.NVME]
         if nvme > ph.nvme_peak:
             ph.nvme_peak = nvme
+            self._pending_nvme = True
+
+    def _take_pending(self, device: Device | None = None) -> None:
+        """Copy the items of the pending peaks (of ``device``'s kind only, when given): the live items
+        are still those of the peak."""
+        if not self._phases:
+            return
+        ph = self._phases[-1]
+        if self._pending_gpu and device in (None, Device.GPU):
+            self._pending_gpu = False
+            ph.gpu_items = self._snapshot(Device.GPU)
+            if self.tracker is not None:
+                ph.gpu_blocks = {k: self._block_live.get(k, 0) for k in ph.gpu_items}
+        if self._pending_host and device in (None, *HOST):
+            self._pending_host = False
+            ph.host_items = self._snapshot(*HOST)
+            if self.tracker is not None:
+                ph.host_locked = {k: self._block_live[k] for k in ph.host_items if k in self._block_live}
+        if self._pending_nvme and device in (None, Device.NVME):
+            self._pending_nvme = False
             ph.nvme_items = self._snapshot(Device.NVME)
 
     def _snapshot(self, *devices: Device) -> dict[str, int]:

@@ -12,8 +12,6 @@ from types import MappingProxyType
 from memfit.core.model import ModelShape, ParamSpec
 from memfit.core.peft.modules import (
     ADAPTER_NAME,
-    OUTPUT_HEAD_NAMES,
-    SEQ_CLS_HEAD_NAMES,
     TASK_MODULES_TO_SAVE,
     flatten,
     layer_kind,
@@ -25,13 +23,14 @@ from memfit.core.peft.modules import (
     with_modules_to_save,
 )
 from memfit.core.peft.spec import PeftSpec
+from memfit.core.peft.targets import ALL_LINEAR, all_linear_layers, find_targets  # noqa: F401 (re-exported)
 from memfit.errors import MemfitError
 
 LORA_BIAS_MODES: tuple[str, ...] = ("none", "all", "lora_only")
 """peft ``LoraConfig.bias`` values."""
 
-ALL_LINEAR = "all-linear"
-"""peft's ``INCLUDE_LINEAR_LAYERS_SHORTHAND``: every Linear/Conv1D layer but the output head."""
+LORA_KINDS = frozenset({"linear", "conv1d", "embedding"})
+"""Layers ``LoraModel._create_new_module`` adapts here (``nn.Linear``, ``Conv1D``, ``nn.Embedding``)."""
 
 LORA_DEFAULT_TARGET_MODULES: Mapping[str, tuple[str, ...] | str] = MappingProxyType(
     {
@@ -82,7 +81,7 @@ LORA_DEFAULT_TARGET_MODULES: Mapping[str, tuple[str, ...] | str] = MappingProxyT
 regular expression, a tuple a list of name suffixes). A test compares it with the installed peft."""
 
 def lora_layer_params(
-    kind: str, module: str, weight_shape: tuple[int, ...], spec: PeftSpec
+    kind: str, module: str, weight_shape: tuple[int, ...], spec: PeftSpec, r: int | None = None
 ) -> list[ParamSpec]:
     """The trainable parameters LoRA adds to one layer (``LoraLayer.update_layer`` and friends).
 
@@ -90,8 +89,12 @@ def lora_layer_params(
       weight ``(r, in)``; ``lora_B`` = Linear(r, out, no bias), weight ``(out, r)``.
     - Embedding ``weight (rows, dim)``: ``lora_embedding_A (r, rows)``, ``lora_embedding_B (dim, r)``.
     - DoRA (``use_dora``): ``lora_magnitude_vector`` weight ``(out,)`` (``(dim,)`` for Embedding).
+
+    ``r``: this module's rank (``lora_rank``; default ``spec.lora_r``). LoRA-FA
+    (``spec.lora_fa``): ``create_lorafa_optimizer`` sets ``requires_grad_(False)`` on every
+    parameter named ``lora_A`` (peft/optimizers/lorafa.py).
     """
-    r = spec.lora_r
+    r = spec.lora_r if r is None else r
     at = f"{module}.%s.{ADAPTER_NAME}"
     if kind == "embedding":
         rows, dim = weight_shape
@@ -100,7 +103,7 @@ def lora_layer_params(
     else:
         out_features, in_features = weight_shape if kind == "linear" else weight_shape[::-1]
         out = [
-            ParamSpec(at % "lora_A" + ".weight", (r, in_features)),
+            ParamSpec(at % "lora_A" + ".weight", (r, in_features), not spec.lora_fa),
             ParamSpec(at % "lora_B" + ".weight", (out_features, r)),
         ]
         width = out_features
@@ -113,68 +116,23 @@ def lora_target_layers(shape: ModelShape, spec: PeftSpec) -> tuple[str, ...]:
     """Names of the layers LoRA adapts, in model order (``BaseTuner.inject_adapter``).
 
     Targets: ``spec.target_modules`` (a module matches a name if it equals it or ends with
-    ``.name``), else ``spec.target_modules_pattern`` (``re.fullmatch``; ``all-linear`` expands as
-    ``_maybe_include_all_linear_layers`` does), else ``LORA_DEFAULT_TARGET_MODULES[model_type]``.
-    Modules under ``modules_to_save`` are never targets (``check_target_module_exists``).
+    ``.name``, within ``layers_to_transform``), else ``spec.target_modules_pattern``
+    (``re.fullmatch``; ``all-linear`` expands as ``_maybe_include_all_linear_layers`` does), else
+    ``LORA_DEFAULT_TARGET_MODULES[model_type]``; ``exclude_modules`` and modules under
+    ``modules_to_save`` are never targets (``check_target_module_exists``; ``memfit.core.peft.targets``).
     """
-    arch = shape.arch
-    own = own_params(shape.params)
-    modules = module_names(shape.params)
-    task = task_type(shape, spec)
-    saved = (*spec.modules_to_save, *(TASK_MODULES_TO_SAVE.get(task, ()) if task != "QUESTION_ANS" else ()))
-
-    names: tuple[str, ...] = spec.target_modules
-    pattern: str | None = spec.target_modules_pattern
-    if not names and pattern is None:
-        default = LORA_DEFAULT_TARGET_MODULES.get(arch.model_type)
-        if default is None:
-            raise MemfitError(
-                f"peft has no default LoRA target modules for model type {arch.model_type!r};"
-                " give target modules"
-            )
-        if isinstance(default, str):
-            pattern = default
-        else:
-            names = default
-    if pattern is not None and pattern.lower() == ALL_LINEAR:
-        names = all_linear_layers(shape, own, modules, task)
-        pattern = None
-
-    targets: list[str] = []
-    for module in modules:
-        if any(re.match(rf"(^|.*\.){m}($|\..*)", module) for m in saved):
-            continue
-        if pattern is not None:
-            hit = re.fullmatch(pattern, module) is not None
-        else:
-            hit = module in names or any(module.endswith("." + n) for n in names)
-        if not hit:
-            continue
-        if layer_kind(arch.model_type, module, own.get(module, {})) is None:
-            raise MemfitError(
-                f"LoRA target {module!r} is not a Linear, Conv1D or Embedding layer; peft cannot adapt it"
-            )
-        targets.append(module)
-    if not targets:
-        wanted = pattern if pattern is not None else ", ".join(names)
-        raise MemfitError(f"LoRA target modules ({wanted}) match no layer of {shape.name}")
-    return tuple(targets)
+    return tuple(layer.module for layer in find_targets(shape, spec, what="LoRA", defaults=LORA_DEFAULT_TARGET_MODULES,
+                                                        kinds=LORA_KINDS))
 
 
-def all_linear_layers(
-    shape: ModelShape, own: Mapping[str, Mapping[str, ParamSpec]], modules: list[str], task: str
-) -> tuple[str, ...]:
-    """``all-linear``: every Linear/Conv1D but the output head (``_maybe_include_all_linear_layers``).
-
-    The head is ``get_output_embeddings()`` (``OUTPUT_HEAD_NAMES``); a model without one and task
-    SEQ_CLS drops its first top-level ``score``/``classifier`` instead.
-    """
-    kinds = {m: layer_kind(shape.arch.model_type, m, own.get(m, {})) for m in modules}
-    linear = [m for m in modules if kinds[m] in ("linear", "conv1d")]
-    heads = [m for m in OUTPUT_HEAD_NAMES if m in own]
-    if not heads and task == "SEQ_CLS":
-        heads = [m for m in SEQ_CLS_HEAD_NAMES if m in kinds][:1]
-    return tuple(m for m in linear if m not in heads)
+def lora_rank(module: str, spec: PeftSpec) -> int:
+    r"""The rank of one adapted module: the first ``rank_pattern`` key ``k`` with
+    ``re.match(rf"(.*\.)?({k})$", module)``, else ``r`` (``utils/other.py:get_pattern_key``,
+    ``LoraModel._create_and_replace``)."""
+    for key, r in spec.rank_pattern:
+        if re.match(rf"(.*\.)?({key})$", module):
+            return r
+    return spec.lora_r
 
 
 def lora_params(shape: ModelShape, spec: PeftSpec) -> tuple[ParamSpec, ...]:
@@ -214,7 +172,7 @@ def lora_params(shape: ModelShape, spec: PeftSpec) -> tuple[ParamSpec, ...]:
             if last_of[module] == i:
                 kind = layer_kind(shape.arch.model_type, module, own[module])
                 assert kind is not None  # lora_target_layers checked it
-                extra = lora_layer_params(kind, module, own[module]["weight"].shape, spec)
+                extra = lora_layer_params(kind, module, own[module]["weight"].shape, spec, lora_rank(module, spec))
             paired.append((new, extra))
         else:
             paired.append((ParamSpec(p.name, p.shape, is_bias and spec.lora_bias == "all"), []))

@@ -28,10 +28,12 @@ from memfit.core.peft.lora import ALL_LINEAR, LORA_BIAS_MODES, lora_params
 from memfit.core.peft.modules import TASK_TYPES
 from memfit.core.peft.prompt_learning import prompt_learning_params
 from memfit.core.peft.spec import PeftSpec
+from memfit.core.peft.tuners import TUNERS, apply_tuner
 from memfit.errors import MemfitError
 
-PEFT_METHODS: tuple[str, ...] = ("full", "freeze", "lora", "prompt", "prefix")
-"""The methods ``apply_peft`` knows."""
+PEFT_METHODS: tuple[str, ...] = ("full", "freeze", "lora", "prompt", "prefix", *TUNERS)
+"""The methods ``apply_peft`` knows (the tuners of ``memfit.core.peft.tuners`` by their lower-case
+``peft_type``)."""
 
 def validate_peft_spec(spec: PeftSpec) -> PeftSpec:
     """Raise ``MemfitError`` naming the first bad setting of ``spec``; return it unchanged."""
@@ -46,6 +48,23 @@ def validate_peft_spec(spec: PeftSpec) -> PeftSpec:
             value = getattr(spec, field)
             if value is not None and value <= 0:
                 raise MemfitError(f"{field} must be positive, got {value}")
+    if spec.method in TUNERS:
+        known = TUNERS[spec.method].keys
+        unknown = [k for k, _ in spec.settings if k not in known]
+        if unknown:
+            raise MemfitError(f"{spec.method} has no setting {unknown[0]!r}")
+    elif spec.settings:
+        raise MemfitError(f"method {spec.method!r} takes no tuner settings ({spec.settings[0][0]!r})")
+    if spec.method == "lora":
+        if not 0 <= spec.lora_dropout < 1:
+            raise MemfitError(f"lora_dropout must be in [0, 1), got {spec.lora_dropout}")
+        if any(r <= 0 for _, r in spec.rank_pattern):
+            raise MemfitError(f"rank_pattern ranks must be positive, got {dict(spec.rank_pattern)}")
+        if spec.target_modules_pattern is not None and (spec.layers_to_transform or spec.layers_pattern):
+            raise MemfitError("layers_to_transform / layers_pattern cannot be used when target_modules is a string "
+                              "(LoraConfig raises)")
+        if spec.layers_pattern and not spec.layers_to_transform:
+            raise MemfitError("layers_pattern needs layers_to_transform (LoraConfig raises)")
     if spec.method == "lora":
         if spec.lora_r <= 0:
             raise MemfitError(f"LoRA rank r must be positive, got {spec.lora_r}")
@@ -80,9 +99,11 @@ def apply_peft(shape: ModelShape, spec: PeftSpec) -> ModelShape:
         _check_patterns_match(shape, spec)
     elif spec.method == "lora":
         params = lora_params(shape, spec)
+    elif spec.method in TUNERS:
+        return apply_tuner(shape, spec).with_notes(spec.notes)
     else:
         params = prompt_learning_params(shape, spec)
-    return shape.with_params(params)
+    return shape.with_params(params).with_notes(spec.notes)
 
 
 # --- full fine-tuning with frozen parts ------------------------------------------------------

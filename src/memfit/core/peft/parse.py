@@ -14,8 +14,11 @@ from typing import Any
 
 from memfit.core.reading import parse_bool, parse_json, read_text
 from memfit.core.peft.lora import ALL_LINEAR
+from memfit.core.peft.lora_keys import LORA_KEYS
 from memfit.core.peft.params import validate_peft_spec
 from memfit.core.peft.spec import PeftSpec
+from memfit.core.peft.tuners import BY_PEFT_TYPE, TUNERS
+from memfit.core.peft.tuners.read import PEFT_CONFIG_KEYS, read_tuner
 from memfit.errors import MemfitError
 
 _METHOD_OPTIONS: Mapping[str, frozenset[str]] = {
@@ -31,6 +34,15 @@ _METHOD_OPTIONS: Mapping[str, frozenset[str]] = {
             "modules_to_save",
             "use_dora",
             "task_type",
+            "lora_dropout",
+            "exclude_modules",
+            "exclude_pattern",
+            "layers_to_transform",
+            "layers_pattern",
+            "rank_pattern",
+            "alpha_pattern",
+            "lora_fa",
+            "notes",
         }
     ),
     "prompt": frozenset(
@@ -63,30 +75,13 @@ _INT_FIELDS = frozenset(
         "num_transformer_submodules",
     }
 )
-_BOOL_FIELDS = frozenset({"prefix_projection", "use_dora"})
-_LIST_FIELDS = frozenset({"target_modules", "modules_to_save", "freeze_patterns", "train_patterns"})
-_STR_FIELDS = frozenset({"lora_bias", "task_type", "target_modules_pattern"})
+_BOOL_FIELDS = frozenset({"prefix_projection", "use_dora", "lora_fa"})
+_LIST_FIELDS = frozenset({"target_modules", "modules_to_save", "freeze_patterns", "train_patterns", "exclude_modules",
+                          "layers_pattern"})
+_STR_FIELDS = frozenset({"lora_bias", "task_type", "target_modules_pattern", "exclude_pattern"})
 
 _PEFT_TYPES: Mapping[str, str] = {"LORA": "lora", "PREFIX_TUNING": "prefix", "PROMPT_TUNING": "prompt"}
-"""adapter_config.json ``peft_type`` -> memfit method."""
-
-_LORA_KEYS_AT_DEFAULT: Mapping[str, Any] = {
-    "exclude_modules": None,
-    "layers_to_transform": None,
-    "rank_pattern": {},
-    "trainable_token_indices": None,
-    "layer_replication": None,
-    "lora_bias": False,
-    "target_parameters": None,
-    "use_qalora": False,
-    "use_bdlora": None,
-    "megatron_config": None,
-    "arrow_config": None,
-    "kasa_config": None,
-    "monteclora_config": None,
-}
-"""LoraConfig settings that change the parameters and that memfit does not model: only their
-defaults (or an empty list) are accepted."""
+"""adapter_config.json ``peft_type`` -> memfit method (the other tuners: ``memfit.core.peft.tuners``)."""
 
 
 def parse_peft_options(method: str, **options: Any) -> PeftSpec:
@@ -97,16 +92,20 @@ def parse_peft_options(method: str, **options: Any) -> PeftSpec:
     single regular expression given as ``target_modules_pattern``) selects peft's string form. An
     option the method does not take raises ``MemfitError``.
     """
+    if method in TUNERS:
+        return validate_peft_spec(read_tuner(TUNERS[method], options, cli=True))
     if method not in _METHOD_OPTIONS:
-        raise MemfitError(f"unknown PEFT method {method!r}; choose one of {', '.join(_METHOD_OPTIONS)}")
+        raise MemfitError(f"unknown PEFT method {method!r}; choose one of {', '.join((*_METHOD_OPTIONS, *TUNERS))}")
     values: dict[str, Any] = {}
     known = {f.name for f in fields(PeftSpec)} - {"method"}
     for key, value in options.items():
+        name = _ALIASES.get(key, key)
+        if name not in known:  # refused even without a value: a YAML flow mapping {a: x,y} makes y a key
+            raise MemfitError(f"unknown PEFT option {key!r}" + (
+                " (a value-less key: in a YAML {...} mapping a comma starts a new key; write a list [a, b])"
+                if value is None else ""))
         if value is None:
             continue
-        name = _ALIASES.get(key, key)
-        if name not in known:
-            raise MemfitError(f"unknown PEFT option {key!r}")
         if name not in _METHOD_OPTIONS[method]:
             raise MemfitError(f"option {key!r} does not apply to method {method!r}")
         values[name] = _coerce(name, value)
@@ -123,6 +122,35 @@ def parse_peft_options(method: str, **options: Any) -> PeftSpec:
 
 
 def _coerce(name: str, value: Any) -> Any:
+    if name == "notes":
+        return tuple(value)
+    if name == "lora_dropout":
+        if isinstance(value, str) and value.strip():
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise MemfitError(f"lora_dropout must be a number in [0, 1), got {value!r}")
+        return float(value)
+    if name == "layers_to_transform":
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+            value = [int(v) if v.lstrip("-").isdigit() else v for v in value]
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = [value]
+        if not isinstance(value, Sequence) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise MemfitError(f"layers_to_transform must be a layer index or a list of them, got {value!r}")
+        return tuple(value)
+    if name in ("rank_pattern", "alpha_pattern"):
+        if isinstance(value, Mapping):
+            value = list(value.items())
+        pairs = tuple((str(k), v) for k, v in value)
+        kind = int if name == "rank_pattern" else (int, float)
+        if not all(isinstance(v, kind) and not isinstance(v, bool) for _, v in pairs):
+            raise MemfitError(f"{name} must map module patterns to {'ranks' if name == 'rank_pattern' else 'numbers'}, "
+                              f"got {value!r}")
+        return pairs
     if name in _INT_FIELDS:
         if isinstance(value, str) and value.strip().lstrip("-").isdigit():
             value = int(value)
@@ -156,7 +184,8 @@ def _coerce(name: str, value: Any) -> Any:
 def load_adapter_config(path: str | Path) -> PeftSpec:
     """A ``PeftSpec`` from a PEFT ``adapter_config.json`` (or a directory holding one).
 
-    Supports ``peft_type`` LORA, PREFIX_TUNING and PROMPT_TUNING. The values peft saved after
+    Supports every ``peft_type`` of peft 0.21.2 that memfit plans (LORA, PREFIX_TUNING, PROMPT_TUNING
+    and ``memfit.core.peft.tuners``). The values peft saved after
     preparing the config (``token_dim``, ``num_layers``, ``num_transformer_submodules``) are kept,
     so the adapter is rebuilt as trained. ``inference_mode`` is ignored: memfit sizes training
     (peft's ``from_pretrained(..., is_trainable=True)``).
@@ -225,8 +254,11 @@ def adapter_config_spec(raw: Mapping[str, Any]) -> PeftSpec:
     peft config as ``save_pretrained`` writes it (its sets as lists: ``memfit.check`` converts them)."""
     peft_type = raw.get("peft_type")
     peft_type = getattr(peft_type, "value", peft_type)  # a live config holds the PeftType enum
+    if peft_type in BY_PEFT_TYPE:
+        return validate_peft_spec(read_tuner(BY_PEFT_TYPE[peft_type], raw))
     if peft_type not in _PEFT_TYPES:
-        raise MemfitError(f"peft_type {peft_type!r} is not supported; memfit models {', '.join(_PEFT_TYPES)}")
+        raise MemfitError(f"peft_type {peft_type!r} is not supported; memfit models "
+                          f"{', '.join(sorted((*_PEFT_TYPES, *BY_PEFT_TYPE)))}")
     method = _PEFT_TYPES[peft_type]
     _as_peft_reads_it(raw, method)
     options = _lora_options(raw) if method == "lora" else _prompt_learning_options(raw, method)
@@ -234,23 +266,48 @@ def adapter_config_spec(raw: Mapping[str, Any]) -> PeftSpec:
 
 
 def _lora_options(raw: Mapping[str, Any]) -> dict[str, Any]:
-    for key, default in _LORA_KEYS_AT_DEFAULT.items():
-        value = raw.get(key, default)
-        if value != default and value not in (None, [], {}, False):
-            raise MemfitError(f"LoRA setting {key}={value!r} is not modelled by memfit")
+    """LoraConfig's keys (``LORA_KEYS``) as ``PeftSpec`` options: keys memfit does not model are refused
+    unless at peft's default, ``note`` keys away from their default and unknown keys are said in the notes."""
+    notes: list[str] = []
+    for key, value in raw.items():
+        if key in PEFT_CONFIG_KEYS:
+            continue
+        entry = LORA_KEYS.get(key)
+        if entry is None:
+            notes.append(f"LORA: key {key!r} ignored (peft 0.21.2's LoraConfig has no such field; "
+                         "PeftConfig.from_pretrained drops it with a warning)")
+            continue
+        at_default = value in (None, [], {}, False) and entry.default in (None, [], {}, False) or value == entry.default
+        if entry.role == "default" and not at_default:
+            raise MemfitError(f"LoRA setting {key}={value!r} is not modelled by memfit ({entry.why})")
+        if entry.role == "note" and not at_default:
+            notes.append(f"LORA {key}={value!r}: {entry.why}")
     targets = raw.get("target_modules")
+    exclude = raw.get("exclude_modules")
+    layers = raw.get("layers_to_transform")
+    pattern = raw.get("layers_pattern")
     options: dict[str, Any] = {
         "lora_r": raw.get("r"),
         "lora_alpha": raw.get("lora_alpha"),
         "lora_bias": raw.get("bias"),
+        "lora_dropout": raw.get("lora_dropout"),
         "modules_to_save": raw.get("modules_to_save") or None,
         "use_dora": raw.get("use_dora"),
         "task_type": raw.get("task_type"),
+        "rank_pattern": raw.get("rank_pattern") or None,
+        "alpha_pattern": raw.get("alpha_pattern") or None,
+        "layers_to_transform": layers,
+        "layers_pattern": ([pattern] if isinstance(pattern, str) else pattern) or None,
+        "notes": notes or None,
     }
     if isinstance(targets, str):
         options["target_modules_pattern"] = ALL_LINEAR if targets.lower() == ALL_LINEAR else targets
     elif targets:
         options["target_modules"] = list(targets)
+    if isinstance(exclude, str):
+        options["exclude_pattern"] = exclude
+    elif exclude:
+        options["exclude_modules"] = list(exclude)
     return options
 
 

@@ -30,6 +30,11 @@ their prefix by the hidden size even when the model has fewer key/value heads (f
 width that does not multiply out to it (t5's ``d_kv``). Every other type is taken to have the key.
 A test checks each entry against the installed transformers."""
 
+KV_PREFIX_METHODS = frozenset({"prefix", "cartridge"})
+"""Methods whose prompt is a key/value prefix per layer: ``_prepare_prompt_learning_config`` sizes
+their ``token_dim`` by the key/value heads (``peft_type in {"PREFIX_TUNING", "CARTRIDGE"}``)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PromptLearningDims:
     """The sizes peft's ``_prepare_prompt_learning_config`` fills into a prompt-learning config."""
@@ -54,7 +59,7 @@ def prompt_learning_dims(shape: ModelShape, spec: PeftSpec) -> PromptLearningDim
     arch: ArchSpec = shape.arch
     token_dim = spec.token_dim or arch.hidden_size
     num_layers = spec.num_layers or (arch.num_encoder_layers or arch.num_layers)
-    if spec.method == "prefix" and arch.model_type not in MODEL_TYPES_WITHOUT_KV_HEADS_KEY:
+    if spec.method in KV_PREFIX_METHODS and arch.model_type not in MODEL_TYPES_WITHOUT_KV_HEADS_KEY:
         token_dim = arch.head_dim * arch.num_kv_heads
     submodules = spec.num_transformer_submodules or (2 if task_type(shape, spec) == "SEQ_2_SEQ_LM" else 1)
     return PromptLearningDims(
@@ -96,10 +101,9 @@ def prompt_embedding_params(dims: PromptLearningDims, spec: PeftSpec) -> tuple[P
     return (ParamSpec(f"prompt_encoder.{ADAPTER_NAME}.embedding.weight", (rows, dims.token_dim)),)
 
 
-def prompt_learning_params(shape: ModelShape, spec: PeftSpec) -> tuple[ParamSpec, ...]:
-    """Prompt/prefix tuning: base frozen under ``base_model.`` (``PeftModel._setup_prompt_encoder``),
-    the ``modules_to_save`` copies and the prompt encoder (``prompt_encoder.default.``) trainable."""
-    dims = prompt_learning_dims(shape, spec)
+def prompt_base_params(shape: ModelShape, spec: PeftSpec) -> tuple[ParamSpec, ...]:
+    """The base model as every prompt-learning method leaves it: frozen under ``base_model.``
+    (``PeftModel._setup_prompt_encoder``), with the ``modules_to_save`` copies trainable."""
     task = task_type(shape, spec)
     wrapped = modules_to_save(
         module_names(shape.params),
@@ -109,7 +113,13 @@ def prompt_learning_params(shape: ModelShape, spec: PeftSpec) -> tuple[ParamSpec
     # _setup_prompt_encoder freezes the parameters of the model's children: a parameter held by the
     # model object itself (no dot in its name) keeps its requires_grad.
     paired = [(ParamSpec(p.name, p.shape, p.trainable and "." not in p.name), []) for p in shape.params]
-    base = flatten(with_modules_to_save(paired, wrapped), "base_model.")
+    return flatten(with_modules_to_save(paired, wrapped), "base_model.")
+
+
+def prompt_learning_params(shape: ModelShape, spec: PeftSpec) -> tuple[ParamSpec, ...]:
+    """Prompt/prefix tuning: ``prompt_base_params`` and the prompt encoder (``prompt_encoder.default.``)."""
+    dims = prompt_learning_dims(shape, spec)
+    base = prompt_base_params(shape, spec)
     encoder = (
         prefix_encoder_params(dims, spec) if spec.method == "prefix" else prompt_embedding_params(dims, spec)
     )

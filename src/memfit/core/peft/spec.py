@@ -8,6 +8,13 @@ into the trained model's parameters.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+
+PROMPT_METHODS = frozenset({"prompt", "p_tuning", "multitask_prompt_tuning", "cpt"})
+"""Methods that prepend ``num_virtual_tokens`` learned embeddings to every input sequence."""
+KV_PREFIX_METHODS = frozenset({"prefix", "cartridge"})
+"""Methods that prepend ``num_virtual_tokens`` learned keys and values to every layer's attention."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -15,7 +22,8 @@ class PeftSpec:
     """A PEFT method and its options (only the fields of the chosen method matter)."""
 
     method: str = "full"
-    """``full``, ``prefix``, ``prompt``, ``lora`` or ``freeze``."""
+    """``full``, ``freeze``, ``prefix``, ``prompt``, ``lora``, or another of peft's tuners by its
+    ``peft_type`` in lower case (``ia3``, ``loha``, ``p_tuning`` ...: ``memfit.core.peft.tuners``)."""
     num_virtual_tokens: int = 20
     """prefix/prompt: virtual tokens prepended to every sequence."""
     prefix_projection: bool = False
@@ -50,3 +58,45 @@ class PeftSpec:
     """prefix: peft's ``num_layers`` as saved in an adapter_config.json (``None``: from the model)."""
     num_transformer_submodules: int | None = None
     """prompt: peft's ``num_transformer_submodules`` (``None``: 2 for SEQ_2_SEQ_LM, else 1)."""
+    lora_dropout: float = 0.0
+    """lora: ``lora_dropout``, the dropout on each adapted layer's input to the adapter (it keeps a mask
+    and the dropped copy of the input per adapted layer while training)."""
+    exclude_modules: tuple[str, ...] = ()
+    """Module name suffixes never adapted (peft's ``exclude_modules`` as a list)."""
+    exclude_pattern: str | None = None
+    """peft's ``exclude_modules`` as one regular expression (``re.fullmatch``)."""
+    layers_to_transform: tuple[int, ...] = ()
+    """Only adapt modules in these layer indices (empty: every layer)."""
+    layers_pattern: tuple[str, ...] = ()
+    """The module list names that hold the layers (``layers``, ``h``), for ``layers_to_transform``."""
+    rank_pattern: tuple[tuple[str, int], ...] = ()
+    """lora: per-module ranks, peft's ``rank_pattern`` as (pattern, r) pairs."""
+    alpha_pattern: tuple[tuple[str, float], ...] = ()
+    """lora: per-module alphas (scale only: no memory effect)."""
+    lora_fa: bool = False
+    """lora: trained with peft's LoRA-FA optimizer (``peft.optimizers.create_lorafa_optimizer``), which
+    freezes every ``lora_A`` and optimizes only ``lora_B``."""
+    settings: tuple[tuple[str, Any], ...] = ()
+    """Every other tuner's own ``adapter_config.json`` keys that size it, as (key, value) pairs in
+    key order, JSON lists as tuples and objects as tuples of pairs (read by
+    ``memfit.core.peft.tuners``)."""
+    notes: tuple[str, ...] = ()
+    """What reading the method's settings resolved, assumed or ignored, said in the plan."""
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Virtual tokens prepended to every input sequence (prompt tuning, P-tuning, multitask prompt
+        tuning, CPT); 0 for other methods."""
+        return self.num_virtual_tokens if self.method in PROMPT_METHODS else 0
+
+    @property
+    def prefix_tokens(self) -> int:
+        """Virtual keys/values prepended in every layer's attention (prefix tuning, Cartridges); 0 else."""
+        return self.num_virtual_tokens if self.method in KV_PREFIX_METHODS else 0
+
+    def setting(self, key: str, default: Any = None) -> Any:
+        """The value of tuner setting ``key`` (``default`` if absent)."""
+        for k, v in self.settings:
+            if k == key:
+                return v
+        return default

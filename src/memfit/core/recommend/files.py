@@ -1,11 +1,13 @@
 """Writing recommendations to a directory: per rank, the patched DeepSpeed JSON, the script diff and
 a scenario file that ``memfit plan`` reads back. Nothing that exists is ever overwritten: if any
-target exists, nothing is written and the error names it.
+target exists (a dangling symbolic link included), nothing is written and the error names it; each
+file is created by memfit's one writer (``memfit.core.writing``), never through a link.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,10 @@ from typing import Any
 from memfit.core.recommend.results import Recommendation, RecommendResult
 from memfit.core.recommend.deepspeed.space import Candidate
 from memfit.core.scenario.inputs import ScenarioInputs
+from memfit.core.writing import write_file
 from memfit.errors import MemfitError
+
+EXISTS_HINT = "memfit never overwrites a file you have (choose another --out)"
 
 
 def slug(c: Candidate) -> str:
@@ -59,7 +64,8 @@ def scenario_document(inputs: ScenarioInputs, *, deepspeed_file: str, hardware: 
     if inputs.trust_remote_code:
         doc["trust_remote_code"] = True
     runtime = {k: v for k, v in (("torch_version", inputs.torch_version), ("alloc_conf", inputs.alloc_conf),
-                                 ("cuda_version", inputs.cuda_version), ("pin_memory_backend", inputs.pin_memory_backend))
+                                 ("cuda_version", inputs.cuda_version), ("pin_memory_backend", inputs.pin_memory_backend),
+                                 ("bitsandbytes_version", inputs.bitsandbytes_version))
                if v}
     if runtime:  # the allocator rules the recommendation was judged under
         doc["runtime"] = runtime
@@ -96,8 +102,8 @@ def write_recommendations(result: RecommendResult, out_dir: str | Path) -> Recom
     rows = planned_files(result, out)
     for rec, *paths in rows:
         for p in paths:
-            if p is not None and p.exists() and (rec.deepspeed_json or p.suffix != ".json"):
-                raise MemfitError(f"{p} exists; memfit never overwrites a file you have (choose another --out)")
+            if p is not None and os.path.lexists(p) and (rec.deepspeed_json or p.suffix != ".json"):
+                raise MemfitError(f"{p} exists; {EXISTS_HINT}")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -136,11 +142,4 @@ def _plain_numbers(v: Any) -> Any:
 
 
 def _write_new(path: Path, text: str) -> str:
-    try:
-        with path.open("x", encoding="utf-8") as f:  # "x": fails rather than overwrite
-            f.write(text)
-    except FileExistsError:
-        raise MemfitError(f"{path} exists; memfit never overwrites a file you have (choose another --out)") from None
-    except OSError as e:
-        raise MemfitError(f"--out: cannot write {path}: {e.strerror or type(e).__name__}") from None
-    return str(path)
+    return str(write_file(path, text, what="--out", exists_hint=EXISTS_HINT))

@@ -8,14 +8,19 @@ written by ``memfit.record`` / ``MemfitCallback`` / the GPU validation kit:
 - ``*.csv``: nvidia-smi samples (``...records.smi_csv``);
 - ``*.log`` / ``*.txt``: DeepSpeed ``see_memory_usage`` reports (``...records.ds_log``).
 
-Anything else in a directory is skipped and said so. A bad file is one ``RecordError`` line.
+Anything else in a directory is skipped and said so. A bad file is one ``RecordError`` line. Every
+file is read through ``memfit.core.records.bounded`` (caps on size, memory, counts and values); a
+directory's first ``MAX_DIR_ENTRIES`` entries are looked at, and at most ``MAX_RECORD_FILES`` files
+are read in all.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
+from memfit.core.records.bounded import MAX_DIR_ENTRIES, MAX_RANK, MAX_RECORD_FILES, check_count, quote
 from memfit.core.records.snapshot import RecordError, read_snapshot
 from memfit.core.records.types import (
     DsLogRecording,
@@ -27,12 +32,18 @@ from memfit.core.records.types import (
 
 __all__ = ["RecordError", "RecordSet", "read_record", "read_records"]
 
-_RANK = re.compile(r"rank[_-]?(\d+)")
+_RANK = re.compile(r"rank[_-]?([0-9]+)", re.ASCII)
 
 
 def _rank_of(name: str) -> int | None:
+    """The rank a record's file name says (``stats.rank3.json``): ASCII digits, at most ``MAX_RANK``."""
     m = _RANK.search(name)
-    return int(m.group(1)) if m else None
+    if not m:
+        return None
+    digits = m.group(1)
+    if len(digits) > len(str(MAX_RANK)) or int(digits) > MAX_RANK:
+        raise RecordError(f"{quote(name)}: the rank in the file name is over {MAX_RANK:,}")
+    return int(digits)
 
 
 def _kind(p: Path) -> str:
@@ -85,6 +96,8 @@ def read_record(path: str | Path) -> MemorySnapshot | StatsRecording | DsLogReco
     try:
         return read_ds_log(p)
     except RecordError as exc:
+        if "no DeepSpeed see_memory_usage report" not in str(exc):
+            raise  # a log of reports with a bad figure: its own message says which
         raise RecordError(f"{p}: not a record memfit reads (a memory snapshot .pickle, a memory_stats .json, an "
                           f"nvidia-smi .csv or a log with DeepSpeed see_memory_usage lines): {exc}") from None
 
@@ -96,7 +109,16 @@ def _required(name: str) -> bool:
 
 
 def _directory(d: Path, notes: list[str]) -> list[tuple[Path, bool]]:
-    files = sorted(f for f in d.iterdir() if f.is_file())
+    try:
+        with os.scandir(d) as it:
+            entries = []
+            for entry in it:
+                entries.append(entry.name)
+                check_count(len(entries), MAX_DIR_ENTRIES, what="entries or more", where=str(d),
+                            hint="give the record files themselves")
+    except OSError as exc:
+        raise RecordError(f"cannot list {d}: {exc.strerror or type(exc).__name__}") from None
+    files = sorted(f for f in (d / name for name in entries) if f.is_file())
     keep = []
     for f in files:
         name = f.name.lower()
@@ -124,6 +146,7 @@ def read_records(paths: list[str] | tuple[str, ...] | list[Path]) -> RecordSet:
             files.append((p, True))
         else:
             raise RecordError(f"record not found: {p}")
+    check_count(len(files), MAX_RECORD_FILES, what="record files", where=", ".join(str(p) for p in paths)[:200])
     snapshots, stats, logs, smi = [], [], [], []
     for f, required in files:
         try:

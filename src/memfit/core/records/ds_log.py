@@ -19,7 +19,9 @@ Which phase a report closes is read from its message (``PHASE_MESSAGES``): with
 ``accum.*``; every later step ``step2.*`` (BRIEF contract 1). Reports whose message memfit does not
 know keep ``phase=None`` and are listed, not guessed.
 
-Line cleaning (colours, timestamps, ``[rank0]:`` prefixes) is ``memfit.core.diagnose``'s.
+Line cleaning (colours, timestamps, ``[rank0]:`` prefixes) is ``memfit.core.diagnose``'s, and so is
+the bounded read (``read_log``: at most 16 MiB and 250,000 lines). A figure of more than 20 digits
+(before or after the point), or over 1 EiB, is one error line naming the line.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import re
 from pathlib import Path
 
 from memfit.core.diagnose import _clean_lines, parse_size, read_log
-from memfit.core.records.snapshot import RecordError
+from memfit.core.records.bounded import MAX_DIGITS, RecordError, check_bytes, check_digits
 from memfit.core.records.types import DsLogRecording, DsMemoryLine
 
 _NUM = r"(\d+(?:\.\d+)?)\s*(GB|MB|GiB|MiB)"
@@ -62,8 +64,12 @@ def _clean_message(text: str) -> str:
     return _MP_PREFIX.sub("", _LOGGER_PREFIX.sub("", text)).strip()
 
 
-def _bytes(number: str, unit: str) -> tuple[int, int]:
-    return parse_size(number, _UNIT[unit])
+def _bytes(number: str, unit: str, where: str) -> tuple[int, int]:
+    check_digits(number, what=f"the figure {number[:12]}...", where=where)
+    if len(number.partition(".")[2]) > MAX_DIGITS:
+        raise RecordError(f"{where}: the figure {number[:12]}... has over {MAX_DIGITS} decimals")
+    size, precision = parse_size(number, _UNIT[unit])
+    return check_bytes(size, what=f"the figure {number[:24]} {unit}", where=where), precision
 
 
 def _step_phase(base: str, step: int, micro: int) -> str:
@@ -88,13 +94,14 @@ def parse_ds_log(text: str, *, path: str = "<log>") -> DsLogRecording:
                 last_text[ln.stream] = ln.text
             continue
         message = _clean_message(last_text.pop(ln.stream, ""))
+        where = f"{path}: line {ln.no}"
         (ma, prec), (max_ma, _), (ca, _), (max_ca, max_ca_prec) = (
-            _bytes(m.group(k), m.group(k + 1)) for k in (1, 3, 5, 7))
+            _bytes(m.group(k), m.group(k + 1), where) for k in (1, 3, 5, 7))
         cpu = None
         for nxt in lines[i + 1:i + 3]:
             c = _CPU.search(nxt.text)
             if c and nxt.stream == ln.stream:
-                cpu = parse_size(c.group(1), "GiB")[0]
+                cpu = _bytes(c.group(1), "GB", f"{path}: line {nxt.no}")[0]
                 break
         phase = None
         for pattern, name in PHASE_MESSAGES:

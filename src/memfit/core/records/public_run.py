@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memfit.core.hardware import MAX_SIZE_BYTES
 from memfit.errors import MemfitError
 
 KIND_FIGURE = {
@@ -116,8 +117,9 @@ def public_run_from_mapping(raw: Any, p: Path) -> PublicRun:
         if kind not in KIND_FIGURE:
             raise MemfitError(f"{where}: kind must be one of {', '.join(KIND_FIGURE)}, got {kind!r}")
         n = m.get("bytes")
-        if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
-            raise MemfitError(f"{where}: bytes must be a positive whole number, got {n!r}")
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 < n <= MAX_SIZE_BYTES:
+            shown = f"a {len(str(n)):,}-digit number" if isinstance(n, int) and n > MAX_SIZE_BYTES else repr(n)
+            raise MemfitError(f"{where}: bytes must be a positive whole number of at most 1 EiB, got {shown}")
         window = m.get("phases_covered")
         window = tuple(str(x) for x in window) if isinstance(window, list) else (str(window),) if window else ()
         if not window:

@@ -7,6 +7,9 @@ column they are numbered in the order each timestamp lists them). nvidia-smi pri
 (2**20 B) and its timestamp in local time without a zone (``2024/05/01 12:00:00.123``); memfit keeps
 it as printed and aligns it with a recording's phases through the recording's UTC offset.
 Unsupported readings (``[N/A]``, ``[Not Supported]``) are skipped and counted.
+
+Bounded (``memfit.core.records.bounded``): at most 32 MiB and 1,000,000 lines, counted before the
+CSV is parsed; a reading of more than 20 digits, or over 1 EiB, is one error line.
 """
 
 from __future__ import annotations
@@ -17,18 +20,39 @@ import re
 from datetime import datetime, timezone
 from pathlib import Path
 
-from memfit.core.records.snapshot import RecordError
+from memfit.core.records.bounded import (
+    MAX_SMI_BYTES,
+    MAX_SMI_SAMPLES,
+    RecordError,
+    check_bytes,
+    check_count,
+    check_digits,
+    quote,
+    record_text,
+)
 from memfit.core.records.types import SmiRecording, SmiSample
 
-_STAMP = re.compile(r"^\d{4}/\d{2}/\d{2} \d{2}:\d{2}:\d{2}(?:\.\d+)?$")
-_MEM_VALUE = re.compile(r"^(\d+)\s*(MiB|KiB|GiB)?$")
+_STAMP = re.compile(r"^(\d{4})/(\d{2})/(\d{2}) (\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?$", re.ASCII)
+_MEM_VALUE = re.compile(r"^(\d+)\s*(MiB|KiB|GiB)?$", re.ASCII)
 _UNIT_SCALE = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30, None: 2**20}
 
 
-def _stamp_us(text: str) -> int:
-    fmt = "%Y/%m/%d %H:%M:%S.%f" if "." in text else "%Y/%m/%d %H:%M:%S"
-    dt = datetime.strptime(text, fmt).replace(tzinfo=timezone.utc)
-    return int(dt.timestamp()) * 1_000_000 + dt.microsecond
+def _stamp_us(text: str, seconds: dict[str, int] | None = None) -> int:
+    """``2024/05/01 12:00:00.123`` as microseconds, reading the clock as UTC (memfit aligns it with
+    the recording's UTC offset). ``seconds`` caches the whole-second part (samples 100 ms apart
+    share it). ``ValueError`` for a date that does not exist."""
+    m = _STAMP.match(text)
+    if m is None:
+        raise ValueError(text)
+    whole = text[:19]
+    base = seconds.get(whole) if seconds is not None else None
+    if base is None:
+        y, mo, d, h, mi, sec = (int(g) for g in m.groups()[:6])
+        base = int(datetime(y, mo, d, h, mi, sec, tzinfo=timezone.utc).timestamp()) * 1_000_000
+        if seconds is not None:
+            seconds[whole] = base
+    frac = m.group(7)
+    return base + (int(frac[:6].ljust(6, "0")) if frac else 0)
 
 
 def looks_like_smi(text: str) -> bool:
@@ -41,7 +65,12 @@ def looks_like_smi(text: str) -> bool:
 
 
 def parse_smi_csv(text: str, *, path: str = "<csv>") -> SmiRecording:
-    rows = [r for r in csv.reader(io.StringIO(text)) if any(c.strip() for c in r)]
+    check_count(max(text.count("\n"), text.count("\r")), MAX_SMI_SAMPLES, what="lines", where=path,
+                hint="nvidia-smi -lms 1000 samples less often; or cut the CSV to the run's time window")
+    try:
+        rows = [r for r in csv.reader(io.StringIO(text)) if any(c.strip() for c in r)]
+    except csv.Error as exc:
+        raise RecordError(f"{path}: not an nvidia-smi CSV ({exc})") from None
     if not rows:
         raise RecordError(f"{path}: empty nvidia-smi CSV")
     header = [c.strip().lower() for c in rows[0]]
@@ -72,10 +101,11 @@ def parse_smi_csv(text: str, *, path: str = "<csv>") -> SmiRecording:
     if col_mem is None:
         raise RecordError(f"{path}: no memory.used column (run nvidia-smi --query-gpu=timestamp,memory.used --format=csv)")
     if header_unit is not None and header_unit not in _UNIT_SCALE:
-        raise RecordError(f"{path}: memory.used in unknown unit [{header_unit}]")
+        raise RecordError(f"{path}: memory.used in unknown unit [{quote(header_unit)}]")
     samples: list[SmiSample] = []
     skipped = 0
     order: dict[int | None, int] = {}
+    seconds: dict[str, int] = {}
     for n, row in enumerate(body, start=2 if body is not rows else 1):
         cells = [c.strip() for c in row]
         if len(cells) <= col_mem:
@@ -86,25 +116,26 @@ def parse_smi_csv(text: str, *, path: str = "<csv>") -> SmiRecording:
             if value.startswith("[") or value.upper() in ("N/A", ""):
                 skipped += 1
                 continue
-            raise RecordError(f"{path}: line {n}: memory.used {value!r} is not a size in MiB")
+            raise RecordError(f"{path}: line {n}: memory.used {quote(value)} is not a size in MiB")
         unit = m.group(2) or header_unit
         if m.group(2) is None and header_unit is None and "assumed MiB" not in " ".join(notes):
             notes.append(f"{Path(path).name}: memory.used has no unit; assumed MiB (nvidia-smi's only memory unit)")
-        used = int(m.group(1)) * _UNIT_SCALE[unit]
+        check_digits(m.group(1), what="memory.used", where=f"{path}: line {n}")
+        used = check_bytes(int(m.group(1)) * _UNIT_SCALE[unit], what="memory.used", where=f"{path}: line {n}")
         t_us = None
         if col_time is not None:
             stamp = cells[col_time] if len(cells) > col_time else ""
             if not _STAMP.match(stamp):
-                raise RecordError(f"{path}: line {n}: timestamp {stamp!r} is not nvidia-smi's YYYY/MM/DD HH:MM:SS.mmm")
+                raise RecordError(f"{path}: line {n}: timestamp {quote(stamp)} is not nvidia-smi's YYYY/MM/DD HH:MM:SS.mmm")
             try:
-                t_us = _stamp_us(stamp)
-            except ValueError:
-                raise RecordError(f"{path}: line {n}: timestamp {stamp!r} is not a valid date") from None
+                t_us = _stamp_us(stamp, seconds)
+            except (ValueError, OverflowError):
+                raise RecordError(f"{path}: line {n}: timestamp {quote(stamp)} is not a valid date") from None
         if col_index is not None:
-            try:
-                gpu = int(cells[col_index])
-            except (ValueError, IndexError):
-                raise RecordError(f"{path}: line {n}: GPU index {cells[col_index]!r} is not a number") from None
+            index = cells[col_index] if len(cells) > col_index else ""
+            if not (index.isascii() and index.isdigit() and len(index) <= 7):
+                raise RecordError(f"{path}: line {n}: GPU index {quote(index)} is not a number of at most 7 digits")
+            gpu = int(index)
         else:
             seen = order.get(t_us, 0) if t_us is not None else 0
             gpu = seen
@@ -121,11 +152,6 @@ def parse_smi_csv(text: str, *, path: str = "<csv>") -> SmiRecording:
 
 
 def read_smi_csv(path: str | Path) -> SmiRecording:
+    """The nvidia-smi CSV at ``path``, at most ``MAX_SMI_BYTES``."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise RecordError(f"{p}: not a UTF-8 text file") from None
-    except OSError as exc:
-        raise RecordError(f"cannot read {p}: {exc.strerror or exc}") from None
-    return parse_smi_csv(text, path=str(p))
+    return parse_smi_csv(record_text(p, what="nvidia-smi CSV", max_bytes=MAX_SMI_BYTES), path=str(p))

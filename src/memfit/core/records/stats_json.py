@@ -16,16 +16,20 @@ Counter names are torch's (torch/cuda/memory.py: ``memory_stats``, ``host_memory
 2.13 names the host counters ``allocated_bytes.peak``, older builds ``allocated_bytes.all.peak``).
 Peaks are per phase only if the peak counters were reset at the phase start (``memfit.record`` does);
 a plain dump's peaks run from the start of the process or the last reset, and memfit says so.
+
+Read through ``memfit.core.records.bounded.record_json`` (at most 64 MiB, 2,000,000 values, 64
+levels); at most ``MAX_PHASES`` phases; every byte count at most 1 EiB, times and counters bounded,
+so every figure renders.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from memfit.core.records.snapshot import RecordError
+from memfit.core.hardware import MAX_SIZE_BYTES
+from memfit.core.records.bounded import MAX_PHASES, MAX_RANK, MAX_TIME_US, RecordError, check_count, quote, record_json
 from memfit.core.records.types import PhaseStats, StatsRecording
 
 FORMAT = "memfit.record.stats"
@@ -46,6 +50,8 @@ _HOST_KEYS = {
     "pinned_in_use_peak_bytes": ("active_bytes.peak", "active_bytes.all.peak"),
 }
 _PLAIN_INT_KEYS = ("rss_start_bytes", "rss_end_bytes", "rss_peak_bytes", "t_start_us", "t_end_us", "step", "micro_step")
+_LIMITS = {"t_start_us": MAX_TIME_US, "t_end_us": MAX_TIME_US}
+"""The largest value of a field that is not a byte count (those stop at 1 EiB, ``MAX_SIZE_BYTES``)."""
 
 
 def flatten(stats: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -79,23 +85,28 @@ class _Ctx:
     def fail(self, msg: str) -> RecordError:
         return RecordError(f"{self.where}: {msg}")
 
-    def count(self, value: Any, what: str) -> int | None:
+    def count(self, value: Any, what: str, maximum: int = MAX_SIZE_BYTES) -> int | None:
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-            raise self.fail(f"{what} is {value!r}, not a byte count")
+            raise self.fail(f"{what} is {quote(value)}, not a byte count")
         if isinstance(value, float):
             if not value.is_integer():
                 raise self.fail(f"{what} is {value!r}, not a whole number of bytes")
+            if abs(value) > 2**63:
+                raise self.fail(f"{what} is {value!r}, beyond {maximum:,}, the most memfit reads")
             value = int(value)
         if value < 0:
-            raise self.fail(f"{what} is negative ({value})")
+            raise self.fail(f"{what} is negative ({quote(value)})")
+        if value > maximum:
+            raise self.fail(f"{what} is {quote(value)}, beyond {maximum:,}"
+                            + (" (1 EiB, the most memfit reads)" if maximum == MAX_SIZE_BYTES else ", the most memfit reads"))
         return value
 
 
 def _phase(ctx: _Ctx, name: str, entry: Mapping[str, Any], *, nested_stats: bool) -> PhaseStats:
     if not isinstance(name, str) or not name or len(name) > 100:
-        raise ctx.fail(f"phase name {name!r} is not a short text")
+        raise ctx.fail(f"phase name {quote(name)} is not a short text")
     if nested_stats:
         device = flatten(entry)
         host: dict[str, Any] = {}
@@ -115,7 +126,7 @@ def _phase(ctx: _Ctx, name: str, entry: Mapping[str, Any], *, nested_stats: bool
         found = next((host[k] for k in keys if k in host), None)
         values[field] = ctx.count(found, f"phase {name!r} host_memory_stats[{keys[0]!r}]")
     for key in _PLAIN_INT_KEYS:
-        values[key] = ctx.count(extra.get(key), f"phase {name!r} {key}")
+        values[key] = ctx.count(extra.get(key), f"phase {name!r} {key}", _LIMITS.get(key, MAX_SIZE_BYTES))
     info = extra.get("mem_get_info")
     if info is not None:
         if not (isinstance(info, (list, tuple)) and len(info) == 2):
@@ -152,8 +163,11 @@ def parse_stats(obj: Any, *, path: str = "<stats>") -> StatsRecording:
             raw = [dict(v, name=k) if isinstance(v, Mapping) and not _looks_like_stats(v) else (k, v) for k, v in raw.items()]
         if not isinstance(raw, list):
             raise ctx.fail("'phases' is neither a list nor an object")
+        check_count(len(raw), MAX_PHASES, what="phases", where=path)
         for i, entry in enumerate(raw):
             if isinstance(entry, tuple):
+                if not isinstance(entry[1], Mapping):
+                    raise ctx.fail(f"phase {quote(entry[0])} is {type(entry[1]).__name__}, not an object of counters")
                 phases.append(_phase(ctx, entry[0], entry[1], nested_stats=True))
                 continue
             if not isinstance(entry, Mapping):
@@ -167,9 +181,10 @@ def parse_stats(obj: Any, *, path: str = "<stats>") -> StatsRecording:
         notes.append(f"{Path(path).name}: one memory_stats() dump without phases: shown as phase 'recorded' "
                      "(its peaks run from the process start or the last reset)")
     else:
+        check_count(len(obj), MAX_PHASES, what="phases", where=path)
         for name, v in obj.items():
             if not _looks_like_stats(v):
-                raise ctx.fail(f"{name!r} is not memory_stats() counters (no allocated_bytes/reserved_bytes keys); "
+                raise ctx.fail(f"{quote(name)} is not memory_stats() counters (no allocated_bytes/reserved_bytes keys); "
                                "see `memfit compare --help` for the JSON shapes memfit reads")
             phases.append(_phase(ctx, name, v, nested_stats=True))
         notes.append(f"{Path(path).name}: counters read as given; peaks are per phase only if the script reset "
@@ -182,21 +197,22 @@ def parse_stats(obj: Any, *, path: str = "<stats>") -> StatsRecording:
             if all(getattr(ph, f) is None for f in figures):
                 raise ctx.fail(f"phase {ph.name!r} has no memory counters (memory_stats, host_memory_stats, mem_get_info "
                                "or rss_*_bytes)")
-    rank = ctx.count(obj.get("rank"), "rank") if fmt == FORMAT else None
+    rank = ctx.count(obj.get("rank"), "rank", MAX_RANK) if fmt == FORMAT else None
     device = obj.get("device") if fmt == FORMAT else None
     if device is None:
         device = "cuda" if any(p.device_allocated_peak_bytes is not None for p in phases) else "unknown"
     if device not in ("cuda", "cpu", "unknown"):
-        raise ctx.fail(f"device {device!r} is not cuda or cpu")
+        raise ctx.fail(f"device {quote(device)} is not cuda or cpu")
     file_notes = obj.get("notes") or []
     if not isinstance(file_notes, list) or not all(isinstance(n, str) for n in file_notes):
         raise ctx.fail("'notes' is not a list of text")
     offset = obj.get("utc_offset_s")
     if offset is not None and (isinstance(offset, bool) or not isinstance(offset, int) or abs(offset) > 86400):
-        raise ctx.fail(f"utc_offset_s {offset!r} is not a whole number of seconds within a day")
+        raise ctx.fail(f"utc_offset_s {quote(offset)} is not a whole number of seconds within a day")
     overhead = obj.get("overhead_s")
-    if overhead is not None and (isinstance(overhead, bool) or not isinstance(overhead, (int, float)) or overhead < 0):
-        raise ctx.fail(f"overhead_s {overhead!r} is not a non-negative number")
+    if overhead is not None and (isinstance(overhead, bool) or not isinstance(overhead, (int, float))
+                                 or not 0 <= overhead < 10**9):
+        raise ctx.fail(f"overhead_s {quote(overhead)} is not a non-negative number")
     text = {k: obj.get(k) for k in ("device_name", "torch_version", "snapshot_file")}
     for k, v in text.items():
         if v is not None and not isinstance(v, str):
@@ -206,17 +222,6 @@ def parse_stats(obj: Any, *, path: str = "<stats>") -> StatsRecording:
 
 
 def read_stats(path: str | Path) -> StatsRecording:
+    """The stats JSON at ``path``, read through the bounded reader (``bounded.record_json``)."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise RecordError(f"{p}: not a UTF-8 text file") from None
-    except OSError as exc:
-        raise RecordError(f"cannot read {p}: {exc.strerror or exc}") from None
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise RecordError(f"{p}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
-    except RecursionError:
-        raise RecordError(f"{p}: JSON nested too deeply") from None
-    return parse_stats(obj, path=str(p))
+    return parse_stats(record_json(p), path=str(p))

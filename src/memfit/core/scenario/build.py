@@ -18,12 +18,13 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
     from memfit.core.catalog import resolve_model_config
     from memfit.core.dsconfig import AutoContext, parse_deepspeed_config, read_deepspeed_json, trainer_defaults
     from memfit.core.frameworks.resolve import apply_input_files, resolve_framework_settings
-    from memfit.core.hardware import Hardware, parse_gpus, parse_size
+    from memfit.core.hardware import DEFAULT_CPU_RAM, DEFAULT_GPU, Hardware, parse_gpus, parse_size
     from memfit.core.peft.params import apply_peft
     from memfit.core.peft.parse import load_adapter_config, parse_peft_options
     from memfit.core.scenario.types import LoadSettings, Scenario, TrainSettings
 
     inputs = apply_input_files(check_inputs(inputs))
+    _transformers_release(inputs)
     if not inputs.model:
         raise MemfitError("no model given: pass --model (e.g. --model kakaobrain/kogpt) or a scenario file")
     source = resolve_model_config(inputs.model, trust_remote_code=bool(inputs.trust_remote_code))
@@ -37,21 +38,21 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
         spec = parse_peft_options(method, **inputs.peft_options)
     model = apply_peft(base, spec)
 
-    count, gpu = parse_gpus(inputs.gpus or "1xa100-80gb")
+    count, gpu = parse_gpus(inputs.gpus or f"1x{DEFAULT_GPU}")
     nodes = inputs.nodes if inputs.nodes is not None else 1
     hw = Hardware(gpu=gpu, gpus_per_node=count, nodes=nodes,
-                  cpu_ram_bytes=parse_size(inputs.cpu_ram or "256GB", what="cpu_ram"),
-                  nvme_bytes=parse_size(inputs.nvme, what="nvme") if inputs.nvme else None,
+                  cpu_ram_bytes=parse_size(inputs.cpu_ram or DEFAULT_CPU_RAM, what=input_label("cpu_ram")),
+                  nvme_bytes=parse_size(inputs.nvme, what=input_label("nvme")) if inputs.nvme else None,
                   shared_gpu=bool(inputs.shared_gpu),
-                  host_reserve_bytes=parse_size(inputs.host_reserve, what="host_reserve") if inputs.host_reserve else None)
+                  host_reserve_bytes=parse_size(inputs.host_reserve, what=input_label("host_reserve"))
+                  if inputs.host_reserve else None)
     has_ds_json = bool(inputs.deepspeed or inputs.deepspeed_inline)
     if inputs.precision is not None:
         modes = ("fp16", "bf16", "fp32") if has_ds_json or inputs.framework == "deepspeed" else \
             ("fp16", "bf16", "fp32", "amp_fp16", "amp_bf16")
         if inputs.precision not in modes:
-            raise MemfitError(f"{input_label('precision')} must be {', '.join(modes)}"
-                              + (" with DeepSpeed (amp_* are the torch/DDP/FSDP precision modes)"
-                                 if len(modes) == 3 else "") + f", got {inputs.precision!r}")
+            raise MemfitError(f"{_said(inputs, 'precision')}: invalid value {inputs.precision!r} with DeepSpeed; valid: "
+                              f"{', '.join(modes)} (amp_* are the torch/DDP/FSDP precision modes)")
     fw = resolve_framework_settings(inputs, hw, has_deepspeed_json=has_ds_json)
     micro = inputs.micro_batch
     if fw.framework == "deepspeed":
@@ -73,7 +74,17 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
                "zero_optimization": {"stage": 0}}
         if precision != "fp32":
             raw[precision] = {"enabled": True}
+    if has_ds_json and fw.framework == "deepspeed":
+        raw = _old_trainer_batch_keys(raw, inputs, micro)
     fills, sources = trainer_defaults(raw, precision=precision, precision_why=precision_why)
+    for name, field in (("micro_batch_size", "micro_batch"), ("gradient_accumulation_steps", "grad_accum"),
+                        ("precision", "precision"), ("max_grad_norm", "max_grad_norm"), ("weight_decay", "weight_decay")):
+        if field in inputs.origins:
+            sources[name] = inputs.origins[field]
+    if fw.framework == "deepspeed":
+        for name in ("max_grad_norm", "weight_decay"):  # the Trainer's, filling "auto" and checked against the config
+            if getattr(inputs, name) is not None:
+                fills[name] = getattr(inputs, name)
     if micro is not None:
         fills["micro_batch_size"] = micro
     elif isinstance(raw.get("train_micro_batch_size_per_gpu"), str):  # "auto" without --micro-batch
@@ -85,7 +96,8 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
         sources["gradient_accumulation_steps"] = "transformers' TrainingArguments default (--grad-accum chooses)"
     if inputs.precision is not None and fw.framework == "deepspeed":
         fills["precision"] = precision
-    ctx = AutoContext(world_size=hw.world_size, hidden_size=base.arch.hidden_size, sources=sources, **fills)
+    ctx = AutoContext(world_size=hw.world_size, hidden_size=base.arch.hidden_size, sources=sources,
+                      name=f"DeepSpeed config {inputs.deepspeed}" if inputs.deepspeed else "DeepSpeed config", **fills)
     ds = parse_deepspeed_config(raw, context=ctx)
     from memfit.core.dsconfig import resolve_auto
 
@@ -99,8 +111,9 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
     if micro is None:
         micro = ds.train_micro_batch_size_per_gpu
     elif micro != ds.train_micro_batch_size_per_gpu:
-        raise MemfitError(f"micro_batch {micro} contradicts the DeepSpeed config's train_micro_batch_size_per_gpu "
-                          f"{ds.train_micro_batch_size_per_gpu}")
+        raise MemfitError(f"{_said(inputs, 'micro_batch')} = {micro} contradicts {inputs.deepspeed or 'the inline DeepSpeed config'}"
+                          f": train_micro_batch_size_per_gpu = {ds.train_micro_batch_size_per_gpu} (the Trainer refuses "
+                          'the mismatch too: write "auto" in the config, or give the same value)')
     load = LoadSettings(dtype=inputs.load_dtype or "fp32", zero_init=bool(inputs.zero_init),
                         low_cpu_mem_usage=True if inputs.low_cpu_mem_usage is None else inputs.low_cpu_mem_usage,
                         checkpoint=_checkpoint_layout(inputs, source, model))
@@ -120,12 +133,53 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
 
     ev = eval_settings(inputs, train, model)
     epoch = epoch_settings(inputs, train)
-    return Scenario(name=inputs.name or f"{source.name} ({spec.method})", model_ref=source.name, model=model,
-                    peft=spec, deepspeed=ds, deepspeed_json=ds_json, hardware=hw, load=load, train=train,
-                    ds_version=str(inputs.ds_version or "0.19"), accelerator=inputs.accelerator or "cuda",
-                    runtime=runtime_settings(inputs),
-                    framework=fw.framework, torch=fw.torch, quant=fw.quant, ddp=fw.ddp, fsdp=fw.fsdp,
-                    eval=ev, epoch=epoch, input_notes=tuple(inputs.input_notes))
+    sc = Scenario(name=inputs.name or f"{source.name} ({spec.method})", model_ref=source.name, model=model,
+                  peft=spec, deepspeed=ds, deepspeed_json=ds_json, hardware=hw, load=load, train=train,
+                  ds_version=str(inputs.ds_version or "0.19"), accelerator=inputs.accelerator or "cuda",
+                  runtime=runtime_settings(inputs),
+                  framework=fw.framework, torch=fw.torch, quant=fw.quant, ddp=fw.ddp, fsdp=fw.fsdp,
+                  eval=ev, epoch=epoch, input_notes=tuple(inputs.input_notes),
+                  input_warnings=tuple(inputs.input_warnings))
+    from dataclasses import replace as _replace
+
+    from memfit.core.scenario.assumptions import assumptions
+
+    return _replace(sc, assumptions=assumptions(inputs, sc, precision_why=precision_why))
+
+
+def _said(inputs: ScenarioInputs, name: str) -> str:
+    """Where the value of field ``name`` came from (its flag, scenario key or file key)."""
+    return inputs.origins.get(name) or input_label(name)
+
+
+def _transformers_release(inputs: ScenarioInputs) -> tuple[int, int]:
+    """``(major, minor)`` of ``transformers_version`` (``4.2``, ``4.46.3``, ``5.24.0.dev0``)."""
+    version = inputs.transformers_version or "5.24"
+    parts = version.strip().split(".")
+    if not (len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit() and len(version) <= 32):
+        raise MemfitError(f"{_said(inputs, 'transformers_version')}: invalid value {version!r:.40}; valid: a release "
+                          "such as 4.2 or 5.24")
+    return int(parts[0]), int(parts[1])
+
+
+def _old_trainer_batch_keys(raw: dict, inputs: ScenarioInputs, micro: int | None) -> dict:
+    """transformers before 4.6 (``integrations.py: init_deepspeed``, 4.2.0-4.5.1) refuses
+    ``train_batch_size``, ``train_micro_batch_size_per_gpu`` and ``gradient_accumulation_steps`` in the
+    DeepSpeed config and writes the last two from its arguments (``per_device_train_batch_size``,
+    ``gradient_accumulation_steps``); 4.6 introduced "auto" instead."""
+    version = inputs.transformers_version
+    if version is None or _transformers_release(inputs) >= (4, 6):
+        return raw
+    written = [k for k in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+               if k in raw]
+    if written:
+        raise MemfitError(f"transformers {version}'s Trainer refuses {', '.join(written)} in the DeepSpeed config (\"Do "
+                          "not include ... entries in the ds config file, as they will be set via "
+                          "--per_device_train_batch_size\"): leave them out")
+    if micro is None:
+        raise MemfitError(f"transformers {version}'s Trainer writes train_micro_batch_size_per_gpu from "
+                          "per_device_train_batch_size: give it (--micro-batch, or a TrainingArguments file)")
+    return {**raw, "train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": inputs.grad_accum or 1}
 
 
 def runtime_settings(inputs: ScenarioInputs):  # -> RuntimeSettings
@@ -150,7 +204,9 @@ def runtime_settings(inputs: ScenarioInputs):  # -> RuntimeSettings
         else:
             source = "asked to read PYTORCH_CUDA_ALLOC_CONF from the environment: not set, torch's defaults"
     return RuntimeSettings(torch_version=version.name, alloc_conf=conf, alloc_conf_source=source,
-                           cuda_version=inputs.cuda_version, pin_memory_backend=inputs.pin_memory_backend or "torch")
+                           cuda_version=inputs.cuda_version, pin_memory_backend=inputs.pin_memory_backend or "torch",
+                           **({"bitsandbytes_version": inputs.bitsandbytes_version, "bitsandbytes_version_given": True}
+                              if inputs.bitsandbytes_version else {}))
 
 
 def _model_shape(source, inputs: ScenarioInputs):
@@ -201,7 +257,12 @@ def _sequence_shape(inputs: ScenarioInputs, micro: int, world: int):
 
     if inputs.lengths is None:
         if inputs.batching is not None:
-            raise MemfitError("batching needs a length distribution (--lengths FILE)")
+            raise MemfitError(f"{_said(inputs, 'batching')} needs a length distribution (--lengths FILE)")
+        if inputs.max_seq_length is not None:
+            if inputs.seq_len is not None:
+                raise MemfitError(f"{_said(inputs, 'max_seq_length')} truncates the samples of a length distribution "
+                                  f"(--lengths FILE); without one give either it or {_said(inputs, 'seq_len')}")
+            return positive_int(inputs.max_seq_length, "max_seq_length"), None
         return positive_int(inputs.seq_len if inputs.seq_len is not None else 2048, "seq_len"), None
     if inputs.seq_len is not None:
         raise MemfitError("give either seq_len or lengths (the plan then takes the largest batch's length)")
@@ -249,12 +310,14 @@ def describe_scenario(sc: Scenario) -> dict[str, Any]:
         "alloc_conf": sc.runtime.alloc_conf,
         "cuda_version": sc.runtime.cuda_version or resolve_torch_version(sc.runtime.torch_version).default_cuda,
         "pin_memory_backend": sc.runtime.pin_memory_backend,
+        "bitsandbytes_version": sc.runtime.bitsandbytes_version,
         "framework": sc.framework,
         **({} if sc.framework == "deepspeed" else {
             "precision_mode": sc.torch.precision, "optim": sc.torch.optim,
             "gradient_accumulation_steps": sc.torch.gradient_accumulation_steps}),
         **({"quantization": sc.quant.method, "bnb_4bit_quant_type": sc.quant.quant_type,
             "bnb_4bit_quant_storage": sc.quant.quant_storage} if sc.quant.enabled else {}),
+        "assumptions": [{"kind": a.kind, "what": a.what, "value": a.value, "why": a.why} for a in sc.assumptions],
     }
 
 

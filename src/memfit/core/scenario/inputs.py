@@ -32,7 +32,8 @@ SCENARIO_KEYS = {"name", "model", "peft", "deepspeed", "deepspeed_version", "har
         "accelerate_config", "bnb_config",
         # evaluation during training (core/ledger/evaluation.py)
         "eval"}
-RUNTIME_KEYS = {"torch_version", "alloc_conf", "cuda_version", "pin_memory_backend", "alloc_conf_from_env"}
+RUNTIME_KEYS = {"torch_version", "alloc_conf", "cuda_version", "pin_memory_backend", "alloc_conf_from_env",
+                "transformers_version", "bitsandbytes_version"}
 HARDWARE_KEYS = {"gpus", "nodes", "cpu_ram", "nvme", "shared_gpu", "host_reserve"}
 EVAL_KEYS = {"strategy", "batch", "seq_len", "generate", "max_new_tokens", "generation_max_length", "num_beams", "steps"}
 LOAD_KEYS = {"dtype", "zero_init", "low_cpu_mem_usage", "checkpoint_index", "max_shard_size"}
@@ -95,6 +96,8 @@ class ScenarioInputs:
     """Read PYTORCH_CUDA_ALLOC_CONF (then PYTORCH_ALLOC_CONF) from the environment: only when asked."""
     cuda_version: str | None = None
     pin_memory_backend: str | None = None
+    bitsandbytes_version: str | None = None
+    """The bitsandbytes release of the run (its quantized matmuls: ``memfit.core.quant_kernels``)."""
     # -- outside DeepSpeed (see memfit.core.frameworks.resolve) ---------------------------------
     framework: str | None = None
     """``deepspeed``, ``torch``, ``ddp``, ``fsdp``, ``fsdp2``; None: inferred from the inputs."""
@@ -149,22 +152,41 @@ class ScenarioInputs:
     """Optimizer steps to simulate (default: one epoch, at most 1,000)."""
     empty_cache_steps: int | None = None
     """``torch_empty_cache_steps``."""
+    transformers_version: str | None = None
+    """The transformers release whose Trainer runs (its DeepSpeed-config handling changed in 4.6);
+    default 5.24. (``runtime.transformers_version`` in YAML.)"""
     input_notes: tuple[str, ...] = ()
     """What memfit resolved or ignored while reading the input files (shown in the plan's notes)."""
+    input_warnings: tuple[str, ...] = ()
+    """What a library would ignore in the input files, or memfit reads but does not model (printed
+    as warnings, and findings)."""
+    assumed: tuple[tuple[str, str, str], ...] = ()
+    """``(setting, value, why)`` for each value taken from a library's default in an input file."""
+    origins: dict[str, str] = field(default_factory=dict)
+    """Where each given field came from, as the user would find it: ``--micro-batch``,
+    ``run.yaml: train.micro_batch`` (``memfit.core.inputs.precedence``)."""
 
 
 def merge_inputs(base: ScenarioInputs, override: ScenarioInputs) -> ScenarioInputs:
-    """``override``'s given values win; PEFT options merge key by key."""
-    changes = {}
+    """``override``'s given values win (flags over a scenario file), each override said in a note;
+    PEFT options and optimizer arguments merge key by key."""
+    changes: dict[str, Any] = {}
+    notes = []
     for f in fields(ScenarioInputs):
         v = getattr(override, f.name)
+        old = getattr(base, f.name)
         if f.name in ("peft_options", "optim_args"):
             if v:
-                changes[f.name] = {**getattr(base, f.name), **v}
-        elif f.name == "input_notes":
-            changes[f.name] = tuple(base.input_notes) + tuple(v)
+                changes[f.name] = {**old, **v}
+        elif f.name in ("input_notes", "input_warnings", "assumed"):
+            changes[f.name] = tuple(old) + tuple(v)
+        elif f.name == "origins":
+            changes[f.name] = {**old, **v}
         elif v is not None:
             changes[f.name] = v
+            if old is not None and old != v and f.name in override.origins and f.name in base.origins:
+                notes.append(f"{override.origins[f.name]} {v!r:.60} overrides {base.origins[f.name]} = {old!r:.60}")
     if override.deepspeed is not None:
         changes["deepspeed_inline"] = None
+    changes["input_notes"] = tuple(changes["input_notes"]) + tuple(notes)
     return replace(base, **changes)

@@ -79,13 +79,15 @@ def read_scenario_mapping(raw: Any, p: Path) -> ScenarioInputs:
         options = dict(peft)
         method = options.pop("method", None)
         if "adapter_config" in options:
-            method = str(p.parent / _text(options.pop("adapter_config"), "peft.adapter_config", p))
+            if method is not None:
+                raise MemfitError(f"{p}: give peft.method or peft.adapter_config, not both")
+            method = _text(options.pop("adapter_config"), "peft.adapter_config", p)
     elif peft is not None:
         raise MemfitError(f"{p}: 'peft' must be a method name or a mapping")
     if method is not None and not isinstance(method, str):
         raise MemfitError(f"{p}: 'peft.method' must be a string, got {method!r}")
-    if method and method.endswith(".json") and not Path(method).is_absolute():
-        method = str(p.parent / method)
+    if method and (method.endswith(".json") or "/" in method) and not Path(method).is_absolute():
+        method = str(p.parent / method)  # relative to the scenario's folder, once
     ds = raw.get("deepspeed")
     ds_path, ds_inline = None, None
     if isinstance(ds, str):
@@ -124,7 +126,7 @@ def read_scenario_mapping(raw: Any, p: Path) -> ScenarioInputs:
     precision = one_of(("precision", raw.get("precision")), ("train.precision", train.get("precision")))
     grad_accum = one_of(("train.grad_accum", train.get("grad_accum")),
                         ("train.gradient_accumulation_steps", train.get("gradient_accumulation_steps")))
-    return ScenarioInputs(
+    inputs = ScenarioInputs(
         framework=raw.get("framework"), precision=precision, optim=raw.get("optim"),
         optim_args=mapping("optim_args") or {}, grad_accum=grad_accum,
         max_grad_norm=train.get("max_grad_norm"), weight_decay=train.get("weight_decay"),
@@ -158,4 +160,13 @@ def read_scenario_mapping(raw: Any, p: Path) -> ScenarioInputs:
         generation_max_length=ev.get("generation_max_length"), num_beams=ev.get("num_beams"),
         eval_steps=ev.get("steps"),
         epoch=train.get("epoch"), epoch_steps=train.get("epoch_steps"), empty_cache_steps=train.get("empty_cache_steps"),
+        transformers_version=None if rt.get("transformers_version") is None else str(rt["transformers_version"]),
+        bitsandbytes_version=None if rt.get("bitsandbytes_version") is None else str(rt["bitsandbytes_version"]),
     )
+    from dataclasses import fields, replace
+
+    from memfit.core.scenario.validate import scenario_key
+
+    given = {f.name: f"{p}: {scenario_key(f.name)}" for f in fields(ScenarioInputs)
+             if f.name not in ("name", "origins") and getattr(inputs, f.name) not in (None, {}, ())}
+    return replace(inputs, origins=given)

@@ -16,6 +16,7 @@ from memfit.core.frameworks.pytorch import FRAMEWORKS, DdpSettings, FsdpSettings
 from memfit.core.hardware import Hardware
 from memfit.core.model import ModelShape
 from memfit.core.peft.spec import PeftSpec
+from memfit.core.quant_kernels import DEFAULT_BNB_VERSION, bnb_release
 from memfit.errors import MemfitError
 
 DS_VERSIONS = ("0.19", "0.6", "0.5")
@@ -169,6 +170,11 @@ class RuntimeSettings:
     """DeepSpeed 0.19's ``DS_PIN_MEMORY_BACKEND``: ``torch`` (tensor.pin_memory()) or ``native`` (mlock)."""
     alloc_conf_source: str = ""
     """Where ``alloc_conf`` came from when not typed in (e.g. the environment, on request)."""
+    bitsandbytes_version: str = DEFAULT_BNB_VERSION
+    """bitsandbytes release (``memfit.core.quant_kernels``: what its 4-bit and 8-bit matmuls keep);
+    the default is the one installed here, and a plan with quantization says when it assumed it."""
+    bitsandbytes_version_given: bool = False
+    """The version came from the user (else the plan notes the assumption)."""
 
     def __post_init__(self) -> None:
         from memfit.core.alloc.conf import parse_alloc_conf
@@ -180,9 +186,21 @@ class RuntimeSettings:
             parts = str(self.cuda_version).split(".")
             if not (1 <= len(parts) <= 3 and all(p.isdigit() for p in parts)):
                 raise MemfitError(f"--cuda-version: expected e.g. 12.8 or 11.3, got {self.cuda_version!r}")
+        bnb_release(self.bitsandbytes_version)  # a version memfit did not read is refused in one line
         if self.pin_memory_backend not in PIN_MEMORY_BACKENDS:
             raise MemfitError(f"--pin-memory-backend must be one of {', '.join(PIN_MEMORY_BACKENDS)}, "
                               f"got {self.pin_memory_backend!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Assumption:
+    """A value the plan uses that no input gave: what it is, the value, and where it comes from."""
+
+    kind: str
+    """``hardware``, ``lengths``, ``stack`` or ``defaults``: the group it is shown in."""
+    what: str
+    value: str
+    why: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -221,6 +239,10 @@ class Scenario:
     epoch: EpochSettings = EpochSettings()
     input_notes: tuple[str, ...] = field(default=(), hash=False, compare=False)
     """What memfit resolved or ignored while reading the input files (TrainingArguments, ...)."""
+    input_warnings: tuple[str, ...] = field(default=(), hash=False, compare=False)
+    """What a library would ignore in the input files, or memfit reads but does not model."""
+    assumptions: tuple[Assumption, ...] = field(default=(), hash=False, compare=False)
+    """Every value the plan uses that no input gave (``memfit.core.scenario.assumptions``)."""
 
     def __post_init__(self) -> None:
         if self.framework not in FRAMEWORKS:

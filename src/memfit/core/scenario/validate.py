@@ -10,7 +10,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 from memfit.core.reading import parse_bool
-from memfit.core.scenario.inputs import HARDWARE_KEYS, TRAIN_KEYS, ScenarioInputs
+from memfit.core.scenario.inputs import HARDWARE_KEYS, RUNTIME_KEYS, TRAIN_KEYS, ScenarioInputs
 from memfit.errors import MemfitError
 
 
@@ -45,9 +45,22 @@ MAX_INT = 2**31 - 1
 beyond any real run, and small enough that every size computed from it stays exact."""
 
 _YAML_KEY = {**{k: f"hardware.{k}" for k in HARDWARE_KEYS}, **{k: f"train.{k}" for k in TRAIN_KEYS},
+             **{k: f"runtime.{k}" for k in RUNTIME_KEYS},
              "load_dtype": "load.dtype", "zero_init": "load.zero_init", "low_cpu_mem_usage": "load.low_cpu_mem_usage",
-             "peft_method": "peft.method", "ds_version": "deepspeed_version", "deepspeed_inline": "deepspeed"}
+             "checkpoint_index": "load.checkpoint_index", "max_shard_size": "load.max_shard_size",
+             "peft_method": "peft.method", "peft_options": "peft", "ds_version": "deepspeed_version",
+             "deepspeed_inline": "deepspeed",
+             **{f: f"eval.{k}" for f, k in (("eval_strategy", "strategy"), ("eval_batch", "batch"),
+                                            ("eval_seq_len", "seq_len"), ("eval_generate", "generate"),
+                                            ("max_new_tokens", "max_new_tokens"),
+                                            ("generation_max_length", "generation_max_length"),
+                                            ("num_beams", "num_beams"), ("eval_steps", "steps"))}}
 _FLAG = {"peft_method": "--peft", "ds_version": "--deepspeed-version", "deepspeed_inline": "--deepspeed"}
+
+
+def scenario_key(name: str) -> str:
+    """The scenario-file key of a ``ScenarioInputs`` field."""
+    return _YAML_KEY.get(name, name)
 
 
 def input_label(name: str) -> str:
@@ -71,7 +84,7 @@ def check_inputs(inputs: ScenarioInputs) -> ScenarioInputs:
         if typing.get_origin(hint) in (typing.Union, types.UnionType):  # X | None
             hint = next(t for t in typing.get_args(hint) if t is not type(None))
         kind = typing.get_origin(hint) or hint
-        label = input_label(f.name)
+        label = inputs.origins.get(f.name) or input_label(f.name)
         if kind is bool:
             changes[f.name] = parse_bool(value, what=label)
         elif kind is int:
@@ -83,7 +96,28 @@ def check_inputs(inputs: ScenarioInputs) -> ScenarioInputs:
                 raise MemfitError(f"{label} is empty: give a value, or leave it out for the default")
         elif kind in (dict, Mapping, types.MappingProxyType) and not isinstance(value, Mapping):
             raise MemfitError(f"{label} must be a mapping, got {value!r:.80}")
+    for name, valid in _choices().items():
+        value = getattr(inputs, name)
+        if value is not None and value not in valid:
+            raise MemfitError(f"{inputs.origins.get(name) or input_label(name)}: invalid value {value!r:.60}; valid: "
+                              f"{', '.join(valid)}")
     return replace(inputs, **changes) if changes else inputs
+
+
+def _choices() -> dict[str, tuple[str, ...]]:
+    """The fields that take one of a fixed set of words, and the words (from the modules that model
+    them); anything else is "invalid", listing them. ``precision`` takes the union (under DeepSpeed
+    only fp16, bf16 and fp32: ``build_scenario`` says so)."""
+    from memfit.core.batch_shapes import BATCHING_RULES
+    from memfit.core.families.attention import IMPLEMENTATIONS
+    from memfit.core.families.heads import TASKS
+    from memfit.core.frameworks.pytorch import FRAMEWORKS, OPTIMIZERS, PRECISION_MODES
+    from memfit.core.scenario.types import DS_VERSIONS, DTYPES, PIN_MEMORY_BACKENDS
+
+    return {"precision": PRECISION_MODES, "framework": FRAMEWORKS, "optim": OPTIMIZERS, "load_dtype": DTYPES,
+            "model_parameters": ("trainable", "all"), "attention": IMPLEMENTATIONS, "task": TASKS,
+            "batching": BATCHING_RULES, "accelerator": ("cuda", "cpu"), "pin_memory_backend": PIN_MEMORY_BACKENDS,
+            "ds_version": DS_VERSIONS, "eval_strategy": ("no", "steps", "epoch")}
 
 
 _MAY_BE_ZERO = {"dataloader_workers": 0, "dataset_tokens": 0}

@@ -40,6 +40,7 @@ from memfit.replay.child_common import (
     _versions,
     classify,
     launcher_env,
+    step_alloc_sequence,
 )
 from memfit.replay.measurement import Measurement, ModelSummary, ReplayError, TimelinePoint
 from memfit.replay.spec import ReplaySpec
@@ -168,6 +169,7 @@ class ChildRun:
             phases=phases, attributed=tuple(self.items), timeline=timeline, losses=tuple(self.losses),
             skipped_steps=self.skipped_steps, error=self.error,
             wall_s=round(time.perf_counter() - wall0, 3), notes=tuple(self.notes),
+            alloc_sequence=step_alloc_sequence(spec, recorder, tracker),
         )
 
     def _run(self, recorder, tracker) -> None:

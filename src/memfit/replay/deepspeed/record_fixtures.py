@@ -1,10 +1,12 @@
 """The recorded replay cases, and the command that records them as JSON fixtures.
 
 ``python -m memfit.replay.deepspeed.record_fixtures [--out tests/fixtures/replay] [--only NAME ...]
-[--overwrite] [--list] [--seed]`` runs each case (``CASES``) with ``run_replay`` and saves its
+[--overwrite] [--list] [--seed] [--sequence]`` runs each case (``CASES``) with ``run_replay`` and saves its
 ``Measurement`` to ``<out>/<case>.json``; existing files are kept unless ``--overwrite``. ``--seed``
 records the seed scenario instead (``seed_case``, to tests/fixtures/replay_seed/; it holds about
-4.3 GB of host memory at its peak).
+4.3 GB of host memory at its peak). ``--sequence`` records ``SEQUENCE_CASES`` (to
+tests/fixtures/replay_sequence/): cases of ``CASES`` at a size whose tensors reach the CUDA caching
+allocator's large pool, keeping the training loop's allocation sequence (``ReplaySpec.alloc_sequence``).
 
 Every case is small enough for a 2-core CPU machine (tiny GPT-J and Llama configs, a few hundred
 thousand parameters, sequence 32, 2 steps) and runs on DeepSpeed's CPU accelerator in a fake world
@@ -153,6 +155,34 @@ CASES: dict[str, ReplaySpec] = {
 }
 
 
+SEQUENCE_FIXTURE_DIR = os.path.join("tests", "fixtures", "replay_sequence")
+MEDIUM = {"n_embd": 512, "n_head": 8, "rotary_dim": 32, "vocab_size": 8000,
+          "hidden_size": 512, "intermediate_size": 1376, "num_attention_heads": 8, "num_key_value_heads": 4}
+SEQUENCE_SEQ_LEN = 384
+"""Widths of the sequence cases: hidden 512, vocabulary 8,000, sequence 384 x micro-batch 2 (768 tokens,
+no width equal to the token count, so an activation and a weight never share a size by chance): the
+residual stream is 1.5 MiB in fp32 (large pool, 20 MiB segments), 768 KiB in bf16 (small pool), the
+MLP's tensors 2-5 MiB, the logits 24.6 MB (a segment of their own)."""
+
+
+def _medium(spec: ReplaySpec) -> ReplaySpec:
+    import dataclasses
+
+    cfg = {k: v for k, v in spec.model_config.items()}
+    cfg.update({k: v for k, v in MEDIUM.items() if k in cfg})
+    return dataclasses.replace(spec, name=f"{spec.name}_seq", model_config=cfg, seq_len=SEQUENCE_SEQ_LEN, micro_batch=2,
+                               alloc_sequence=True)
+
+
+SEQUENCE_CASES: dict[str, ReplaySpec] = {
+    s.name: s for s in (_medium(CASES[n]) for n in (
+        "gptj_prefix_z2_w2", "gptj_prefix_z3_offload_w2", "gptj_full_z3_offload_w2", "llama_lora_z3_w4",
+        "llama_lora_z2_offload_w4", "llama_full_z1_ga2_w2"))
+}
+"""The allocation-sequence cases (``--sequence``): ZeRO-1/2/3, with and without offload, prefix, LoRA and
+full fine-tuning, gradient accumulation, W = 2 and 4."""
+
+
 def seed_case(root: str = ".") -> ReplaySpec:
     """The seed scenario as ``memfit replay examples/kogpt-prefix-zero3-offload.yaml --layers 1
     --seq-len 16 --steps 1`` runs it: kogpt's shapes cut to one block, the issue's DeepSpeed config
@@ -165,6 +195,18 @@ def seed_case(root: str = ".") -> ReplaySpec:
 
     inputs = dataclasses.replace(read_scenario_file(os.path.join(root, SEED_SCENARIO)), seq_len=16)
     return spec_from_scenario(build_scenario(inputs), layers=1, steps=1, accelerator="cpu")
+
+
+SEED_SEQUENCE = "kogpt_prefix_zero3_offload_1layer_w2_seq"
+
+
+def sequence_cases(root: str = ".") -> dict[str, ReplaySpec]:
+    """``SEQUENCE_CASES`` and the seed case itself (kogpt's widths, one block, ``seed_case``) with its
+    allocation sequence."""
+    import dataclasses
+
+    seed = dataclasses.replace(seed_case(root), name=SEED_SEQUENCE, alloc_sequence=True)
+    return {**SEQUENCE_CASES, SEED_SEQUENCE: seed}
 
 
 def warm_ops(ops: tuple[str, ...] = ("cpu_adam", "fused_adam", "deepspeed_shm_comm"), timeout_s: float = 1800) -> float:
@@ -184,9 +226,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per replay (default %(default)s)")
     parser.add_argument("--seed", action="store_true", help=f"record the seed scenario to {SEED_FIXTURE} instead")
+    parser.add_argument("--sequence", action="store_true",
+                        help=f"record SEQUENCE_CASES (allocation sequences) to {SEQUENCE_FIXTURE_DIR} instead")
     args = parser.parse_args(argv)
+    cases = sequence_cases() if args.sequence else CASES
+    if args.sequence and args.out == FIXTURE_DIR:
+        args.out = SEQUENCE_FIXTURE_DIR
     if args.list:
-        for name in CASES:
+        for name in cases:
             print(name)
         return 0
     if args.seed:
@@ -198,8 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         save_fixture(measurement, SEED_FIXTURE, overwrite=args.overwrite)
         print(f"seed: {'ok' if measurement.ok else measurement.error.kind}, {measurement.wall_s:.1f} s -> {SEED_FIXTURE}")
         return 0 if measurement.ok else 1
-    names = args.only or list(CASES)
-    unknown = [n for n in names if n not in CASES]
+    names = args.only or list(cases)
+    unknown = [n for n in names if n not in cases]
     if unknown:
         parser.error(f"unknown cases: {', '.join(unknown)}")
     warm_ops()
@@ -209,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.path.exists(path) and not args.overwrite:
             print(f"{name}: {path} exists (use --overwrite)")
             continue
-        measurement = run_replay(CASES[name], timeout_s=args.timeout)
+        measurement = run_replay(cases[name], timeout_s=args.timeout)
         save_fixture(measurement, path, overwrite=args.overwrite)
         status = "ok" if measurement.ok else f"{measurement.error.kind} in {measurement.error.phase}"
         failed += 0 if measurement.ok else 1

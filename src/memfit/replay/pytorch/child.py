@@ -59,7 +59,7 @@ class TorchChildRun:
 
     def execute(self) -> Measurement:
         from memfit.replay.child_common import (MAX_TIMELINE_POINTS, _device_info, _fault_hook, _versions, classify,
-                                                launcher_env)
+                                                launcher_env, step_alloc_sequence)
 
         spec = self.spec
         wall0 = time.perf_counter()
@@ -102,7 +102,8 @@ class TorchChildRun:
             spec=spec, deepspeed_config_used={}, substitutions=(), device=device, versions=_versions(),
             command=self.command, model=self.model_summary, phases=phases, attributed=tuple(self.items),
             timeline=timeline, losses=tuple(self.losses), skipped_steps=0, error=error,
-            wall_s=round(time.perf_counter() - wall0, 3), notes=tuple(self.notes))
+            wall_s=round(time.perf_counter() - wall0, 3), notes=tuple(self.notes),
+            alloc_sequence=step_alloc_sequence(spec, recorder, tracker))
 
     # -----------------------------------------------------------------------------------------
     def _run(self, recorder) -> None:

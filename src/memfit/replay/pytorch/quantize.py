@@ -28,12 +28,12 @@ def bnb_config(q: QuantSettings):
 
     if q.method == "8bit":
         return transformers.BitsAndBytesConfig(load_in_8bit=True,
-                                               llm_int8_skip_modules=list(q.skip_modules) or None)
+                                               llm_int8_skip_modules=None if q.skip_modules is None else list(q.skip_modules))
     return transformers.BitsAndBytesConfig(
         load_in_4bit=True, bnb_4bit_quant_type=q.quant_type, bnb_4bit_use_double_quant=q.double_quant,
         bnb_4bit_compute_dtype=getattr(torch, _DTYPE[q.compute_dtype]),
         bnb_4bit_quant_storage=getattr(torch, _DTYPE[q.quant_storage]),
-        llm_int8_skip_modules=list(q.skip_modules) or None)
+        llm_int8_skip_modules=None if q.skip_modules is None else list(q.skip_modules))
 
 
 def build_quantized_model(config: dict[str, Any], *, load_dtype: str, quant: QuantSettings, attention: str, device):

@@ -2,7 +2,7 @@
 optimizers, bitsandbytes, DDP, FSDP), and the command that records them.
 
 ``python -m memfit.replay.pytorch.record_fixtures [--out tests/fixtures/replay_torch] [--only NAME ...]
-[--overwrite] [--list]`` builds each case's scenario through ``build_scenario`` (the path ``memfit
+[--overwrite] [--list] [--examples] [--sequence]`` builds each case's scenario through ``build_scenario`` (the path ``memfit
 plan`` takes), turns it into a ``ReplaySpec`` with ``spec_from_scenario`` and runs it with
 ``run_replay`` on this CPU; the ``Measurement`` is saved as ``<out>/<case>.json``.
 
@@ -113,6 +113,54 @@ def case_spec(name: str, *, layers: int = LAYERS, launcher: str | None = None):
                                   save=CASES[name].get("save", "auto"))
 
 
+SEQUENCE_CASES = ("llama_full_fp32_adamw", "llama_full_ampbf16_adamw_foreach", "llama_lora_ampbf16_bf16base_gc",
+                  "llama_qlora_nf4dq_ampbf16_adamw", "llama_ddp_w2_fp32_adamw", "llama_fsdp1_w2_fp32_adamw",
+                  "llama_fsdp2_w2_mpbf16")
+"""The allocation-sequence cases (``--sequence``, to tests/fixtures/replay_sequence/ as ``<case>_seq``):
+plain torch in fp32, AMP and LoRA with checkpointing, QLoRA, DDP, FSDP1, FSDP2, at the widths of
+``memfit.replay.deepspeed.record_fixtures.MEDIUM`` (2 blocks, sequence 256 x micro-batch 2), keeping the
+training loop's allocation sequence."""
+SEQUENCE_EXAMPLES = ("lora-ampbf16-llama2-7b-1gpu",)
+"""examples/frameworks/ replayed with their allocation sequence (``<example>_seq``)."""
+
+
+def sequence_spec(name: str):
+    """``case_spec(name)`` (or ``example_spec`` of an example) at the sequence cases' size."""
+    import dataclasses
+
+    from memfit.replay.deepspeed.record_fixtures import MEDIUM, SEQUENCE_SEQ_LEN
+
+    spec = (example_spec(os.path.join(EXAMPLE_DIR, f"{name}.yaml")) if name in SEQUENCE_EXAMPLES
+            else case_spec(name, layers=2))
+    cfg = dict(spec.model_config)
+    cfg.update({k: v for k, v in MEDIUM.items() if k in cfg})
+    return dataclasses.replace(spec, name=f"{name}_seq", model_config=cfg, seq_len=SEQUENCE_SEQ_LEN, micro_batch=2,
+                               alloc_sequence=True)
+
+
+def record_sequences(out: str, only: list[str] | None, overwrite: bool) -> int:
+    from memfit.replay.measurement import save_fixture
+    from memfit.replay.runner import run_replay
+
+    os.makedirs(out, exist_ok=True)
+    failed = 0
+    for name in (*SEQUENCE_CASES, *SEQUENCE_EXAMPLES):
+        if only and name not in only and f"{name}_seq" not in only:
+            continue
+        path = os.path.join(out, f"{name}_seq.json")
+        if os.path.exists(path) and not overwrite:
+            print(f"{name}: kept {path}")
+            continue
+        m = run_replay(sequence_spec(name), timeout_s=900)
+        if m.error is not None:
+            failed += 1
+            print(f"{name}: FAILED {m.error.kind} in {m.error.phase}: {m.error.message}", file=sys.stderr)
+            continue
+        save_fixture(m, path, overwrite=overwrite)
+        print(f"{name}: {path} ({m.wall_s:.1f} s)")
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from memfit.replay.measurement import save_fixture
     from memfit.replay.runner import run_replay
@@ -124,7 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--examples", action="store_true", help="replay examples/frameworks/*.yaml at a tiny size "
                     "into tests/fixtures/replay_examples instead")
+    ap.add_argument("--sequence", action="store_true", help="record SEQUENCE_CASES (allocation sequences) into "
+                    "tests/fixtures/replay_sequence instead")
     args = ap.parse_args(argv)
+    if args.sequence:
+        from memfit.replay.deepspeed.record_fixtures import SEQUENCE_FIXTURE_DIR
+
+        return record_sequences(args.out if args.out != FIXTURE_DIR else SEQUENCE_FIXTURE_DIR, args.only, args.overwrite)
     if args.examples:
         return record_examples(args.out if args.out != FIXTURE_DIR else EXAMPLE_FIXTURE_DIR, args.only, args.overwrite)
     if args.list:

@@ -9,6 +9,7 @@ from memfit.core.ledger import host_process
 from memfit.core.ledger.context import RecipeContext
 from memfit.core.ledger.deepspeed.load import (HOST_ADAPTERS, record_cast, record_load, record_load_zero_init,
                                                record_move)
+from memfit.core.ledger.deepspeed.quant import record_quant_state
 from memfit.core.ledger.deepspeed.step import param_element_bytes, record_step
 from memfit.core.ledger.deepspeed.zero012 import record_zero012
 from memfit.core.ledger.deepspeed.zero3 import record_optimizer, record_partition
@@ -28,6 +29,7 @@ def build_deepspeed_timeline(sc: Scenario, traced: TracedStep | None = None, *, 
         t.phase("load", "from_pretrained under zero.Init: params partitioned as each module is built")
         record_process(t, sc)
         part_key = record_load_zero_init(t, ctx)
+        record_quant_state(t, ctx)  # a 4-bit base is quantized on the GPU as it loads
         where = {p.name: (HOST_ADAPTERS, "fp32") for p in ctx.params if p.adapter}
         t.phase("initialize.cast", "skipped: the model was built under zero.Init")
         record_cuda_context(t, sc)
@@ -42,6 +44,7 @@ def build_deepspeed_timeline(sc: Scenario, traced: TracedStep | None = None, *, 
         record_cuda_host(t)
         record_cast(t, ctx, where)
         record_move(t, ctx, where)
+        record_quant_state(t, ctx)
         part_key = {}
     if stage3:
         part_key.update(record_partition(t, ctx, where))

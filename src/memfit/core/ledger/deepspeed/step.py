@@ -37,14 +37,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from memfit.core.activations.adapters import AdapterActivations, Quantization, adapter_activations, quantized_layers
+from memfit.core.ledger.deepspeed.quant import declare_dequant, record_dequant
+from memfit.core.precision import DTYPE_BYTES
+from memfit.core.quant_kernels import bnb_release
 from memfit.core.activations.analytic import ActivationEstimate, estimate_activation_bytes
+from memfit.core.activations.tensors import ActivationTensors, split_estimate
 from memfit.core.ledger import host_process
 from memfit.core.ledger.context import DTYPE_BYTES, RecipeContext, ceil_div, optimizer_offload
 from memfit.core.ledger.deepspeed.module_order import flow_flags
-from memfit.core.ledger.deepspeed.step_activations import ACT, RECOMPUTE, ActivationPlan, declare_activations
+from memfit.core.ledger.deepspeed.step_activations import ACT, RECOMPUTE, ActivationPlan, apply, declare_activations
 from memfit.core.ledger.deepspeed.step_segments import (BUCKETS, FULL_GRAD, GRAD_COPY, GRAD_FP32, GRADS, GRADS_PART, OLD_IPG,
                                               RS_FLAT, GatherPass, GradSpec, Segment, StepLayout, build_layout,
                                               gather_pass, grad_pass)
+from memfit.core.ledger.deepspeed.streams import zero3_streams
 from memfit.core.ledger.timeline import Timeline
 from memfit.core.ledger.deepspeed.zero012 import grads_in_partition_numel
 from memfit.core.ledger.deepspeed.zero3 import OPT_STATES, declare_states, host, optimized_params
@@ -73,6 +79,24 @@ def _modules(ctx: RecipeContext) -> dict[str, int]:
     return out
 
 
+def deepspeed_adapters(sc, model_bytes: int) -> AdapterActivations | None:  # noqa: ANN001 (Scenario)
+    """The PEFT adapters' saved tensors as DeepSpeed runs them: the engine casts every parameter,
+    adapters included, to the training dtype (``_cast_module_mixed_precision``); peft upcast the
+    adapters first when the model was loaded in 16 bits (``autocast_adapter_dtype``); a 4-bit base's
+    matmuls as its bitsandbytes release runs them."""
+    quant = None
+    if sc.quant.enabled:
+        from memfit.core.quant import quantized_weights
+
+        modules = {n.rsplit(".", 1)[0].replace(".base_layer", "").removeprefix("base_model.model.")
+                   for n in quantized_weights(sc.model.params, sc.quant, sc.model.arch.model_type)}
+        quant = Quantization(method=sc.quant.method, compute_bytes=DTYPE_BYTES[sc.quant.compute_dtype],
+                             release=bnb_release(sc.runtime.bitsandbytes_version),
+                             layers=quantized_layers(sc.model, modules))
+    return adapter_activations(sc.model, sc.peft, adapter_bytes=model_bytes, base_bytes=model_bytes,
+                               upcast=sc.load.dtype in ("fp16", "bf16"), quantized=quant)
+
+
 def activation_estimate(ctx: RecipeContext) -> ActivationEstimate:
     sc = ctx.scenario
     z = sc.deepspeed.zero
@@ -81,7 +105,18 @@ def activation_estimate(ctx: RecipeContext) -> ActivationEstimate:
                                      gradient_checkpointing=sc.train.gradient_checkpointing,
                                      attention=sc.train.attention, target_len=sc.train.target_len,
                                      # ZeRO-3's memory-efficient Linear saves every Linear's input
-                                     linear_saves_frozen_inputs=z.stage == 3 and z.memory_efficient_linear)
+                                     linear_saves_frozen_inputs=z.stage == 3 and z.memory_efficient_linear,
+                                     adapters=deepspeed_adapters(sc, ctx.model_bytes))
+
+
+def activation_tensors(ctx: RecipeContext, est: ActivationEstimate) -> ActivationTensors:
+    """``est`` as tensors (``memfit.core.activations.tensors``), one allocator request each."""
+    sc = ctx.scenario
+    z = sc.deepspeed.zero
+    return split_estimate(est, sc.model.arch, sc.peft, seq_len=sc.train.seq_len, micro_batch=sc.train.micro_batch,
+                          dtype_bytes=ctx.model_bytes, gradient_checkpointing=sc.train.gradient_checkpointing,
+                          attention=sc.train.attention, target_len=sc.train.target_len,
+                          linear_saves_frozen_inputs=z.stage == 3 and z.memory_efficient_linear)
 
 
 def step_layout(ctx: RecipeContext) -> StepLayout:
@@ -120,7 +155,7 @@ class _Step:
         arch = sc.model.arch
         self.num_layers = arch.num_layers + arch.num_encoder_layers
         self.acts = ActivationPlan(self.est, self.layout.blocks, self.layout.n_segments, self.nb, self.ckpt,
-                                   self.num_layers)
+                                   self.num_layers, activation_tensors(ctx, self.est))
         self.eb = list(elem_bytes) if elem_bytes is not None else [self.nb] * len(ctx.params)
         numels = [p.numel for p in ctx.params]
         self.numels = numels
@@ -163,15 +198,11 @@ class _Step:
         return grad_pass(self.layout, numels, spec)
 
     def apply(self, events) -> None:
-        t = self.t
-        for key, b in events:
-            if b > 0:
-                t.alloc(key, b)
-            else:
-                t.free(key, -b)
+        apply(self.t, events)
 
     # ------------------------------------------------------------------ declarations
     def declare(self) -> None:
+        declare_dequant(self.t, self.ctx)
         t, z, nb, W = self.t, self.z, self.nb, self.W
         est = self.est
         declare_activations(t, est, checkpointing=self.ckpt,
@@ -319,6 +350,8 @@ class _Step:
             self.apply(acts.fwd[s])
             if seg:
                 self.apply(seg.events[seg.split:])
+            if s == self.layout.n_segments - 2:  # the last block's quantized matmuls, the activations nearly all made
+                record_dequant(t, self.ctx, backward=False)
             self.apply(acts.fwd_after[s])  # the loss, once the head's modules are done
         t.phase(prefix + "backward", ("backward pass" if not prefix else
                                       "backward of a later micro-step" if prefix == "accum." else
@@ -330,14 +363,16 @@ class _Step:
         for s in range(self.layout.n_segments + 1):
             seg = gp.backward[s] if gp else None
             self.apply(acts.bwd_pre[s])  # the loss's backward, before the head's modules fetch anything
+            if s == 1:  # the last block's quantized matmuls, the first to run backward
+                record_dequant(t, self.ctx, backward=True)
             if seg:
                 self.apply(seg.events[:seg.split])
-            if acts.recompute[s]:
-                t.alloc(RECOMPUTE, acts.recompute[s])
+            for n in acts.recompute_tensors[s]:
+                t.alloc(RECOMPUTE, n)
             if grads:
                 self.apply(grads[s].events)
-            if acts.recompute[s]:
-                t.free(RECOMPUTE, acts.recompute[s])
+            for n in reversed(acts.recompute_tensors[s]):
+                t.free(RECOMPUTE, n)
             self.apply(acts.bwd_free[s])
             if seg:
                 self.apply(seg.events[seg.split:])
@@ -458,8 +493,9 @@ class _Step:
                 if z.stage in (1, 2):  # free_grad_in_param_list: the kept gradients go before the step
                     t.free(GRADS)
                     t.free(GRADS_PART)
-            if first:
-                t.alloc(OPT_STATES, n * 4 * k)
+            if first:  # one tensor per state (exp_avg, exp_avg_sq: torch's _init_group, DeepSpeedCPUAdam)
+                for _ in range(k):
+                    t.alloc(OPT_STATES, n * 4)
             if gpu_temps and z.stage == 0:  # FP16_Optimizer: fp32 copy of the flat gradient
                 t.alloc(STEP_TMP, n * 4)
             if gpu_temps:
@@ -516,6 +552,9 @@ def record_step(t: Timeline, ctx: RecipeContext, *, opt_numel: int, traced: Trac
                 elem_bytes: Sequence[int] | None = None, groups: Sequence[int] | None = None) -> None:
     """Every phase after initialize (see the module docstring). ``elem_bytes``: per param, the
     element size it trains in (default: the training dtype); ``groups``: ZeRO-3's sub groups."""
+    z = ctx.scenario.deepspeed.zero
+    if z.stage == 3:
+        zero3_streams(t, overlap_comm=bool(z.overlap_comm), ds_version=ctx.scenario.ds_version)
     _Step(t, ctx, opt_numel, traced, elem_bytes, groups).run()
 
 

@@ -26,6 +26,7 @@ the embeddings' tensors go at the end of the backward.
 from __future__ import annotations
 
 from memfit.core.activations.analytic import ActivationEstimate
+from memfit.core.activations.tensors import ActivationTensors
 from memfit.core.ledger.timeline import Timeline
 from memfit.core.ledger_types import Device
 
@@ -46,10 +47,15 @@ class ActivationPlan:
     runs before its modules fetch anything (``bwd_pre``: the loss's backward, first of all), the
     checkpoint recompute (``recompute``: bytes rebuilt while the segment's block runs its backward),
     and what is freed after the gradients (``bwd_free``). Segments as ``step_segments.StepLayout``:
-    with no block recognised everything is allocated in the first and freed at the end."""
+    with no block recognised everything is allocated in the first and freed at the end.
+
+    ``tensors`` (``memfit.core.activations.tensors.split_estimate``): each layer's, the embeddings' and
+    the head's activations as the tensors they are, allocated one by one in order and freed in reverse
+    (a recompute likewise: ``recompute_tensors``); without it each part is one tensor. The sums per
+    segment, which the recommender's estimator reads, are the same either way."""
 
     def __init__(self, est: ActivationEstimate, blocks: int, n_segments: int, dtype_bytes: int, checkpointing: bool,
-                 num_layers: int) -> None:
+                 num_layers: int, tensors: ActivationTensors | None = None) -> None:
         L = num_layers
         self.fwd: list[list[Event]] = [[] for _ in range(n_segments)]
         self.fwd_after: list[list[Event]] = [[] for _ in range(n_segments)]
@@ -65,30 +71,49 @@ class ActivationPlan:
             recompute = (est.recompute_bytes,) * L
         kept, saved = est.logits_kept_bytes, est.loss_saved_bytes
         head_rest = est.head_bytes - kept - saved
+        split = tensors is not None and len(layer) == L == len(tensors.layers)
+
+        def parts(k: int) -> tuple[int, ...]:
+            return tensors.layers[k] if split else (layer[k],)  # type: ignore[union-attr]
+
+        def alloc(sizes: tuple[int, ...]) -> list[Event]:
+            return [(ACT, b) for b in sizes]
+
+        def free(sizes: tuple[int, ...]) -> list[Event]:
+            return [(ACT, -b) for b in reversed(sizes)]
+
+        emb = tensors.embedding if split else (est.embedding_bytes,)  # type: ignore[union-attr]
+        rest = tensors.head_rest if split else (head_rest,)  # type: ignore[union-attr]
+        self.recompute_tensors: list[tuple[int, ...]] = [() for _ in range(n_segments + 1)]
         fwd_tensors = [b for b in est.loss_forward_tensors if b]
         # the head (its saved tensors, the logits the outputs hold), then the loss (upcast copy and
         # labels, the saved log-softmax; the copies die when the loss returns)
-        head = [(ACT, head_rest), (LOGITS, kept)]
+        head = [*alloc(rest), (LOGITS, kept)]
         loss = [(LOSS_FWD, b) for b in fwd_tensors] + [(LOSS_SAVED, saved)]
         loss += [(LOSS_FWD, -b) for b in reversed(fwd_tensors)]
         pre, left = _loss_backward(est)
         if blocks == L and L:
-            self.fwd[0].append((ACT, est.embedding_bytes))
+            self.fwd[0] += alloc(emb)
             for k in range(L):
-                self.fwd[2 * k + 1].append((ACT, layer[k]))
+                self.fwd[2 * k + 1] += alloc(parts(k))
                 j = L - 1 - k  # backward segment of block k
-                self.bwd_free[2 * j + 1].append((ACT, -layer[k]))
+                self.bwd_free[2 * j + 1] += free(parts(k))
                 self.recompute[2 * j + 1] = recompute[k]
+                if split and recompute[k]:
+                    self.recompute_tensors[2 * j + 1] = tensors.recompute[k]  # type: ignore[union-attr]
             self.fwd[n_segments - 1] += head
         else:  # blocks not recognised: everything allocated in one segment, freed at the end
-            self.fwd[0] += [(ACT, est.embedding_bytes), *((ACT, b) for b in layer), *head]
-            self.bwd_free[n_segments - 1] += [(ACT, -b) for b in layer]
+            self.fwd[0] += [*alloc(emb), *(e for k in range(L) for e in alloc(parts(k))), *head]
+            self.bwd_free[n_segments - 1] += [e for k in reversed(range(L)) for e in free(parts(k))]
             if checkpointing:
                 self.recompute[0] = max(recompute, default=0)
+        for s, n in enumerate(self.recompute):
+            if n and not self.recompute_tensors[s]:
+                self.recompute_tensors[s] = (n,)
         self.fwd_after[n_segments - 1] += loss
         self.bwd_pre[0] += pre
-        self.bwd_free[0] += [(LOSS_BWD, -left), (ACT, -head_rest)]
-        self.bwd_free[n_segments] += [(ACT, -est.embedding_bytes), (LOGITS, -kept)]
+        self.bwd_free[0] += [(LOSS_BWD, -left), *free(rest)]
+        self.bwd_free[n_segments] += [*free(emb), (LOGITS, -kept)]
         for lst in (*self.fwd, *self.fwd_after, *self.bwd_pre, *self.bwd_free):
             lst[:] = [ev for ev in lst if ev[1]]
 
@@ -147,8 +172,18 @@ def declare_activations(t: Timeline, est: ActivationEstimate, *, checkpointing: 
 
 
 def apply(t: Timeline, events: list[Event]) -> None:
+    """The events in order; allocations in a row of one key go in one ``alloc_many`` (same result)."""
+    run_key, run = None, []
     for key, b in events:
+        if b > 0 and key == run_key:
+            run.append(b)
+            continue
+        if run:
+            t.alloc_many(run_key, run)
+            run_key, run = None, []
         if b > 0:
-            t.alloc(key, b)
+            run_key, run = key, [b]
         else:
             t.free(key, -b)
+    if run:
+        t.alloc_many(run_key, run)

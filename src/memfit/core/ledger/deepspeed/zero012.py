@@ -130,7 +130,8 @@ def record_zero012(t: Timeline, ctx: RecipeContext, where: Where) -> int:
         t.free(INIT_GRAD)
     if ds.optimizer.type == "adagrad" and ds.optimizer.states_per_param:
         declare_states(t, ctx, part, off, at_init=True)
-        t.alloc(OPT_STATES, part * 4 * ds.optimizer.states_per_param)
+        for _ in range(ds.optimizer.states_per_param):  # one tensor per state
+            t.alloc(OPT_STATES, part * 4)
     return part
 
 
@@ -235,6 +236,7 @@ def _record_fp16_optimizer(t: Timeline, ctx: RecipeContext, where: Where, n_tr: 
     t.alloc(INIT_GRAD, n_tr * 4)
     if ds.optimizer.states_per_param:
         declare_states(t, ctx, n_tr, False, at_init=True)
-        t.alloc(OPT_STATES, n_tr * 4 * ds.optimizer.states_per_param)
+        for _ in range(ds.optimizer.states_per_param):  # one tensor per state
+            t.alloc(OPT_STATES, n_tr * 4)
     t.free(INIT_GRAD)
     return n_tr

@@ -229,7 +229,8 @@ def record_optimizer(t: Timeline, ctx: RecipeContext, part_key: PartKey) -> list
     states = ds.optimizer.states_per_param
     if states and (not new or ds.optimizer.type == "adagrad"):
         declare_states(t, ctx, n_part, off_opt, at_init=True)
-        t.alloc(OPT_STATES, n_part * 4 * states)
+        for _ in range(states):  # one tensor per state
+            t.alloc(OPT_STATES, n_part * 4)
     t.free(INIT_GRAD_BUF)
     # 4. GPU temporaries of 0.5.10 (stage3.py:869-879, with optimizer offload)
     if sc.ds_version == "0.5" and off_opt:

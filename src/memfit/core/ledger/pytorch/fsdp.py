@@ -43,8 +43,8 @@ from memfit.core.ledger.pytorch.optim import STATES, TEMPS, record_clip_and_unsc
 from memfit.core.ledger.pytorch.params import TorchModel, TParam, free_each
 from memfit.core.ledger.pytorch.setup import (HOST_BUFFERS, HOST_LOADED, record_cuda_context, record_load,
                                           record_optimizer_construction)
-from memfit.core.ledger.pytorch.step import (ACT, CASTS, RECOMPUTE, GradSink, build_step_context, declare_step,
-                                           end_forward, forward_stage, loss_backward_end, loss_backward_start,
+from memfit.core.ledger.pytorch.step import (ACT, CASTS, RECOMPUTE, GradSink, alloc_parts, build_step_context, declare_step,
+                                           end_forward, forward_stage, free_parts, loss_backward_end, loss_backward_start,
                                            record_workers)
 from memfit.core.ledger_types import Device
 from memfit.core.ledger.pytorch.fsdp_units import Piece, Unit, build_units, optimizer_params, shard_group_size, sharded_dims
@@ -443,15 +443,15 @@ def _fsdp_backward(run: FsdpRun, c, phase: str, *, first_micro: bool) -> None:
                 run.prefetch(nxt)  # backward prefetch: the unit that runs next
         block = ckpt and 0 < s < last
         if block:  # the block's forward again: activations, and under autocast its casts
-            t.alloc(RECOMPUTE, st.recompute)
+            alloc_parts(t, RECOMPUTE, st.recompute_tensors, st.recompute)
             for n, saved, _ in st.casts:
                 t.alloc(CASTS, n)
                 if not saved:
                     t.free(CASTS, n)
         run.grads_of_stage(s)
-        t.free(ACT, st.act)
+        free_parts(t, ACT, st.act_tensors, st.act)
         if block:
-            t.free(RECOMPUTE, st.recompute)
+            free_parts(t, RECOMPUTE, st.recompute_tensors, st.recompute)
         free_each(t, CASTS, [n for n, saved, _ in st.casts if saved])
         for i in units:
             u = run.units[i]

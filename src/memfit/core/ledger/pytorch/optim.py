@@ -304,29 +304,29 @@ def _adafactor(t: Timeline, opt: OptimizerModel, groups: list[list[TParam]], *, 
             factored = len(p.shape) >= 2
             rows = p.numel // p.shape[-1] if factored else 0
             cols = (p.numel // (p.shape[-1] * p.shape[-2])) * p.shape[-1] if factored else 0
+            states = param_states(opt, p.shape, p.elem_bytes, accelerator)
             if first:
-                if opt.beta1 is not None:
-                    t.alloc(STATES, n4)  # exp_avg = zeros_like(grad)
-                if factored:
-                    for k in (rows, cols):  # torch.zeros(shape).to(grad): a host tensor, then its device copy
-                        if accelerator == "cuda":
-                            t.alloc(TEMPS_HOST, k * 4)
-                            t.alloc(STATES, k * 4)
-                            t.free(TEMPS_HOST, k * 4)
-                        else:
-                            t.alloc(STATES, k * 4)
-                else:
-                    t.alloc(STATES, n4)  # exp_avg_sq = zeros_like(grad)
+                for s in states:  # in the order Adafactor.step makes them (memfit.core.optimizers)
+                    if s.name == "RMS":
+                        continue  # made below, after p.float()
+                    if s.name.startswith("exp_avg_sq_") and accelerator == "cuda":
+                        # torch.zeros(shape).to(grad): a host tensor, then its device copy
+                        t.alloc(TEMPS_HOST, s.nbytes)
+                        t.alloc(STATES, s.nbytes)
+                        t.free(TEMPS_HOST, s.nbytes)
+                    else:
+                        t.alloc(STATES, s.nbytes)  # zeros_like(grad); on the CPU torch.zeros(shape) is already there
             t.free(TEMPS, prev_p)  # p_data_fp32 = p rebinds the previous copy
             prev_p = 0
             if sixteen:
                 t.alloc(TEMPS, n4)  # p.float()
                 prev_p = n4
+            rms = next(s.nbytes for s in states if s.name == "RMS")
             t.alloc(TEMPS, 4)  # _rms: tensor.norm(2)
-            t.alloc(STATES, 4)  # / sqrt(numel): state["RMS"]
+            t.alloc(STATES, rms)  # / sqrt(numel): state["RMS"]
             t.free(TEMPS, 4)
             if not first:
-                t.free(STATES, 4)  # the previous step's RMS tensor, replaced
+                t.free(STATES, rms)  # the previous step's RMS tensor, replaced
             t.alloc(TEMPS, n4)  # grad**2
             t.alloc(TEMPS, n4)  # + eps
             t.free(TEMPS, n4)

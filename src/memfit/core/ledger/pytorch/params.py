@@ -15,8 +15,7 @@ from memfit.core.frameworks.pytorch import QuantSettings
 from memfit.core.ledger.context import is_adapter_param
 from memfit.core.peft.modules import layer_kind
 from memfit.core.precision import DTYPE_BYTES, PrecisionModel, base_param_dtype, resolve_precision
-from memfit.core.quant import (QuantTensor, base_module, default_skips, quantized_tensors, shared_bytes,
-                               should_convert)
+from memfit.core.quant import QuantTensor, base_module, quant_notes, quantized_tensors, quantized_weights, shared_bytes
 from memfit.core.scenario.types import Scenario
 
 _LAYER = re.compile(r"^(.*?\.)(\d+)(\.|$)")
@@ -130,11 +129,7 @@ def build_torch_model(sc: Scenario) -> TorchModel:
         mod, _, leaf = p.name.rpartition(".")
         own.setdefault(mod, {})[leaf] = p
     kinds = {mod: layer_kind(model_type, mod.replace(".base_layer", ""), ps) for mod, ps in own.items()}
-    base_modules = [base_module(p.name) for p in params if not is_adapter_param(p.name)]
-    skips: tuple[str, ...] = ()
-    if q.enabled:
-        skips = q.skip_modules or default_skips(sorted(set(base_modules)),
-                                                [p.name for p in params if not is_adapter_param(p.name)][-1])
+    to_quantize = quantized_weights(params, q, model_type)
     stage = _stage_keys([p.name for p in params])
     kbit = q.enabled and q.prepare_kbit
     notes: list[str] = []
@@ -149,11 +144,8 @@ def build_torch_model(sc: Scenario) -> TorchModel:
             load, dtype = "fp32", "fp32"
         else:
             load = sc.load.dtype
-            quantize = (q.enabled and leaf == "weight" and kind in ("linear", "conv1d")
-                        and should_convert(base_module(p.name), skips))
-            if quantize:
-                # a Conv1D weight is (in, out); transformers quantizes its transpose (out, in)
-                quant = quantized_tensors(q, tuple(p.shape)[::-1] if kind == "conv1d" else tuple(p.shape))
+            if p.name in to_quantize:  # a Conv1D weight is (in, out); transformers quantizes its transpose
+                quant = quantized_tensors(q, to_quantize[p.name])
                 dtype = load
             else:
                 dtype = base_param_dtype(pm, load_dtype=load, trainable=p.trainable,
@@ -170,6 +162,7 @@ def build_torch_model(sc: Scenario) -> TorchModel:
                                                and p.dtype == p.load_dtype for p in out):
         notes.append(f"trained params loaded in {sc.load.dtype} stay {sc.load.dtype} under {pm.mode}: their gradients "
                      f"and optimizer states are {sc.load.dtype} too (pure {sc.load.dtype} for them)")
+    notes.extend(quant_notes(sc))
     n_stages = max(p.stage for p in out) + 1 if out else 1
     return TorchModel(params=tuple(out), precision=pm, stages=n_stages, quant=q,
                       shared_quant_bytes=shared_bytes(q), notes=tuple(notes), tied_embedding=_tied(sc))

@@ -33,9 +33,11 @@ A ``GradSink`` lets DDP replace what a gradient costs (buckets; ``memfit.core.le
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from memfit.core.activations.adapters import AdapterActivations, Quantization, adapter_activations, quantized_layers
 from memfit.core.activations.analytic import estimate_activation_bytes
+from memfit.core.activations.tensors import ActivationTensors, split_estimate
 from memfit.core.ledger.timeline import Timeline
 from memfit.core.ledger.pytorch.optim import (declare_optimizer, record_clip_and_unscale, record_optimizer_step,
                                             trainer_groups)
@@ -44,6 +46,7 @@ from memfit.core.ledger_types import Device
 from memfit.core.optimizers import OptimizerModel
 from memfit.core.precision import DTYPE_BYTES
 from memfit.core.quant import GEMM_4BIT_CUSTOM_MAX_M, BLOCKSIZE_4BIT, NESTED_BLOCKSIZE
+from memfit.core.quant_kernels import bnb_release
 from memfit.core.scenario.types import Scenario
 
 ACT = "step.activations"
@@ -104,6 +107,9 @@ class GradSink:
 class _Stage:
     act: int = 0
     recompute: int = 0
+    act_tensors: tuple[int, ...] = ()
+    """``act`` as the tensors it is (``memfit.core.activations.tensors``); empty: one tensor."""
+    recompute_tensors: tuple[int, ...] = ()
     casts: list[tuple[int, bool, bool]] = field(default_factory=list)
     """Autocast copies made by the stage: (bytes, saved by autograd for backward, cached by autocast
     until the end of forward because the weight is a trained fp32 leaf)."""
@@ -144,6 +150,29 @@ def _leaf(p: TParam) -> str:
     return mod.rsplit(".", 1)[-1]
 
 
+def torch_adapters(sc: Scenario, m: TorchModel) -> AdapterActivations | None:
+    """The PEFT adapters' saved tensors in the torch loop: adapters in their own dtype (fp32: peft's
+    ``autocast_adapter_dtype``), autocast's dtype under AMP, the base weights' dtype; peft upcast the
+    adapters when the base was loaded in 16 bits."""
+    adapter = next((p for p in m.params if p.adapter and p.trainable), None)
+    base = next((p for p in m.params if not p.adapter and p.linear and not p.quantized), None)
+    auto = m.precision.autocast
+    quant = None
+    modules: set[str] = set()
+    if m.quant.enabled:
+        modules = {p.module.replace(".base_layer", "").removeprefix("base_model.model.") for p in m.params if p.quantized}
+        quant = Quantization(method=m.quant.method, compute_bytes=DTYPE_BYTES[m.quant.compute_dtype],
+                             release=bnb_release(sc.runtime.bitsandbytes_version),
+                             layers=quantized_layers(sc.model, modules))
+    acts = adapter_activations(sc.model, sc.peft, adapter_bytes=adapter.elem_bytes if adapter else 4,
+                               autocast_bytes=DTYPE_BYTES[auto] if auto else 0,
+                               base_bytes=base.elem_bytes if base else 0, upcast=sc.load.dtype in ("fp16", "bf16"),
+                               quantized=quant)
+    if acts is None or not modules:
+        return acts
+    return replace(acts, layers=tuple(replace(layer, quantized=layer.module in modules) for layer in acts.layers))
+
+
 def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: GradSink) -> StepContext:
     pm = m.precision
     ckpt = sc.train.gradient_checkpointing
@@ -154,14 +183,15 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
     D = emb.elem_bytes if emb is not None else (2 if pm.autocast or pm.pure else 4)
     if sc.framework in ("fsdp", "fsdp2") and sc.fsdp.mixed_precision != "none":
         D = 2  # FSDP's mixed precision computes with 16-bit unsharded params: a 16-bit stream
+    adapters = torch_adapters(sc, m)
     est = estimate_activation_bytes(sc.model.arch, sc.peft, seq_len=sc.train.seq_len,
                                     micro_batch=sc.train.micro_batch, dtype_bytes=D, gradient_checkpointing=ckpt,
-                                    attention=sc.train.attention)
+                                    attention=sc.train.attention, adapters=adapters)
     n_st = m.stages
     stages = [_Stage() for _ in range(n_st)]
     blocks = n_st - 2
     arch = sc.model.arch
-    t_tok = sc.train.micro_batch * (sc.train.seq_len + (sc.peft.num_virtual_tokens if sc.peft.method == "prompt" else 0))
+    t_tok = sc.train.micro_batch * (sc.train.seq_len + sc.peft.prompt_tokens)
     layer_in = D * t_tok * arch.hidden_size
     stages[0].act = est.embedding_bytes
     for i in range(1, n_st - 1):
@@ -190,7 +220,12 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
     if ckpt:
         held = est.total_bytes - est.embedding_bytes - est.head_bytes - blocks * layer_in
         stages[-1].act += max(held, 0)  # the eager causal mask, kept with the head
-    grad_into_first = sc.peft.method in ("full", "prompt") or any(
+    _split_stages(stages, est, split_estimate(est, sc.model.arch, sc.peft, seq_len=sc.train.seq_len,
+                                              micro_batch=sc.train.micro_batch, dtype_bytes=D,
+                                              gradient_checkpointing=ckpt, attention=sc.train.attention,
+                                              adapters=adapters),
+                  head_extra=stages[-1].act - est.head_bytes)
+    grad_into_first = sc.peft.method == "full" or sc.peft.prompt_tokens > 0 or any(
         p.trainable and p.stage == 0 and not p.adapter for p in m.params) or ckpt
     parallel = arch.model_type in _PARALLEL
     auto = pm.autocast
@@ -222,6 +257,32 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
                        loss_forward=loss_fwd, loss_backward=loss_bwd, stream_bytes=D, logits_bytes=LD)
 
 
+def _split_stages(stages: list[_Stage], est, at: ActivationTensors, *, head_extra: int) -> None:  # noqa: ANN001
+    """Each stage's activations (and recompute) as their tensors, where they add up to what the stage
+    books (a stage whose figure this recipe adjusted, e.g. 16-bit logits in an fp32 stream, stays one
+    tensor unless the adjustment is a tensor of its own)."""
+    def fits(parts: tuple[int, ...], total: int) -> tuple[int, ...]:
+        return parts if parts and sum(parts) == total else ()
+
+    stages[0].act_tensors = fits(at.embedding, stages[0].act)
+    for k, st in enumerate(stages[1:-1]):
+        if k < len(at.layers):
+            st.act_tensors = fits(at.layers[k], st.act)
+        if st.recompute and k < len(at.recompute):
+            st.recompute_tensors = fits(at.recompute[k], st.recompute)
+    head = (*at.head_rest, est.logits_kept_bytes + min(head_extra, 0), est.loss_saved_bytes, max(head_extra, 0))
+    stages[-1].act_tensors = fits(tuple(n for n in head if n > 0), stages[-1].act)
+
+
+def alloc_parts(t: Timeline, key: str, parts: tuple[int, ...], lump: int) -> None:
+    t.alloc_many(key, parts or (lump,))
+
+
+def free_parts(t: Timeline, key: str, parts: tuple[int, ...], lump: int) -> None:
+    for n in reversed(parts or (lump,)):
+        t.free(key, n)
+
+
 def declare_step(t: Timeline, c: StepContext) -> None:
     sc, m = c.sc, c.m
     ckpt = sc.train.gradient_checkpointing
@@ -244,13 +305,18 @@ def declare_step(t: Timeline, c: StepContext) -> None:
               + ("; with checkpointing, one block's in backward" if ckpt else ""),
               source="torch 2.13 aten/src/ATen/autocast_mode.cpp:cached_cast; autograd saves the cast weight of mm")
     q = sc.quant
+    fused_possible = c.tokens <= GEMM_4BIT_CUSTOM_MAX_M and not bnb_release(
+        sc.runtime.bitsandbytes_version).dequantize_in_state_dtype
     t.declare(DEQUANT, name="dequantized 4-bit weight while its matmul runs (one layer at a time)", device=Device.GPU,
-              category="params", exact=c.tokens > GEMM_4BIT_CUSTOM_MAX_M,
+              category="params", exact=not fused_possible,
               formula=f"out x in x {DTYPE_BYTES[q.compute_dtype]} B (compute dtype)"
               + (" + 2 x fp32 absmax per 64 (double quant)" if q.double_quant else "")
-              + ("" if c.tokens > GEMM_4BIT_CUSTOM_MAX_M else
+              + ("" if not fused_possible else
                  f"; with {c.tokens} tokens (<= {GEMM_4BIT_CUSTOM_MAX_M}) the GPU may pick the fused kernel instead"),
-              source="bitsandbytes 0.50.2 backends/cuda/ops.py:_dequant_linear_fallback; autograd/_functions.py:MatMul4Bit.backward")
+              source=f"bitsandbytes {c.sc.runtime.bitsandbytes_version} "
+                     + ("functional.py:dequantize_4bit (MatMul4Bit.forward/backward)"
+                        if bnb_release(c.sc.runtime.bitsandbytes_version).dequantize_in_state_dtype else
+                        "backends/cuda/ops.py:_dequant_linear_fallback; autograd/_functions.py:MatMul4Bit.backward"))
     t.declare(SCALER, name="GradScaler scale and growth tracker", device=Device.GPU, category="buffers",
               formula="0-d fp32 + 0-d int32", source="torch 2.13 amp/grad_scaler.py:_lazy_init_scale_growth_tracker")
     c.sink.declare(t, m)
@@ -259,12 +325,19 @@ def declare_step(t: Timeline, c: StepContext) -> None:
 
 
 def _dequant(t: Timeline, c: StepContext, p: TParam, *, backward: bool) -> None:
+    """The dequantized 4-bit weight while its matmul runs (``memfit.core.quant_kernels``).
+
+    Backward (every release) and the forward up to 0.49: ``F.dequantize_4bit(B, state)`` (with double
+    quantization the fp32 absmax rebuilt first, ``absmax += offset`` in place) in the weight's original
+    dtype, then ``.to(compute dtype)`` when that differs. The forward from 0.50: ``gemm_4bit``'s
+    ``_dequant_linear_fallback``: ``absmax_dq`` and ``absmax_dq + offset``, then the weight straight in
+    the compute dtype."""
     q = c.sc.quant
     if q.method != "4bit":
         return
     blocks = -(-p.numel // BLOCKSIZE_4BIT)
     cb = DTYPE_BYTES[q.compute_dtype]
-    if backward:  # F.dequantize_4bit(B, state) in the dtype it was quantized from, then .to(grad dtype)
+    if backward or bnb_release(c.sc.runtime.bitsandbytes_version).dequantize_in_state_dtype:
         nested = blocks * 4 if q.double_quant else 0
         t.alloc(DEQUANT, nested)
         t.alloc(DEQUANT, p.numel * p.elem_bytes)
@@ -282,9 +355,9 @@ def _dequant(t: Timeline, c: StepContext, p: TParam, *, backward: bool) -> None:
 def forward_stage(t: Timeline, c: StepContext, st: _Stage, block: bool) -> None:
     """One stage's forward: its activations, the dequantized weights of its quantized matmuls, its
     autocast casts (``block``: a checkpointed block, which saves nothing inside)."""
-    t.alloc(ACT, st.act)
+    alloc_parts(t, ACT, st.act_tensors, st.act)
     if block:  # a checkpointed block still makes its activations while it runs; only its input stays
-        t.alloc(RECOMPUTE, st.recompute)
+        alloc_parts(t, RECOMPUTE, st.recompute_tensors, st.recompute)
     for p in st.quant:
         _dequant(t, c, p, backward=False)
     for n, saved, cached in st.casts:
@@ -292,7 +365,7 @@ def forward_stage(t: Timeline, c: StepContext, st: _Stage, block: bool) -> None:
         if not cached and (block or not saved):
             t.free(CASTS, n)  # used once, not kept
     if block:
-        t.free(RECOMPUTE, st.recompute)
+        free_parts(t, RECOMPUTE, st.recompute_tensors, st.recompute)
     if st is c.stages[-1]:  # the loss: transients next to the log-softmax it saves
         for n in c.loss_forward:
             t.alloc(LOSS, n)
@@ -363,7 +436,7 @@ def record_backward(t: Timeline, c: StepContext, phase: str, description: str, *
         if i == last - 1:
             loss_backward_end(t, c)
         if block:  # recompute the block's forward: its activations and saved casts again
-            t.alloc(RECOMPUTE, st.recompute)
+            alloc_parts(t, RECOMPUTE, st.recompute_tensors, st.recompute)
             for p in st.quant:
                 _dequant(t, c, p, backward=False)
             for n, saved, _ in st.casts:  # a fresh autocast region: cast again
@@ -381,9 +454,9 @@ def record_backward(t: Timeline, c: StepContext, phase: str, description: str, *
         for p, needs in zip(reversed(st.quant), reversed(st.quant_needs_grad_in)):
             if needs:
                 _dequant(t, c, p, backward=True)
-        t.free(ACT, st.act)
+        free_parts(t, ACT, st.act_tensors, st.act)
         if block:
-            t.free(RECOMPUTE, st.recompute)
+            free_parts(t, RECOMPUTE, st.recompute_tensors, st.recompute)
         free_each(t, CASTS, [n for n, saved, _ in st.casts if saved])
     c.sink.after_backward(t, m, last_micro)
 

@@ -358,6 +358,12 @@ class ScenarioAggregates:
         return self._cached(("states", cpu_optimizer), lambda: optimizer_states_per_param(
             opt.type, dict(opt.params), cpu_optimizer=cpu_optimizer))
 
+    def adapter_activations(self, dtype_bytes: int):  # noqa: ANN201 (AdapterActivations | None)
+        """``ledger.deepspeed.step.deepspeed_adapters`` for this scenario, memoized."""
+        from memfit.core.ledger.deepspeed.step import deepspeed_adapters
+
+        return self._cached(("adapters", dtype_bytes), lambda: deepspeed_adapters(self.scenario, dtype_bytes))
+
     def activation_bytes(self, *, micro_batch: int, dtype_bytes: int, checkpointing: bool,
                          linear_saves_frozen_inputs: bool) -> int:
         """``memfit.core.activations.analytic.estimate_activation_bytes`` for this scenario, memoized."""
@@ -367,7 +373,8 @@ class ScenarioAggregates:
             return estimate_activation_bytes(sc.model.arch, sc.peft, seq_len=sc.train.seq_len, micro_batch=micro_batch,
                                              dtype_bytes=dtype_bytes, gradient_checkpointing=checkpointing,
                                              attention=sc.train.attention, target_len=sc.train.target_len,
-                                             linear_saves_frozen_inputs=linear_saves_frozen_inputs).total_bytes
+                                             linear_saves_frozen_inputs=linear_saves_frozen_inputs,
+                                             adapters=self.adapter_activations(dtype_bytes)).total_bytes
         return self._cached(("act", micro_batch, dtype_bytes, checkpointing, linear_saves_frozen_inputs), build)
 
     def zero1_outside_numel(self, ds_version: str, partition: int) -> int:
@@ -412,7 +419,8 @@ class ScenarioAggregates:
         est = estimate_activation_bytes(arch, sc.peft, seq_len=sc.train.seq_len, micro_batch=micro_batch,
                                         dtype_bytes=dtype_bytes, gradient_checkpointing=checkpointing,
                                         attention=sc.train.attention, target_len=sc.train.target_len,
-                                        linear_saves_frozen_inputs=linear_saves_frozen_inputs)
+                                        linear_saves_frozen_inputs=linear_saves_frozen_inputs,
+                                        adapters=self.adapter_activations(dtype_bytes))
         lay = self.layout(checkpointing)
         plan = ActivationPlan(est, lay.blocks, lay.n_segments, dtype_bytes, checkpointing,
                               arch.num_layers + arch.num_encoder_layers)

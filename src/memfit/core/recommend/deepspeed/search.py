@@ -136,6 +136,9 @@ def prepare(inputs: ScenarioInputs) -> Prepared:
     sc = build_scenario(inputs)
     if sc.accelerator != "cuda":
         raise MemfitError("recommend searches GPU configurations: the scenario's accelerator must be cuda")
+    if sc.quant.enabled:  # the estimator sizes params by numel x dtype; a 4-bit base is only in the ledger
+        raise MemfitError("recommend does not search DeepSpeed with a 4-bit base yet; `memfit plan` plans it (or "
+                          "recommend the scenario with framework torch, ddp, fsdp or fsdp2)")
     raw = _raw_json(inputs, sc)
     base = base_candidate(sc, stage3_limits=_stage3_limits(inputs, raw, sc))
     space = search_space(sc, base)

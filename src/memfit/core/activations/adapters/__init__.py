@@ -1,0 +1,374 @@
+"""What each adapted layer's forward keeps for backward, per PEFT method: the adapter side of the
+activation model (the base model's side is ``memfit.core.activations.analytic`` / ``layout``).
+
+Read from the model as the method built it (``apply_peft``'s ``ModelShape``: the adapted modules hold
+``.base_layer.`` params and the adapter's own tensors beside them), so ranks, patterns and excluded
+layers are exactly the ones planned. Each method's module gives, per adapted layer, a ``Saved``:
+bytes per token, bytes independent of the tokens, and whether the adapter keeps the layer's input
+tensor itself (then it is shared with whatever else saves it: the base model's count of that input
+decides, ``kept_inputs``). Every formula is checked against peft's own layer run on CPU tensors and
+traced (``tests/trace/test_adapter_layers_vs_trace.py``).
+
+The dtypes that matter (``DtypeContext``): the residual stream's (the layer's input ``x``), the
+adapter parameters' (fp32 when peft upcasts the adapters of a 16-bit model, ``autocast_adapter_dtype``,
+as in the torch loop; the model's dtype under DeepSpeed, which casts every parameter), and
+autocast's (torch AMP: every matmul's inputs are cast to 16 bits; the casts of *weights* are the
+ledger's ``amp.weight_casts``, not counted here). Most tuners cast ``x`` to the adapter's dtype
+first (``BaseTunerLayer._cast_input_dtype``): a copy when the dtypes differ.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from memfit.core.model import ModelShape
+from memfit.core.peft.modules import CONV1D_LAYER_NAMES, CONV1D_MODEL_TYPES
+from memfit.core.peft.spec import PeftSpec
+from memfit.core.quant_kernels import BnbRelease
+
+_BLOCK = re.compile(r"^(.*?\.)(\d+)(\.|$)")
+ROOT = "base_model.model."
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptedLayer:
+    """One module a tuner wrapped, with the tensors it added."""
+
+    module: str
+    """Name in the transformers model (``model.layers.3.mlp.down_proj``)."""
+    block: int
+    """Index of the transformer block it is in (encoder blocks first); -1 before the blocks, ``L``
+    after the last."""
+    in_features: int
+    out_features: int
+    tensors: Mapping[str, tuple[int, ...]]
+    """The adapter's tensors by name relative to the module (``lora_A.default.weight``), shared ones
+    (VeRA's projections) only where the model names them."""
+    bias: bool = False
+    quantized: bool = False
+    """The base layer is a bitsandbytes layer (set by the ledger: DoRA then dequantizes it)."""
+
+    @property
+    def leaf(self) -> str:
+        return self.module.rsplit(".", 1)[-1]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The shape of the adapter tensor whose name starts with ``name`` (``lora_A``)."""
+        for key, shape in self.tensors.items():
+            if key == name or key.startswith(name + "."):
+                return shape
+        raise KeyError(f"{self.module}: no adapter tensor {name!r}")  # a formula/builder mismatch
+
+    def has(self, name: str) -> bool:
+        return any(key == name or key.startswith(name + ".") for key in self.tensors)
+
+
+@dataclass(frozen=True, slots=True)
+class DtypeContext:
+    """Element sizes in bytes."""
+
+    stream: int
+    """The layer input's (the residual stream's dtype)."""
+    adapter: int
+    """The adapter parameters'."""
+    autocast: int = 0
+    """torch.autocast's dtype (0: no autocast)."""
+    base: int = 0
+    """The base layer's weight (0: the stream's)."""
+    upcast: bool = False
+    """peft upcast the adapters of a 16-bit model to fp32 when it built them (``autocast_adapter_dtype``,
+    ``_cast_adapter_dtype``): their parameters were re-created, and every one requires grad (AdaLoRA's
+    ``ranknum`` too)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Saved:
+    """What one adapted layer keeps for backward beside the base layer's own tensors."""
+
+    per_token: int = 0
+    """Bytes per token (multiplied by the micro-batch's tokens)."""
+    fixed: int = 0
+    """Bytes independent of the tokens (weight-sized tensors rebuilt in the forward)."""
+    keeps_input: bool = False
+    """The adapter saves the layer's input tensor itself (shared, not counted here)."""
+    grad_only: int = 0
+    """Part of ``per_token`` kept only when the layer's input requires grad (a dropout's mask: no graph is
+    recorded for a dropout of a tensor that needs no gradient)."""
+
+    fixed_grad_only: int = 0
+    """Part of ``fixed`` kept only when the layer's input requires grad (a rebuilt weight that a matmul keeps
+    for the input's gradient)."""
+
+    def __add__(self, other: "Saved") -> "Saved":
+        return Saved(self.per_token + other.per_token, self.fixed + other.fixed, self.keeps_input or other.keeps_input,
+                     self.grad_only + other.grad_only, self.fixed_grad_only + other.fixed_grad_only)
+
+
+Formula = Callable[[AdaptedLayer, PeftSpec, DtypeContext], Saved]
+
+
+def matmul_input(elem: int, is_input: bool, per_width: int, ctx: DtypeContext) -> Saved:
+    """What a trainable matmul saves of the tensor it reads (``per_width`` elements per token, ``elem``
+    bytes each; ``is_input``: it is the layer's input itself): the tensor, or under autocast its
+    16-bit copy when it is not 16-bit already (``autocast_mode.cpp:cached_cast`` caches weights only)."""
+    if ctx.autocast and elem != ctx.autocast:
+        return Saved(per_token=per_width * ctx.autocast)
+    if is_input:
+        return Saved(keeps_input=True)
+    return Saved(per_token=per_width * elem)
+
+
+def adapter_input(ctx: DtypeContext) -> tuple[int, bool]:
+    """``BaseTunerLayer._cast_input_dtype(x, adapter dtype)``: (element size, still the input itself)."""
+    return ctx.adapter, ctx.adapter == ctx.stream
+
+
+def out_elem(ctx: DtypeContext) -> int:
+    """A matmul's output dtype: autocast's, else the adapter's."""
+    return ctx.autocast or ctx.adapter
+
+
+def _formulas() -> Mapping[str, Formula]:
+    from memfit.core.activations.adapters import lora, others
+
+    return MappingProxyType({**lora.FORMULAS, **others.FORMULAS})
+
+
+FORMULAS: Mapping[str, Formula] = _formulas()
+"""memfit method -> the formula of one adapted layer."""
+
+
+@dataclass(frozen=True, slots=True)
+class QuantizedLayer:
+    """One bitsandbytes layer of the base (quantized by transformers' ``replace_with_bnb_linear``)."""
+
+    module: str
+    block: int
+    in_features: int
+    out_features: int
+
+    @property
+    def leaf(self) -> str:
+        return self.module.rsplit(".", 1)[-1]
+
+
+@dataclass(frozen=True, slots=True)
+class Quantization:
+    """What the base's quantized matmuls keep (``memfit.core.quant_kernels``), per bitsandbytes release."""
+
+    method: str
+    """``4bit`` or ``8bit``."""
+    compute_bytes: int
+    """``bnb_4bit_compute_dtype``'s element size (``Linear4bit`` casts its input to it)."""
+    release: BnbRelease
+    layers: tuple[QuantizedLayer, ...]
+
+    def saved(self, layer: QuantizedLayer, stream_bytes: int) -> Saved:
+        r = self.release
+        if self.method == "8bit":  # MatMul8bitLt keeps A (uncast), and up to 0.44 CAt (int8) and SCAt (fp32)
+            return Saved(keeps_input=True, per_token=layer.in_features if r.int8_keeps_transposed else 0,
+                         fixed=4 * layer.in_features if r.int8_keeps_transposed else 0)
+        if not r.saves_4bit_input:
+            return Saved()
+        if self.compute_bytes == stream_bytes:  # x.to(compute_dtype) is x itself
+            return Saved(keeps_input=True)
+        return Saved(per_token=layer.in_features * self.compute_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterActivations:
+    """The adapted layers of a model and what each keeps, for a given dtype context; and what the
+    base's quantized layers keep (``quantized``)."""
+
+    method: str
+    layers: tuple[AdaptedLayer, ...]
+    spec: PeftSpec
+    adapter_bytes: int
+    autocast_bytes: int = 0
+    base_bytes: int = 0
+    upcast: bool = False
+    blocks: int = 0
+    """Transformer blocks of the model (encoder and decoder)."""
+    quantized: Quantization | None = None
+
+    def saved(self, layer: AdaptedLayer, stream_bytes: int) -> Saved:
+        ctx = DtypeContext(stream_bytes, self.adapter_bytes, self.autocast_bytes, self.base_bytes or stream_bytes,
+                           self.upcast)
+        formula = FORMULAS.get(self.method)
+        if formula is None:  # a tuner without a formula plans no adapted layers here (none reach this)
+            raise AssertionError(f"no activation formula for {self.method}")
+        return formula(layer, self.spec, ctx)
+
+    def _all(self, stream_bytes: int):
+        for layer in self.layers:
+            yield layer.leaf, layer.block, self.saved(layer, stream_bytes)
+        if self.quantized is not None:
+            for q in self.quantized.layers:
+                yield q.leaf, q.block, self.quantized.saved(q, stream_bytes)
+
+    def kept_inputs(self, stream_bytes: int) -> frozenset[str]:
+        """Leaf names of the layers whose input tensor the adapter (or the quantized matmul) keeps, for
+        the base model's count of that shared input."""
+        return frozenset(leaf for leaf, _, s in self._all(stream_bytes) if s.keeps_input)
+
+    def first_block_adapted(self) -> frozenset[str]:
+        """Leaf names of the first block's adapted layers (their output needs a gradient there even when the
+        block's input does not)."""
+        return frozenset(layer.leaf for layer in self.layers if layer.block == 0)
+
+    def block_bytes(self, tokens: int, stream_bytes: int, *, first_input_frozen: frozenset[str] = frozenset()
+                    ) -> tuple[int, ...]:
+        """Bytes the adapters (and quantized matmuls) keep in each block, in order (``blocks`` entries).
+        ``first_input_frozen``: leaf names of the first block's layers whose input needs no gradient (they
+        read the output of a frozen embedding): their ``grad_only`` and ``fixed_grad_only`` bytes are not kept there."""
+        out = [0] * self.blocks
+        for leaf, block, s in self._all(stream_bytes):
+            if 0 <= block < self.blocks:
+                out[block] += s.per_token * tokens + s.fixed
+                if block == 0 and leaf in first_input_frozen:
+                    out[block] -= s.grad_only * tokens + s.fixed_grad_only
+        return tuple(out)
+
+    def outside_bytes(self, tokens: int, stream_bytes: int) -> tuple[int, int]:
+        """(before the blocks, after them): adapted or quantized embeddings and heads."""
+        before = after = 0
+        for _, block, s in self._all(stream_bytes):
+            if 0 <= block < self.blocks:
+                continue
+            n = s.per_token * tokens + s.fixed
+            if block < 0:
+                before += n
+            else:
+                after += n
+        return before, after
+
+
+BLOCK_INPUT_LAYERS = frozenset({"q_proj", "k_proj", "v_proj", "c_attn", "query_key_value", "qkv_proj", "Wqkv", "query",
+                                "key", "value", "q", "k", "v"})
+"""Layers that read a block's (normed) input directly: in the first block, with a frozen embedding and
+no checkpointing, their input needs no gradient."""
+PARALLEL_MLP_INPUT_LAYERS = frozenset({"fc_in", "dense_h_to_4h", "fc1", "gate_proj", "up_proj"})
+"""The MLP's input layers, which read the block input too in parallel-residual families (GPT-J, NeoX)."""
+
+
+def adapted_layers(shape: ModelShape) -> tuple[AdaptedLayer, int]:
+    """Every module with ``.base_layer.`` params, with its adapter tensors; and the number of blocks."""
+    order: dict[str, int] = {}
+    for p in shape.params:
+        m = _BLOCK.match(_plain(p.name) + ".")
+        if m and not p.name.startswith("prompt_encoder."):
+            order.setdefault(m.group(1) + m.group(2), len(order))
+    blocks = len(order)
+    mods: dict[str, dict] = {}
+    for p in shape.params:
+        if ".base_layer." not in p.name:
+            continue
+        module = p.name.split(".base_layer.", 1)[0]
+        entry = mods.setdefault(module, {"weight": None, "bias": False})
+        leaf = p.name.rsplit(".", 1)[-1]
+        if leaf == "weight":
+            entry["weight"] = p.shape
+        elif leaf == "bias":
+            entry["bias"] = True
+    tensors: dict[str, dict[str, tuple[int, ...]]] = {m: {} for m in mods}
+    for p in (*shape.params, *shape.buffers):
+        if ".base_layer." in p.name:
+            continue
+        parts = p.name.split(".")
+        for k in range(len(parts) - 1, 0, -1):  # the longest adapted module the name is under
+            module = ".".join(parts[:k])
+            if module in tensors:
+                tensors[module][p.name[len(module) + 1:]] = tuple(p.shape)
+                break
+    layers = []
+    seen_blocks = False
+    for module, entry in mods.items():
+        plain = _plain(module)
+        m = _BLOCK.match(plain + ".")
+        block = order.get(m.group(1) + m.group(2)) if m else None
+        if block is None:
+            block = blocks if seen_blocks else -1
+        else:
+            seen_blocks = True
+        w = entry["weight"] or (0, 0)
+        out_f, in_f = (w if len(w) == 2 else (w[0], w[0]))
+        if shape.arch.model_type in CONV1D_MODEL_TYPES and plain.rsplit(".", 1)[-1] in CONV1D_LAYER_NAMES:
+            out_f, in_f = in_f, out_f  # GPT-2's Conv1D stores (in, out)
+        layers.append(AdaptedLayer(module=plain, block=block, in_features=in_f, out_features=out_f,
+                                   tensors=MappingProxyType(tensors[module]), bias=entry["bias"]))
+    return tuple(layers), blocks
+
+
+def _plain(name: str) -> str:
+    return name.removeprefix(ROOT).removeprefix("base_model.")
+
+
+def adapter_activations(shape: ModelShape, spec: PeftSpec, *, adapter_bytes: int, autocast_bytes: int = 0,
+                        base_bytes: int = 0, upcast: bool = False,
+                        quantized: Quantization | None = None) -> AdapterActivations | None:
+    """The adapter side of ``shape`` trained under ``spec`` (``None`` when nothing is adapted or
+    quantized: full, freeze and the prompt-learning methods on an unquantized base). ``upcast``: the
+    base model was 16-bit when peft built the adapters (``DtypeContext.upcast``); ``quantized``: the
+    base's bitsandbytes layers (``quantized_layers``)."""
+    layers, blocks = adapted_layers(shape)
+    if not layers and quantized is None:
+        return None
+    return AdapterActivations(method=spec.method, layers=layers, spec=spec, adapter_bytes=adapter_bytes,
+                              autocast_bytes=autocast_bytes, base_bytes=base_bytes, upcast=upcast, blocks=blocks,
+                              quantized=quantized)
+
+
+def quantized_layers(shape: ModelShape, modules: set[str]) -> tuple[QuantizedLayer, ...]:
+    """The quantized ``modules`` (names as the transformers model has them) with their widths and blocks."""
+    order: dict[str, int] = {}
+    for p in shape.params:
+        m = _BLOCK.match(_plain(p.name) + ".")
+        if m and not p.name.startswith("prompt_encoder."):
+            order.setdefault(m.group(1) + m.group(2), len(order))
+    out = []
+    seen = set()
+    for p in shape.params:
+        plain = _plain(p.name).replace(".base_layer", "")
+        module, _, leaf = plain.rpartition(".")
+        if module not in modules or leaf != "weight" or module in seen:
+            continue
+        seen.add(module)
+        m = _BLOCK.match(module + ".")
+        block = order.get(m.group(1) + m.group(2), -1) if m else (-1 if not out else len(order))
+        out_f, in_f = p.shape
+        if shape.arch.model_type in CONV1D_MODEL_TYPES and module.rsplit(".", 1)[-1] in CONV1D_LAYER_NAMES:
+            out_f, in_f = in_f, out_f
+        out.append(QuantizedLayer(module=module, block=block, in_features=in_f, out_features=out_f))
+    return tuple(out)
+
+
+def first_block_adapters(adapters: AdapterActivations, arch, tokens: int, stream_bytes: int,  # noqa: ANN001
+                         grad_into_first: bool) -> int:
+    """The first block's adapter bytes: without a gradient into it (frozen embeddings, no checkpointing)
+    the layers reading the block input keep no dropout mask (``BLOCK_INPUT_LAYERS``; with a parallel
+    residual also the MLP's input layers)."""
+    frozen: frozenset[str] = frozenset()
+    if not grad_into_first:
+        frozen = BLOCK_INPUT_LAYERS
+        if arch.layout is not None and arch.layout.parallel or arch.model_type in ("gptj", "gpt_neox", "falcon", "phi"):
+            frozen = frozen | PARALLEL_MLP_INPUT_LAYERS
+    per = adapters.block_bytes(tokens, stream_bytes, first_input_frozen=frozen)
+    return per[0] if per else 0
+
+
+PRE_ATTENTION_NORMS = frozenset({"input_layernorm", "ln_1", "ln_attn", "attention_norm", "pre_attention_layernorm"})
+
+
+def first_block_qk_grads(adapters: "AdapterActivations | None", targets, peft: PeftSpec) -> int:  # noqa: ANN001
+    """How many of q and k need a gradient in the first block when its input does not (frozen
+    embeddings): the adapted projections; both when the norm before attention is adapted (LN tuning);
+    one (k, through the trainable prefix it is concatenated with) under prefix tuning."""
+    if peft.prefix_tokens > 0:
+        return 1
+    adapted = adapters.first_block_adapted() if adapters is not None else frozenset(targets)
+    if adapted & PRE_ATTENTION_NORMS:
+        return 2
+    return sum(1 for n in ("q_proj", "k_proj") if n in adapted)

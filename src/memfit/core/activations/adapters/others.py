@@ -1,0 +1,247 @@
+"""The saved tensors of the tuners beside LoRA, each read from its layer's ``forward`` in peft 0.21
+(``tuners/<tuner>/layer.py``) and checked against that layer traced on CPU tensors
+(``tests/trace/test_adapter_layers_vs_trace.py``). Sizes: ``i``/``o`` the layer's in/out widths, per
+token unless said to be fixed; ``A`` the adapter's element size, ``D`` the stream's, ``E`` a matmul's
+output element size (autocast's under AMP, else the adapter's).
+
+Under autocast every matmul input that is not 16-bit is cast (a new tensor, kept when the matmul keeps
+it); the casts of ``nn.Linear`` weights are the ledger's ``amp.weight_casts``, the others are counted
+here (``operand``).
+"""
+
+from __future__ import annotations
+
+import math
+
+from memfit.core.activations.adapters import (AdaptedLayer, DtypeContext, Saved, adapter_input, matmul_input,
+                                              out_elem)
+from memfit.core.peft.spec import PeftSpec
+
+
+def operand(n: int, elem: int, ctx: DtypeContext) -> int:
+    """Bytes a matmul keeps of a non-cached operand of ``n`` elements of ``elem`` bytes (its autocast copy
+    under AMP when not 16-bit)."""
+    return n * (ctx.autocast if ctx.autocast and elem != ctx.autocast else elem)
+
+
+def _dropout(layer: AdaptedLayer, p: float) -> Saved:
+    return Saved(per_token=layer.in_features, grad_only=layer.in_features) if p and p > 0 else Saved()
+
+
+def ia3(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``ia3_l (1, in)``: ``(x.to(A) * l).to(D)`` into the base layer: the mul keeps ``x`` in the adapter's
+    dtype (a copy when it differs) and the ``(in,)`` scaling; ``(out, 1)``: ``base(x) * l``: the mul keeps the
+    base output and the ``(out,)`` scaling (``ia3_scaling = 1 * l.flatten()``, a new vector)."""
+    o, i = layer.out_features, layer.in_features
+    if layer.shape("ia3_l")[0] == 1:  # feedforward: scales the input
+        elem, is_input = adapter_input(ctx)
+        return (Saved(keeps_input=True) if is_input else Saved(per_token=i * elem)) + Saved(fixed=i * ctx.adapter)
+    return Saved(per_token=o * (ctx.autocast or ctx.stream), fixed=o * ctx.adapter)
+
+
+def _delta_linear(layer: AdaptedLayer, ctx: DtypeContext, delta_elem: int) -> Saved:
+    """``F.linear(x.to(delta.dtype), delta)`` of a rebuilt ``(out, in)`` delta in ``delta_elem`` bytes: keeps
+    both (``_cast_input_dtype(input, delta_weight.dtype)``: the input copied when the dtypes differ)."""
+    o, i = layer.out_features, layer.in_features
+    delta = operand(o * i, delta_elem, ctx)  # kept for the input's gradient
+    return matmul_input(delta_elem, ctx.stream == delta_elem, i, ctx) + Saved(fixed=delta, fixed_grad_only=delta)
+
+
+def loha(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``HadaWeight`` keeps its parameters and a 0-d scale; the delta ``(out, in)`` (16-bit under autocast:
+    its products are matmuls) and the input are kept by ``F.linear``; rank dropout keeps its ``(out, 1)``
+    row mask in the delta's dtype."""
+    elem = out_elem(ctx)
+    drop = spec.setting("rank_dropout", 0.0) or 0.0
+    return _delta_linear(layer, ctx, elem) + Saved(fixed=4 + (layer.out_features * elem if drop > 0 else 0))
+
+
+def lokr(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``torch.kron(w1, w2)`` keeps its factors (the low-rank products ``w1_a @ w1_b``/``w2_a @ w2_b`` when
+    they are pairs, 16-bit under autocast); the delta is in the adapter's dtype (``kron`` runs outside
+    autocast's lists) unless both factors are such products; then the delta and the input as LoHa."""
+    fixed = 0
+    products = 0
+    for w in ("lokr_w1", "lokr_w2"):
+        if not layer.has(w):
+            (a, r), (_, b) = layer.shape(w + "_a"), layer.shape(w + "_b")
+            fixed += a * b * out_elem(ctx)
+            if ctx.autocast:  # the factors are leaves: their casts are cached and kept by the product
+                fixed += (a * r + r * b) * ctx.autocast
+            products += 1
+    elem = out_elem(ctx) if products == 2 else ctx.adapter
+    drop = spec.setting("rank_dropout", 0.0) or 0.0
+    return _delta_linear(layer, ctx, elem) + Saved(fixed=fixed + (layer.out_features * 4 if drop > 0 else 0))
+
+
+def oft(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``OFTRotationModule.forward``: the rotation (Cayley-Neumann: the skew matrix and the powers the
+    series multiplies, ``(r, b, b)`` each; without it ``linalg.solve``'s LU, pivots and result) and the
+    input rotated by ``einsum`` (``x`` in the adapter's dtype)."""
+    rows, n = layer.shape("oft_R.default.weight")
+    b = round((1 + math.sqrt(1 + 8 * n)) / 2)
+    r = layer.in_features // b
+    A = ctx.adapter
+    terms = spec.setting("num_cayley_neumann_terms", 5)
+    share = rows != r  # block_share: one block, repeated r times for the einsum (the repeat is kept)
+    if spec.setting("use_cayley_neumann", True):
+        if ctx.autocast:  # every bmm casts the skew matrix again; R (or its repeat) is cast for the einsum
+            fixed = (max(2 * terms - 3, 1) - (1 if share else 0)) * rows * b * b * ctx.autocast + (
+                r * b * b * ctx.autocast if share else 0)
+        else:  # the skew matrix and the powers the next bmm reads, R for the einsum (R's repeat if shared)
+            fixed = (max(terms - 2, 0) + (0 if share else 1)) * rows * b * b * A + (r * b * b * A if share else 0)
+    else:  # linalg.solve on fp32 (the identity is fp32): I + Q, the LU, pivots, R; R cast for the einsum
+        fixed = 3 * rows * b * b * 4 + rows * b * 4
+        cast = ctx.autocast or (A if A != 4 else 0)
+        fixed += (r if share else rows) * b * b * cast if cast else (r * b * b * 4 if share else 0)
+    elem, is_input = adapter_input(ctx)
+    return matmul_input(elem, is_input, layer.in_features, ctx) + Saved(fixed=fixed)
+
+
+def boft(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``BOFTLayer``'s Linear forward: the Cayley transform of every block by ``linalg.solve`` (LU, pivots,
+    result), the block-diagonal and ``boft_P`` cast to ``x``'s dtype, their product, ``x @ rotation``
+    (keeps ``x`` and the rotation), and ``result * boft_s`` (keeps the base output and the scale)."""
+    f, blocks, h, _ = layer.shape("boft_R")
+    i, o = layer.in_features, layer.out_features
+    A, Dx = ctx.adapter, ctx.stream
+    fixed = 3 * f * blocks * h * h * 4 + f * blocks * h * 4  # linalg.solve on fp32 (the identity is fp32)
+    if Dx != 4:  # boft_P (an fp32 buffer: DeepSpeed casts params only) .to(x), kept by the bmm
+        fixed += f * i * i * Dx
+    fixed += 2 * i * i * Dx  # the identity boft_rotation starts from (kept by @) and the rotation (kept by x @)
+    fixed += o * Dx + o * max(A, Dx)  # the ones boft_s multiplies, and the scale kept by result * scale
+    if ctx.autocast:
+        return matmul_input(Dx, True, i, ctx) + Saved(per_token=o * ctx.autocast, fixed=fixed)
+    return Saved(keeps_input=True, per_token=o * Dx, fixed=fixed)
+
+
+def hra(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``HRALinear.get_delta_weight``: ``weight - 2 * weight @ u_i @ u_i.T`` r times (each step keeps the
+    running ``(in, in)`` weight and a ``(in, 1)`` product; the normalized ``u`` once; the norms), then
+    ``W @ R`` (keeps ``W`` in the adapter's dtype) and ``F.linear(x, W R)``; Gram-Schmidt
+    (``apply_GS``): ``I - 2 U U.T`` from the orthonormalized vectors, kept by one product."""
+    i, o = layer.in_features, layer.out_features
+    r = layer.shape("hra_u")[1]
+    A = ctx.adapter
+    AC = ctx.autocast
+    if spec.setting("apply_GS", False):  # the identity, cat(w) and 2 * cat(w), the vectors of the orthogonalization
+        fixed = i * i * A + 2 * i * r * A + (r - 1) * i * A + r * (r - 1) // 2 * (i * A + A) + r * A
+    elif AC:  # each step's matmuls cast the running weight and the vectors to 16 bits
+        fixed = r * i * i * AC + (3 * r - 1) * i * AC + i * i * AC + r * A
+    else:
+        fixed = (r + 1) * i * i * A + i * r * A + r * i * A + r * A
+    if AC:  # W (cast for W @ R unless 16-bit already) and W R, both kept; x cast to W R's dtype
+        fixed += (o * i * AC if (ctx.base or ctx.stream) != AC else 0) + o * i * AC
+        return matmul_input(ctx.stream, True, i, ctx) + Saved(fixed=fixed, fixed_grad_only=o * i * AC)
+    fixed += (o * i * A if (ctx.base or ctx.stream) != A else 0) + o * i * A
+    elem, is_input = adapter_input(ctx)  # W R is kept by F.linear for the input's gradient
+    return matmul_input(elem, is_input, i, ctx) + Saved(fixed=fixed, fixed_grad_only=o * i * A)
+
+
+def vera(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``lambda_b * F.linear(lambda_d * F.linear(dropout(x), A), B)``: the two products with the scaling
+    vectors keep ``(tokens, r)`` and ``(tokens, out)``; the projections are buffers (no gradient), so the
+    linears keep no input; dropout keeps its mask. Under autocast the slices of the projections are cast
+    and kept."""
+    o, i = layer.out_features, layer.in_features
+    r = layer.shape("vera_lambda_d")[0]
+    E = out_elem(ctx)
+    fixed = (r * i + o * r) * ctx.autocast if ctx.autocast else 0
+    return _dropout(layer, spec.setting("vera_dropout", 0.0)) + Saved(per_token=(r + o) * E, fixed=fixed)
+
+
+def fourierft(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """The delta ``ifft2(dense spectrum).real * scaling`` ``(out, in)`` (in the spectrum's dtype) and the input,
+    kept by ``F.linear``."""
+    return _delta_linear(layer, ctx, ctx.adapter)
+
+
+def waveft(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``WaveFTLayer.get_delta_weight``: with ``use_idwt`` the padded coefficients stacked for the inverse
+    transform ``(4, H/2, W/2)``, the filters, the cloned indices and the valid mask, then the delta and the
+    input as FourierFT; without, the dense spectrum scaled."""
+    o, i = layer.out_features, layer.in_features
+    n = layer.shape("waveft_spectrum")[0]
+    saved = _delta_linear(layer, ctx, ctx.adapter)
+    if spec.setting("use_idwt", True):  # the transform's convolutions run in autocast's dtype
+        po, pi = o + (o % 2), i + (i % 2)
+        saved += Saved(fixed=po * pi * out_elem(ctx) + 16 * ctx.adapter + 2 * n * 8 + n)  # indices (2, n) cloned
+    return saved
+
+
+def miss(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``sum(dropout(x).reshape(..., in // r, r), -2) @ miss``: the ``(tokens, r)`` sum (the input is not
+    kept); ``init_weights='bat'``: the whole weight rebuilt (``W.to(A)`` kept by ``W @ block`` and the new
+    weight by ``F.linear``, with the input)."""
+    shape = layer.shape("miss_block")
+    i, o = layer.in_features, layer.out_features
+    if spec.setting("init_weights", True) == "bat":
+        elem, is_input = adapter_input(ctx)
+        return matmul_input(elem, is_input, i, ctx) + Saved(fixed=2 * o * i * ctx.adapter)
+    r = shape[0]
+    cast = shape[0] * shape[1] * ctx.autocast if ctx.autocast else 0  # the block, a leaf, cast (cached) for @
+    return _dropout(layer, spec.setting("miss_dropout", 0.0)) + Saved(per_token=r * out_elem(ctx), fixed=cast)
+
+
+def vblora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``_get_low_rank_matrix`` for A and B: top-k indices (int64), their softmax and the gathered bank
+    vectors ``(..., k, vl)``; then ``F.linear(F.linear(dropout(x), A), B)`` keeps the input, A, the
+    ``(tokens, r)`` product and B."""
+    r, ia, nv = layer.shape("vblora_logits_A")
+    ob = layer.shape("vblora_logits_B")[0]
+    vl = layer.in_features // ia
+    k = spec.setting("topk", 2)
+    A = ctx.adapter
+    fixed = (r * ia * k + ob * r * k) * (8 + A + vl * A)
+    fixed += operand(r * layer.in_features, A, ctx) + operand(layer.out_features * r, A, ctx)
+    elem, is_input = adapter_input(ctx)
+    drop = spec.setting("vblora_dropout", 0.0) or 0.0
+    saved = _dropout(layer, drop)
+    if drop > 0:
+        is_input = False
+    return saved + matmul_input(elem, is_input, layer.in_features, ctx) + Saved(per_token=r * out_elem(ctx), fixed=fixed)
+
+
+def ln_tuning(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """The trained copy runs instead of the module: a Linear keeps its input; an RMSNorm (no bias) keeps its
+    normalized output for the weight's gradient; a LayerNorm's kernel keeps only what it keeps anyway."""
+    weight = next((s for k, s in layer.tensors.items() if k.endswith(".weight")), ())
+    if len(weight) == 2:
+        return matmul_input(ctx.stream, True, layer.in_features, ctx)
+    if any(k.endswith(".bias") for k in layer.tensors):
+        return Saved()
+    return Saved(per_token=layer.out_features * (ctx.autocast or ctx.stream))
+
+
+def osf(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``F.linear(F.linear(x, B), A)`` with ``B = cat(V_low, V_low_init)`` ``(2m, in)`` and
+    ``A = cat(U_low * S_low, -U_init * S_init)`` ``(out, 2m)``: keeps the input, B, the ``(tokens, 2m)``
+    product and A."""
+    m = layer.shape("osf_svd_params.default.S_low")[0]
+    i, o = layer.in_features, layer.out_features
+    A = 4  # the _osf_*_init buffers are fp32 (peft upcast them, DeepSpeed casts params only): cat promotes
+    E = ctx.autocast or A
+    return matmul_input(A, ctx.stream == A, i, ctx) + Saved(per_token=2 * m * E,
+                                                            fixed=operand(2 * m * i, A, ctx) + operand(o * 2 * m, A, ctx))
+
+
+def trainable_tokens(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``F.embedding`` of the base weight with the delta rows put in (``index_copy``): the embedding keeps
+    the token ids only; the combined ``(vocab, dim)`` weight is rebuilt per forward and kept by nothing."""
+    return Saved()
+
+
+def road(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``_apply_road``: the base output cast to the adapter's dtype (``x``) times ``first_col`` and its
+    rotated half (``stack(-x2, x1)``, a new tensor) times ``second_col``: both products keep their
+    per-token operand and their column; ``_prepare_cols`` keeps, per variant, what ``cos``/``sin`` and the
+    column products need (``road_1``: the repeated theta and alpha and both trig outputs; ``road_2``: the
+    trig outputs; ``road_4``: the trig outputs and the two flattened alpha halves), ``out`` elements each."""
+    o, a = layer.out_features, ctx.adapter
+    fixed = {"road_1": 4, "road_2": 2, "road_4": 4}[spec.setting("variant", "road_1")]
+    return Saved(per_token=2 * o * a, fixed=(fixed + 2) * o * a)
+
+
+FORMULAS = {"road": road, "ia3": ia3, "loha": loha, "lokr": lokr, "oft": oft, "boft": boft, "hra": hra, "vera": vera,
+            "fourierft": fourierft, "waveft": waveft, "miss": miss, "vblora": vblora, "ln_tuning": ln_tuning,
+            "osf": osf, "trainable_tokens": trainable_tokens}
