@@ -116,6 +116,13 @@ def sdpa(c: Ctx, *, masked: bool, heads: int, kv_heads: int, d_qk: int, d_v: int
     additive mask the efficient kernel keeps (default: a bool mask converted per call, ``C b s skv``)."""
     b, K = c.b, c.C
     grouped = kv_heads != heads if gqa_module is None else gqa_module
+    if c.attention in ("flash_attention_2", "flash_attention_3"):
+        # not torch's sdpa: transformers' flash integration calls flash-attn itself, with the key heads as
+        # they are (no repeat) and q, k, v of an fp32 stream cast to a 16-bit dtype first
+        # (integrations/flash_attention.py:get_target_dtype: autocast's, a quantized model's config
+        # dtype, else its Linears' weights'); the kernel keeps those 16-bit q, k, v, its output and the
+        # logsumexp
+        return Sdpa("flash", False, 4 * b * heads * s + 24, True, False)
     repeat = grouped and not (not masked and d_qk == d_v <= 256)
     given = heads if repeat else kv_heads
     enable_gqa = grouped and not repeat
@@ -261,6 +268,8 @@ def _sdpa_attention(arch: ArchSpec, L: LayerLayout, c: Ctx, *, masked: bool) -> 
     # under AMP prefix tuning's fp32 virtual keys and values promote the cache's cat to fp32
     kd = D if c.amp and skv != c.s else kd
     vd = D if c.amp and skv != c.s else C
+    if k.kind == "flash":  # flash runs in 16 bits only: the q, k, v it keeps and its output are 16-bit
+        C = 2 if C == 4 else C  # (fp32 ones cast by transformers' flash integration: ``sdpa``)
     k_shared, v_shared = not (k.repeat or kd != C), not (k.repeat or vd != C)
     if k.keeps_qkv:
         n += C * t * hq + C * t * hq  # q (autocast's copy under AMP), the output (o_proj's input)

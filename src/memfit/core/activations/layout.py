@@ -60,6 +60,12 @@ def estimate_from_layout(
     def adapted(*names: str) -> bool:
         return full or behind_norm or any(n in first_adapted for n in names)
 
+    head_c = C
+    if adapters is not None and adapters.quantized is not None:
+        # a bitsandbytes base: its layers return their input's dtype whatever autocast does (bitsandbytes
+        # nn/modules.py Linear4bit.forward: matmul_4bit(...).to(inp_dtype); autograd/_functions.py
+        # MatMul8bitLt: int8_mm_dequant(..., dtype=A.dtype)); the head (not quantized) still runs in C
+        C = D
     c = Ctx(D=D, C=C, amp=C != D, b=b, s=s, skv=skv, t=t, h=arch.hidden_size, a=arch.num_heads, hq=arch.num_heads * arch.head_dim,
             hkv=arch.num_kv_heads * arch.head_dim, kv=arch.num_kv_heads, i=arch.intermediate_size,
             eager=attention == "eager", full=full, trains=trains, adapted=adapted,
@@ -116,7 +122,8 @@ def estimate_from_layout(
     t_out = b * s_dec if L.family == "t5" and arch.num_encoder_layers else t
     embed = _embedding_bytes(arch, c, grad_first or gradient_checkpointing,
                              leaf=gradient_checkpointing and not grad_first)
-    hd = _head_bytes(arch, c, t_out, keep_outputs=keep_outputs)
+    hd = _head_bytes(arch, c if head_c == C else _ctx_copy(c, C=head_c, amp=head_c != D), t_out,
+                     keep_outputs=keep_outputs)
     head, logits = hd.head, hd.logits
     if adapters is not None:  # adapted (or quantized) embeddings and heads, outside the blocks
         before, after = adapters.outside_bytes(t, D)
