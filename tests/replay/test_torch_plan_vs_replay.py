@@ -108,7 +108,8 @@ def test_phase_peaks(path):
     tr = m.spec.training
     eight_bit = "8bit" in tr["optim"]
     cfg = m.spec.model_config
-    gqa = cfg.get("num_key_value_heads", cfg["num_attention_heads"]) != cfg["num_attention_heads"]
+    heads = cfg.get("num_attention_heads", cfg.get("n_head"))  # GPT-2's configs name it n_head
+    gqa = cfg.get("num_key_value_heads", heads) != heads
     tight = (tr["precision"] == "fp32" and cfg["model_type"] == "llama" and not gqa
              and not m.spec.gradient_checkpointing and not m.spec.quantization and m.spec.peft.method == "full"
              and m.spec.framework in ("torch", "ddp"))
