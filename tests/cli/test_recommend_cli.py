@@ -26,24 +26,26 @@ def test_recommend_table_and_files(tmp_path):
     assert "what changes" in text and "est." in text and "GPU" in text and "host" in text
     assert "gradient checkpointing false->true" in text
     assert "does not fit (GPU in phase forward)" in text
-    written = sorted(p.name for p in out.iterdir())
-    assert written and all(n.startswith(("rank1-", "rank2-")) for n in written)
-    assert {Path(n).suffix for n in written} == {".json", ".yaml", ".diff"}
-    # a scenario file written by recommend is a scenario `memfit plan` reads, and it fits
-    plan = run("plan", str(out / next(n for n in written if n.startswith("rank1-") and n.endswith(".yaml"))), "--json")
-    assert plan.returncode == 0, plan.stderr
-    assert json.loads(plan.stdout)["verdict"]["fits"] is True
+    folders = sorted(p.name for p in out.iterdir())
+    assert [f.split("-")[0] for f in folders] == ["rank1", "rank2"]
+    for folder in folders:
+        names = {p.name for p in (out / folder).iterdir()}
+        assert "scenario.yaml" in names and "train.py.diff" in names, names
+        # a scenario file written by recommend is a scenario `memfit plan` reads, and it fits
+        plan = run("plan", str(out / folder / "scenario.yaml"), "--json")
+        assert plan.returncode == 0, plan.stderr
+        assert json.loads(plan.stdout)["verdict"]["fits"] is True
 
 
 def test_recommend_never_overwrites(tmp_path):
     out = tmp_path / "recs"
     assert run("recommend", str(SEED), "--top", "1", "--out", str(out)).returncode == 0
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    before = {str(p): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     r = run("recommend", str(SEED), "--top", "1", "--out", str(out))
     assert r.returncode == 2
     assert r.stderr.startswith("memfit: error:") and "never overwrites" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert {str(p): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
 def test_recommend_json():

@@ -192,10 +192,13 @@ def test_auto_is_kept_where_its_value_is_still_right():
     assert patched["train_batch_size"] == "auto"
     assert patched["optimizer"]["params"] == {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}
     assert patched["zero_optimization"]["reduce_bucket_size"] == "auto"  # unchanged: h*h either way
-    assert patched["gradient_accumulation_steps"] == 4 and any("gradient_accumulation_steps" in n for n in notes)
-    assert patched["fp16"]["enabled"] is True and patched["bf16"]["enabled"] is False
-    assert any("bf16.enabled" in n for n in notes)
-    sc = build_scenario(candidate_inputs(inputs, patched, c))
+    # the Trainer fills these from gradient_accumulation_steps and --fp16, which the recommendation sets
+    # (issue 23 item 6: writing 4 here contradicted the Trainer's own accumulation)
+    assert patched["gradient_accumulation_steps"] == "auto"
+    assert patched["fp16"]["enabled"] == "auto" and patched["bf16"]["enabled"] == "auto"
+    ci = candidate_inputs(inputs, patched, c)
+    assert (ci.grad_accum, ci.precision, ci.micro_batch) == (4, "fp16", 1)
+    sc = build_scenario(ci)
     assert claimed_mismatches(sc, c) == []
 
 
@@ -269,8 +272,9 @@ def test_written_files_read_back_with_the_claimed_settings(results, name, tmp_pa
     user = read_scenario_file(SCENARIOS[name])
     original = json.loads(Path(user.deepspeed).read_text())
     for rec in r.recommendations:
-        json_file = next(Path(f) for f in rec.files if f.endswith(".json"))
-        yaml_file = next(Path(f) for f in rec.files if f.endswith(".yaml"))
+        yaml_file = next(Path(f) for f in rec.files if f.endswith("scenario.yaml"))
+        json_file = Path(read_scenario_file(yaml_file).deepspeed)  # written beside it, or the user's when unchanged
+        assert (json_file.parent == yaml_file.parent) == any(f.endswith(".json") for f in rec.files)
         written = json.loads(json_file.read_text())
         # memfit's parser reads the JSON (as the Trainer would fill "auto") and the scenario file back
         auto = {k for k, v in _flatten(written).items() if v == "auto"}
@@ -280,7 +284,8 @@ def test_written_files_read_back_with_the_claimed_settings(results, name, tmp_pa
 
         ds, _ = load_deepspeed_config(json_file, context=AutoContext(
             world_size=r.hardware.world_size, micro_batch_size=rec.candidate.micro_batch,
-            gradient_accumulation_steps=fill("gradient_accumulation_steps", 1),
+            # the Trainer's gradient_accumulation_steps, the written scenario's, fills an "auto"
+            gradient_accumulation_steps=fill("gradient_accumulation_steps", read_scenario_file(yaml_file).grad_accum or 1),
             precision=rec.candidate.precision if auto & {"fp16.enabled", "bf16.enabled"} else None,
             hidden_size=build_scenario(user).model.arch.hidden_size, learning_rate=fill("optimizer.params.lr", 1e-5),
             adam_betas=fill("optimizer.params.betas", (0.9, 0.999)), adam_epsilon=fill("optimizer.params.eps", 1e-8),
@@ -298,7 +303,7 @@ def test_written_files_read_back_with_the_claimed_settings(results, name, tmp_pa
         assert {k for k, v in a.items() if v == "auto"} - {k for k, v in b.items() if v == "auto"} <= {
             k for k in a if k.startswith(CHANGEABLE)}
         if rec.candidate.zero_init and not user.zero_init:
-            diff = next(Path(f) for f in rec.files if f.endswith(".diff")).read_text()
+            diff = next(Path(f) for f in rec.files if f.endswith("train.py.diff")).read_text()
             assert "HfDeepSpeedConfig" in diff and "+dschf = HfDeepSpeedConfig(ds_config)" in diff
 
 
@@ -308,7 +313,7 @@ def test_nothing_the_user_has_is_overwritten(results, tmp_path):
     before = user_json.read_bytes()
     out = tmp_path / "out"
     first = write_recommendations(r, out)
-    mine = Path(first.recommendations[0].files[0])
+    mine = Path(first.recommendations[0].files[0])  # in the folder of configuration 1
     mine.write_text("mine")
     with pytest.raises(MemfitError, match="never overwrites"):
         write_recommendations(r, out)
@@ -502,6 +507,6 @@ def test_torch_recommendations_are_written_as_scenarios(tmp_path):
     r = write_recommendations(recommend(read_scenario_file(EXAMPLES / "frameworks" / "lora-ampbf16-llama2-7b-1gpu.yaml"),
                                         top=2), tmp_path / "out")
     for rec in r.recommendations:
-        (yaml_file,) = rec.files
+        yaml_file = next(f for f in rec.files if f.endswith("scenario.yaml"))
         sc = build_scenario(read_scenario_file(yaml_file))
         assert [p.gpu_peak_bytes for p in make_plan(sc).phases] == [p.gpu_peak_bytes for p in rec.plan.phases]

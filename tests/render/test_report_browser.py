@@ -51,12 +51,74 @@ def test_report_renders_in_chromium(tmp_path, seed_plan):
 
 
 def test_chart_bars_are_the_ledger(seed_plan):
-    from memfit.render.charts import stacks
+    """The ledger's items make each bar; the allocator's share tops it up to the verdict's figure, the one
+    the headline names (issue 23 item 13: the headline was not the bars' figure)."""
+    from memfit.core.figures import gpu_verdict_bytes, host_verdict_bytes
+    from memfit.render.charts import bar_segments, stacks
 
     plan, _ = seed_plan
     for ph in plan.phases:
         assert sum(stacks(ph, "gpu").values()) == ph.gpu_peak_bytes
         assert sum(stacks(ph, "host").values()) == ph.node_cpu_peak_bytes
+        assert sum(bar_segments(ph, "gpu").values()) == gpu_verdict_bytes(ph)
+        assert sum(bar_segments(ph, "host").values()) == host_verdict_bytes(ph)
+
+
+MEASURE = """<script>
+const over = (a, b) => a.left < b.right - 0.5 && b.left < a.right - 0.5 && a.top < b.bottom - 0.5 && b.top < a.bottom - 0.5;
+let overlaps = 0, outside = 0;
+for (const svg of document.querySelectorAll('svg')) {
+  const frame = svg.getBoundingClientRect();
+  const legend = [...svg.querySelectorAll('.legend')].map(e => e.getBoundingClientRect());
+  const drawn = [...svg.querySelectorAll('.bar, .bar-total, .phase-label, .fails')].map(e => e.getBoundingClientRect());
+  for (const l of legend) for (const d of drawn) if (d.height > 0 && over(l, d)) overlaps++;
+  for (const d of [...legend, ...drawn]) if (d.bottom > frame.bottom + 0.5 || d.top < frame.top - 0.5) outside++;
+}
+document.body.setAttribute('data-overlaps', overlaps);
+document.body.setAttribute('data-outside', outside);
+</script>"""
+
+
+def _dom(tmp_path, html: str, name: str) -> str:
+    page = tmp_path / f"{name}.html"
+    page.write_text(html.replace("</body>", MEASURE + "</body>"), encoding="utf-8")
+    exe = _chromium()
+    dom = subprocess.run([exe, *FLAGS, f"--user-data-dir={tmp_path / ('ud-' + name)}", "--dump-dom", page.as_uri()],
+                         capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    return dom.stdout
+
+
+def _attr(html: str, name: str) -> int:
+    import re
+
+    return int(re.search(rf'{name}="(\d+)"', html).group(1))
+
+
+@pytest.mark.parametrize("example", ["kogpt-prefix-zero3-offload.yaml", "llama2-7b-lora-1x24gb.yaml",
+                                     "frameworks/qlora-llama3-8b-1x24gb.yaml"])
+def test_headline_is_the_bars_figure_and_nothing_overlaps_in_chromium(tmp_path, example):
+    """Measured in Chromium: no legend entry overlaps a bar or a label and nothing leaves its chart;
+    the headline's GPU figure is the tallest GPU bar's; the failing phase's bar is marked."""
+    import re
+
+    from conftest import EXAMPLES
+
+    from memfit.core.figures import headline
+
+    sc = build_scenario(read_scenario_file(EXAMPLES / example))
+    plan = make_plan(sc)
+    html = _dom(tmp_path, html_report(plan, sc), "page")
+    assert _attr(html, "data-overlaps") == 0 and _attr(html, "data-outside") == 0
+    gpu_chart = html[html.index('id="gpu-chart"'):html.index('id="host-chart"')]
+    bars = [int(b) for b in re.findall(r'class="bar-total"[^>]*data-bytes="(\d+)"', gpu_chart)]
+    h = headline(plan)
+    assert _attr(html, "data-gpu-bytes") == h.gpu.bytes == max(bars)
+    assert f"{h.gpu.name}: " in html
+    marked = re.findall(r'class="bar-total" data-phase="([^"]+)"[^>]*stroke="#c00"', gpu_chart)
+    first_gpu = [f.phase for f in plan.verdict.failures if f.device == "gpu"][:1]
+    assert marked == ([plan.verdict.failures[0].phase] if plan.verdict.failures and
+                      plan.verdict.failures[0].device == "gpu" else first_gpu)
 
 
 def test_markdown_report(seed_plan):
@@ -94,4 +156,7 @@ def test_recommend_and_diagnose_reports(tmp_path, cmd):
                          capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0
     assert ("Configurations that fit" in dom.stdout) or ("Diagnosis" in dom.stdout)
-    assert dom.stdout.count("<svg") == 2
+    # recommend charts its recommended fix beside the user's configuration (GPU and host): two more
+    assert dom.stdout.count("<svg") == (4 if cmd[0] == "recommend" else 2)
+    if cmd[0] == "recommend":
+        assert 'id="fix-gpu-chart"' in dom.stdout and "your configuration" in dom.stdout

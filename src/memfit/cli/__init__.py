@@ -40,8 +40,25 @@ def main() -> None:
     """Entry point: bad input becomes one line on stderr and exit status 2, never a traceback."""
     import typer.main
 
+    from memfit.cli.app import VERBOSE
+    from memfit.cli.noise import LibraryNoise
+
     command = typer.main.get_command(app)
     _forbid_blank_values(command)
+    noise = LibraryNoise.install()
+    try:
+        rc = _run(command)
+    finally:
+        noise.uninstall()
+        noise.report(verbose=VERBOSE["on"])
+        VERBOSE["on"] = False
+    if isinstance(rc, int) and rc:
+        sys.exit(rc)
+
+
+def _run(command):
+    """The command, with every way it can end made one of: a return code, ``SystemExit``, or a
+    ``memfit: error:`` line and exit status 2 (never a traceback for bad input)."""
     try:
         rc = command(standalone_mode=False, prog_name="memfit")
     except MemfitError as e:
@@ -62,5 +79,4 @@ def main() -> None:
         if type(e).__name__ == "Abort":
             sys.exit(1)
         raise
-    if isinstance(rc, int) and rc:
-        sys.exit(rc)
+    return rc

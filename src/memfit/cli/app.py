@@ -15,3 +15,35 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+VERBOSE = {"on": False}
+"""``memfit --verbose``: show the libraries' captured messages (``cli.noise``) after the command."""
+
+
+def _version(value: bool) -> None:
+    if not value:
+        return
+    from importlib import metadata
+
+    from memfit import __version__
+
+    libs = []
+    for dist in ("torch", "transformers", "peft", "deepspeed", "accelerate", "bitsandbytes", "trl"):
+        try:
+            libs.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            libs.append(f"{dist} not installed")
+    print(f"memfit {__version__} (python {'.'.join(map(str, __import__('sys').version_info[:3]))}; installed: "
+          f"{', '.join(libs)}; plans DeepSpeed 0.19 by default, 0.6 and 0.5 on request)")
+    raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print memfit's version and the installed libraries' versions, then exit."),
+    verbose: bool = typer.Option(False, "--verbose", help="Also show the messages libraries log while memfit runs "
+                                 "(captured otherwise: bitsandbytes' optional-kernel warnings), each once."),
+) -> None:
+    VERBOSE["on"] = verbose

@@ -15,14 +15,20 @@ def models() -> None:
 
     from memfit.core.catalog import list_catalog
 
-    t = Table(title="Shipped model configs")
-    t.add_column("name")
-    t.add_column("type")
-    t.add_column("architecture")
-    t.add_column("aliases")
+    from rich import box
+
+    out = console()
+    wide = out.width >= 110  # below that the architecture column is left out (the type names the family)
+    t = Table(title="Shipped model configs" + ("" if wide else " (a wider terminal also shows each architecture)"),
+              title_justify="left", box=box.SIMPLE, padding=(0, 1), pad_edge=False)
+    t.add_column("name", no_wrap=True)  # whole names at any width: the other columns wrap instead
+    t.add_column("type", no_wrap=True)
+    if wide:
+        t.add_column("architecture", no_wrap=True)
+    t.add_column("aliases", overflow="fold")
     for e in list_catalog():
-        t.add_row(e.name, e.model_type, e.architecture, ", ".join(e.aliases))
-    console().print(t)
+        t.add_row(e.name, e.model_type, *([e.architecture] if wide else []), ", ".join(e.aliases))
+    out.print(t)
 
 
 @app.command("zero-paper")

@@ -230,8 +230,10 @@ def write_new_file(path: Path, text: str, *, what: str) -> None:
     write_file(path, text, what=what)
 
 
-def write_report(path: Path, result, sc, *, title: str | None = None, render=None, heading: str = "") -> None:
-    """Write the plan's report; ``render(console)`` (a terminal renderer) adds a section first."""
+def write_report(path: Path, result, sc, *, title: str | None = None, render=None, heading: str = "",
+                 figures: tuple[tuple[str, str], ...] = ()) -> None:
+    """Write the plan's report; ``render(console)`` (a terminal renderer) adds a section first;
+    ``figures`` (id, SVG) are charted under the plan's (HTML)."""
     from memfit.render.report import html_report, markdown_report, rich_fragment, section_page
 
     suffix = check_report_path(path)
@@ -244,7 +246,7 @@ def write_report(path: Path, result, sc, *, title: str | None = None, render=Non
     elif result is None:
         out = section_page(title or "memfit", html_sections)
     else:
-        out = html_report(result, sc, sections=html_sections, title=title)
+        out = html_report(result, sc, sections=html_sections, title=title, figures=figures)
     write_new_file(path, out, what="--report")
     console(stderr=True).print(f"report written to {path}")
 

@@ -63,19 +63,22 @@ def compare(
         raise MemfitError("give the records of the run to compare (a memfit.record directory, a snapshot, a "
                           "memory_stats JSON, a log or an nvidia-smi CSV) after the scenario")
     rc = reconcile(plan_result, read_records([str(r) for r in records]), rank=rank,
-                   capacity_bytes=sc.hardware.gpu.total_bytes)
+                   capacity_bytes=sc.hardware.gpu.total_bytes,
+                   host_capacity_bytes=sc.hardware.cpu_ram_bytes // max(sc.hardware.gpus_per_node, 1))
     if report is not None:
         _write_compare_report(report, rc, plan_result, sc)
     if json_out:
         import json
 
+        from memfit.core.figures import headline
         from memfit.render.compare_out import reconciliation_to_dict
+        from memfit.render.json_out import headline_to_dict
 
-        typer.echo(json.dumps(reconciliation_to_dict(rc), indent=2))
+        typer.echo(json.dumps({**reconciliation_to_dict(rc), "headline": headline_to_dict(headline(plan_result))}, indent=2))
         return
     from memfit.render.compare_out import render_reconciliation
 
-    render_reconciliation(rc, console())
+    render_reconciliation(rc, console(), plan=plan_result, sc=sc)
     show_assumptions(sc)
 
 
@@ -114,7 +117,8 @@ def _write_compare_report(path: Path, rc, plan_result, sc) -> None:
 
     suffix = check_report_path(path)
     title = f"memfit compare: {rc.scenario_name}"
-    svg = timeline_chart_svg(rc.timeline, f"Recorded, rank {rc.rank}: memory over the run (GPU, per rank)") if rc.timeline else None
+    what = "GPU, per rank" if rc.timeline is None or rc.timeline.device == "gpu" else "host RAM, per process"
+    svg = timeline_chart_svg(rc.timeline, f"Recorded, rank {rc.rank}: memory over the run ({what})") if rc.timeline else None
     if suffix == ".md":
         out = markdown_report(plan_result, sc, title=title, markdown=markdown_sections(rc, svg))
     else:

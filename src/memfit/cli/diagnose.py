@@ -25,7 +25,7 @@ def diagnose(
     """Read a traceback or log: what failed (CUDA or host out of memory, a failed pinned allocation,
     NCCL, an op build), in which phase and why, with the usual fixes; with a scenario, how the log's
     figures compare with the plan's ledger. Exit status 1 if the log has no recognisable error."""
-    from memfit.core.diagnose import diagnose_log, read_log
+    from memfit.core.diagnose import MEMORY_KINDS, diagnose_log, read_log
 
     text = read_log(log)
     sc = result = None
@@ -39,6 +39,15 @@ def diagnose(
     if report is not None:
         check_report_path(report)
     found = diagnose_log(text, result, sc)
+    if found.primary is not None and (found.primary.kind in MEMORY_KINDS or found.primary.out_of_memory):
+        from dataclasses import replace
+
+        from memfit.core.diagnose.next_step import NO_SCENARIO, smallest_fit
+
+        fits = found.reconciliation is not None and found.reconciliation.plan_verdict == "not_predicted"
+        command = f"memfit recommend {scenario}" if scenario is not None else "memfit recommend <the same flags>"
+        found = replace(found, next_step=(smallest_fit(inputs, command=command, plan_fits=fits)  # inputs as resolved
+                                          if sc is not None else (NO_SCENARIO,)))
     if found.primary is None:
         print(f"memfit: {found.headline} ({log}): looked for CUDA and host out-of-memory errors, failed pinned "
               f"allocations, NCCL errors and DeepSpeed op build failures", file=sys.stderr)

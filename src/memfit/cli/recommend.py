@@ -73,9 +73,13 @@ def recommend(
     if report is not None:
         from memfit.core.scenario.build import build_scenario
         from memfit.render.recommend_out import render_recommendations as _render
+        from memfit.render.report import fix_chart_svgs
 
-        write_report(report, result.baseline, build_scenario(inputs), title=f"memfit recommend: {result.scenario_name}",
-                      render=lambda console: _render(result, console), heading="Configurations that fit")
+        sc = build_scenario(inputs)
+        fix = next((r for r in result.recommendations if r.changes), None)
+        figures = fix_chart_svgs(result.baseline, fix.plan, sc, label=f"recommendation #{fix.rank}") if fix else ()
+        write_report(report, result.baseline, sc, title=f"memfit recommend: {result.scenario_name}",
+                     render=lambda console: _render(result, console), heading="Configurations that fit", figures=figures)
     if json_out:
         import json
 

@@ -54,11 +54,12 @@ def replay(
         cap = _emulated_capacity(emulate)
     spec = spec_from_scenario(sc, layers=layers, steps=steps, accelerator=accelerator, world_size=world_size,
                               emulate_capacity_bytes=cap, launcher=launcher)
-    from rich.text import Text
+    from memfit.render.replay_progress import ReplayProgress
 
-    with console(stderr=True).status(Text(f"replaying {spec.name} ({accelerator}, {launcher}, rank 0 of "
-                                           f"{spec.world_size}" + (f", {layers} layers" if layers else "") + ")...")):
-        m = run_replay(spec, timeout_s=timeout)
+    title = (f"replaying {spec.name} ({accelerator}, {launcher}, rank 0 of {spec.world_size}"
+             + (f", {layers} layers" if layers else "") + ")")
+    with ReplayProgress(console(stderr=True), title) as progress:
+        m = run_replay(spec, timeout_s=timeout, on_progress=progress)
     if save_fixture is not None:
         write_fixture(m, str(save_fixture))
     result = compare_replay(m) if m.ok or m.phases else None
@@ -67,7 +68,7 @@ def replay(
 
         typer.echo(json.dumps(comparison_to_dict(result, m), indent=2))
     else:
-        render_comparison(result, m, console())
+        render_comparison(result, m, console(), plan_versions=_plan_versions(sc))
         show_assumptions(sc)
     if not m.ok:
         raise typer.Exit(1)
@@ -90,3 +91,11 @@ def _emulated_capacity(text: str) -> int:
     if kind[:1].isdigit() or kind[:1] == ".":
         return parse_size(text, what="--emulate")
     raise MemfitError(f"--emulate: unknown GPU {text!r}; give {_emulate_help()}")
+
+
+def _plan_versions(sc) -> str:
+    """The library releases whose rules the plan applied (what the replay is compared with)."""
+    rt = sc.runtime if hasattr(sc, "runtime") else None
+    torch = getattr(rt, "torch_version", None) or "2.13"
+    return (f"the plan's DeepSpeed {sc.ds_version}.x rules, torch {torch}" if sc.framework == "deepspeed"
+            else f"the plan's {sc.framework} rules, torch {torch}")

@@ -356,20 +356,25 @@ def _check(model: Any, inputs, *, gpus: str | None, cpu_ram: str | int | None, s
         for f in plan.findings:
             if f.severity in ("warning", "error"):
                 _warn(f"memfit: {f.message}")
+    from memfit.core.figures import failure_figure_name, gpu_verdict_name, HOST_NODE
+
     v = plan.verdict
     devs = {"gpu": "GPU memory per rank", "cpu": "host RAM per node", "nvme": "NVMe"}
     if warn and v.level == "at_risk":
         r = max(v.risks, key=lambda r: r.needed_bytes / r.available_bytes)
+        name = gpu_verdict_name(plan) if r.device == "gpu" else HOST_NODE  # the figure, named as everywhere
         _warn(f"memfit: this run is at risk: phase {r.phase} needs {r.needed_bytes / 2**30:.2f} GiB of "
-              f"{devs[r.device]} of {r.available_bytes / 2**30:.2f} GiB; fits needs at most "
+              f"{devs[r.device]} ({name}) of {r.available_bytes / 2**30:.2f} GiB; fits needs at most "
               f"{r.limit_bytes / 2**30:.2f} GiB ({r.why})")
     if raise_on_failure and not v.fits:
+        from memfit.render.summary import verdict_sentence  # the sentence every output uses, its figure named
+
         fail, worst = v.failures[0], v.worst
-        worse = (f"; worst: phase {worst.phase}, {worst.needed_bytes / 2**30:.2f} GiB of {devs[worst.device]}"
-                 if worst is not None and worst is not fail else "")
+        worse = (f"; worst: phase {worst.phase}, {worst.needed_bytes / 2**30:.2f} GiB of {devs[worst.device]} "
+                 f"({failure_figure_name(plan, worst)})" if worst is not None and worst is not fail else "")
         raise MemfitCheckError(
-            f"memfit: this run will not fit: phase {fail.phase} needs {fail.needed_bytes / 2**30:.2f} GiB of "
-            f"{devs[fail.device]}, {fail.available_bytes / 2**30:.2f} GiB available{worse}", plan)
+            f"memfit: this run will not fit: {verdict_sentence(plan).removeprefix('DOES NOT FIT: ').rstrip('.')}{worse}",
+            plan)
     return plan
 
 

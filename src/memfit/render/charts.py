@@ -1,20 +1,28 @@
 """Inline SVG charts of a plan: memory per phase, stacked by category, with the capacity line.
 
-Presentation only: the bars are the ledger items live at each phase's peak, grouped by category.
+Presentation only: each bar is the ledger items live at the phase's peak, grouped by category, topped
+by the allocator's share (block rounding, cached and stranded segments: the verdict's figure minus
+the items), so a bar's height is the verdict's figure for that phase (``memfit.core.figures``), the
+figure the page's headline names. The phase that fails first is outlined and labelled. The legend
+sits above the plot, where no bar or label reaches.
 """
 
 from __future__ import annotations
 
 from html import escape
 
+from memfit.core.figures import gpu_verdict_bytes, host_verdict_bytes
 from memfit.core.ledger_types import Device, PhaseLedger, Plan
 
 GiB = 2**30
 COLORS = {
     "params": "#4e79a7", "grads": "#f28e2b", "optimizer": "#e15759", "buffers": "#76b7b2",
-    "activations": "#59a14f", "runtime": "#bab0ac", "other": "#9c755f",
+    "activations": "#59a14f", "runtime": "#bab0ac", "other": "#9c755f", "allocator": "#d4a6c8",
 }
+LABELS = {"allocator": "allocator (rounding, cached segments)"}
 HOST = (Device.CPU_PINNED, Device.CPU_PAGEABLE)
+LABEL_PX_PER_CHAR = 6.3
+"""Width of a character of the 11 px sans-serif labels, to size the room the rotated phase names need."""
 
 
 def stacks(ph: PhaseLedger, device: str) -> dict[str, int]:
@@ -31,52 +39,111 @@ def stacks(ph: PhaseLedger, device: str) -> dict[str, int]:
     return out
 
 
+def verdict_bytes(ph: PhaseLedger, device: str) -> int:
+    return gpu_verdict_bytes(ph) if device == "gpu" else host_verdict_bytes(ph)
+
+
+def bar_segments(ph: PhaseLedger, device: str) -> dict[str, int]:
+    """``stacks`` plus the allocator's share, so the segments add up to the verdict's figure."""
+    out = stacks(ph, device)
+    extra = verdict_bytes(ph, device) - sum(out.values())
+    if extra > 0:
+        out["allocator"] = extra
+    return out
+
+
+def _legend(parts: list[str], entries: list[tuple[str, str]], x0: int, y: int, right: int) -> int:
+    """One or more rows of legend entries from ``x0``; returns the y under the last row."""
+    lx, ly = x0, y
+    for label, color in entries:
+        w = 18 + int(LABEL_PX_PER_CHAR * len(label))
+        if lx + w > right and lx > x0:
+            lx, ly = x0, ly + 15
+        parts.append(f'<g class="legend"><rect x="{lx}" y="{ly - 9}" width="10" height="10" fill="{color}"/>'
+                     f'<text x="{lx + 14}" y="{ly}">{escape(label)}</text></g>')
+        lx += w + 10
+    return ly + 8
+
+
 def phase_chart_svg(plan: Plan, device: str, capacity_bytes: int, title: str) -> str:
-    """A stacked bar per phase (GiB) and a dashed capacity line."""
-    width, height, left, bottom, top = 760, 300, 60, 70, 30
-    n = len(plan.phases)
-    data = [stacks(ph, device) for ph in plan.phases]
-    peak = max([sum(d.values()) for d in data] + [capacity_bytes]) * 1.08
-    plot_h = height - bottom - top
-    bar_w = (width - left - 20) / n * 0.7
+    """A stacked bar per phase (GiB) up to the verdict's figure, the capacity line, the failing phase
+    marked."""
+    fails = {f.phase: f for f in plan.verdict.failures if f.device == device}
+    first = plan.verdict.failures[0].phase if plan.verdict.failures else None
+    return grouped_chart_svg([(None, plan)], device, capacity_bytes, title, stacked=True,
+                             failing={first} & set(fails) if first in fails else set(fails))
+
+
+def grouped_chart_svg(plans: list[tuple[str | None, Plan]], device: str, capacity_bytes: int, title: str, *,
+                      stacked: bool = False, failing: set[str] | None = None) -> str:
+    """Bars per phase for one plan (stacked by category) or several side by side (the verdict's figure,
+    one colour per plan: the user's configuration beside a recommended one)."""
+    width = 760
+    names = [p.name for p in plans[0][1].phases]
+    n = len(names)
+    label_room = int(max(len(nm) for nm in names) * LABEL_PX_PER_CHAR * 0.58) + 22  # sin(35 deg) of the longest
+    parts = [f'<text x="60" y="16" font-size="13" font-weight="bold">{escape(title)}</text>']
+    entries = ([(LABELS.get(c, c), col) for c, col in COLORS.items()] if stacked else
+               [(label or "plan", col) for (label, _), col in zip(plans, PLAN_COLORS)])
+    top = _legend(parts, entries, 60, 34, width - 10) + 14
+    plot_h = 200
+    height = top + plot_h + label_room
+    left = 60
+    data = [[bar_segments(ph, device) if stacked else {"total": verdict_bytes(ph, device)} for ph in plan.phases]
+            for _, plan in plans]
+    peak = max([sum(d.values()) for rows in data for d in rows] + [capacity_bytes]) * 1.08
     step = (width - left - 20) / n
+    group_w = step * 0.7
+    bar_w = group_w / len(plans)
 
     def y(b: float) -> float:
         return top + plot_h - plot_h * b / peak
 
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-             f'aria-label="{escape(title)}" font-family="sans-serif" font-size="11">',
-             f'<text x="{left}" y="16" font-size="13" font-weight="bold">{escape(title)}</text>']
     for k in range(0, 6):  # axis ticks in GiB
         v = peak * k / 5
         parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#eee"/>'
                      f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v / GiB:.1f}</text>')
     parts.append(f'<text x="14" y="{top + plot_h / 2}" transform="rotate(-90 14 {top + plot_h / 2})" '
                  f'text-anchor="middle">GiB</text>')
-    for i, (ph, d) in enumerate(zip(plan.phases, data)):
-        x = left + i * step + (step - bar_w) / 2
-        acc = 0
-        for cat in COLORS:
-            b = d.get(cat, 0)
-            if not b:
-                continue
-            parts.append(f'<rect x="{x:.1f}" y="{y(acc + b):.1f}" width="{bar_w:.1f}" height="{y(acc) - y(acc + b):.1f}" '
-                         f'fill="{COLORS[cat]}"><title>{escape(ph.name)}: {escape(cat)} {b / GiB:.2f} GiB</title></rect>')
-            acc += b
-        parts.append(f'<text x="{x + bar_w / 2:.1f}" y="{height - bottom + 14}" text-anchor="end" '
-                     f'transform="rotate(-35 {x + bar_w / 2:.1f} {height - bottom + 14})">{escape(ph.name)}</text>')
+    for i, name in enumerate(names):
+        gx = left + i * step + (step - group_w) / 2
+        for j, ((label, plan), rows) in enumerate(zip(plans, data)):
+            x = gx + j * bar_w
+            acc = 0
+            for cat, b in (rows[i].items() if not stacked else ((c, rows[i].get(c, 0)) for c in COLORS)):
+                if not b:
+                    continue
+                color = COLORS[cat] if stacked else PLAN_COLORS[j]
+                what = f"{escape(cat)} " if stacked else (f"{escape(label)}: " if label else "")
+                parts.append(f'<rect class="bar" x="{x:.1f}" y="{y(acc + b):.1f}" width="{bar_w:.1f}" '
+                             f'height="{y(acc) - y(acc + b):.1f}" fill="{color}"><title>{escape(name)}: {what}'
+                             f'{b / GiB:.2f} GiB</title></rect>')
+                acc += b
+            parts.append(f'<rect class="bar-total" data-phase="{escape(name)}" data-plan="{j}" data-bytes="{acc}" '
+                         f'x="{x:.1f}" y="{y(acc):.1f}" width="{bar_w:.1f}" height="{y(0) - y(acc):.1f}" fill="none"'
+                         + (' stroke="#c00" stroke-width="2.5"' if failing and name in failing and j == 0 else "")
+                         + f'><title>{escape(name)}: {acc / GiB:.2f} GiB ({acc:,} B)</title></rect>')
+        if failing and name in failing:
+            parts.append(f'<text class="fails" x="{gx + group_w / 2:.1f}" y="{max(y(sum(data[0][i].values())) - 4, top - 2):.1f}" '
+                         f'text-anchor="middle" fill="#c00" font-weight="bold">fails</text>')
+        lx = gx + group_w / 2
+        parts.append(f'<text class="phase-label" x="{lx:.1f}" y="{top + plot_h + 14}" text-anchor="end" '
+                     f'transform="rotate(-35 {lx:.1f} {top + plot_h + 14})">{escape(name)}</text>')
     cy = y(capacity_bytes)
     parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{cy:.1f}" y2="{cy:.1f}" stroke="#c00" stroke-dasharray="6 4" stroke-width="2"/>'
                  f'<text x="{width - 12}" y="{cy - 5:.1f}" text-anchor="end" fill="#c00">capacity {capacity_bytes / GiB:.2f} GiB</text>')
-    lx = left
-    for cat, color in COLORS.items():
-        parts.append(f'<rect x="{lx}" y="{height - 14}" width="10" height="10" fill="{color}"/>'
-                     f'<text x="{lx + 14}" y="{height - 5}">{cat}</text>')
-        lx += 95
-    parts.append("</svg>")
-    return "".join(parts)
+    head = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+            f'aria-label="{escape(title)}" font-family="sans-serif" font-size="11">')
+    return head + "".join(parts) + "</svg>"
 
 
+PLAN_COLORS = ("#8a8a8a", "#2b7bb9", "#59a14f", "#e15759")
+"""Side-by-side bars: the user's configuration (grey), then each recommended one."""
+
+
+CAPACITY_ON_SCALE = 1.5
+"""A recording's chart shows the capacity line only when it is at most this many times the highest
+figure drawn; above that it is named instead, so a small recording is not drawn flat."""
 SERIES_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2")
 
 
@@ -87,7 +154,10 @@ def timeline_chart_svg(tl, title: str) -> str:
     width, height, left, bottom, top, right = 760, 370, 60, 125, 30, 20
     n = max(len(tl.phases), 1)
     values = [p.bytes for s in (tl.plan, *tl.recorded) for p in s.points]
-    peak = max(values + [tl.capacity_bytes or 0, 1]) * 1.08
+    highest = max(values + [1])
+    # scaled to the recording and the plan: the capacity line only when it is on that scale
+    on_chart = bool(tl.capacity_bytes) and tl.capacity_bytes <= CAPACITY_ON_SCALE * highest
+    peak = max(highest, tl.capacity_bytes if on_chart else 0) * 1.08
     plot_w, plot_h = width - left - right, height - bottom - top
 
     def x(v: float) -> float:
@@ -131,11 +201,14 @@ def timeline_chart_svg(tl, title: str) -> str:
             d = steps(s.points) if s.style == "step" else path(s.points)
             parts.append(f'<path d="{d}" fill="none" stroke="{color}" stroke-width="1.6"><title>{escape(s.label)}</title></path>')
         legend.append((s.label, color, s.style))
-    if tl.capacity_bytes:
+    if on_chart:
         cy = y(tl.capacity_bytes)
         parts.append(f'<line x1="{left}" x2="{width - right}" y1="{cy:.1f}" y2="{cy:.1f}" stroke="#c00" stroke-dasharray="6 4" '
                      f'stroke-width="2"/><text x="{width - right - 2}" y="{cy - 5:.1f}" text-anchor="end" fill="#c00">'
                      f'capacity {tl.capacity_bytes / GiB:.2f} GiB</text>')
+    elif tl.capacity_bytes:
+        parts.append(f'<text x="{width - right - 2}" y="{top + 12}" text-anchor="end" fill="#c00">capacity '
+                     f'{tl.capacity_bytes / GiB:.2f} GiB: above this chart</text>')
     lx, ly = left, height - 34
     for label, color, style in legend:
         dash = ' stroke-dasharray="7 4"' if style == "dash" else ""

@@ -86,34 +86,55 @@ def reconciliation_to_dict(rc: Reconciliation) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------- terminal
 
-def render_reconciliation(rc: Reconciliation, console) -> None:
+def compared_quantities(rc: Reconciliation) -> tuple[str, ...]:
+    """The quantities some record gives (the others are the plan's alone: not shown as columns)."""
+    got = tuple(q for q in QUANTITIES if any(row.cell(q).recorded for row in rc.rows))
+    return got or QUANTITIES
+
+
+def render_reconciliation(rc: Reconciliation, console, *, plan=None, sc=None) -> None:
+    """The records, the plan vs recording table (the quantities some record gives), attribution.
+    ``plan``/``sc``: the plan's verdict and its figures first, named as everywhere."""
     from rich.table import Table
     from rich.text import Text
 
     console.print(Text(f"memfit compare: {rc.scenario_name}: rank {rc.rank}"
                        + (f" (records hold ranks {', '.join(map(str, rc.ranks))})" if len(rc.ranks) > 1 else ""), style="bold"))
+    if plan is not None and sc is not None:
+        from memfit.core.figures import headline
+        from memfit.render.summary import headline_lines, verdict_sentence
+
+        console.print(Text("plan: " + verdict_sentence(plan)))
+        for line in headline_lines(headline(plan), sc.hardware.gpu.total_bytes, sc.hardware.cpu_ram_bytes):
+            console.print(Text("  " + line, style="dim"))
     rt = Table(title="Records", title_justify="left", show_lines=False)
     for col in ("file", "kind", "provides", "detail"):
         rt.add_column(col)
     for r in rc.records:
         rt.add_row(r.path, r.kind, ", ".join(r.provides), r.detail)
     console.print(rt)
-    t = Table(title="Plan vs recording per phase (GiB = 2^30 B; GPU per rank, pinned per process)", title_justify="left")
-    t.add_column("phase")
-    for q in QUANTITIES:
+    shown = compared_quantities(rc)
+    t = Table(title="Plan vs recording per phase (GiB = 2^30 B; GPU per rank, pinned and host RAM per process)",
+              title_justify="left")
+    t.add_column("phase", no_wrap=True)
+    for q in shown:
         t.add_column(f"{QUANTITY_TITLES[q]}\nplan", justify="right")
         t.add_column("recorded", justify="right")
         if q == "allocated":
             t.add_column("plan - rec", justify="right")
     for row in rc.rows:
         cells = [row.phase + (" *" if row.note else "")]
-        for q in QUANTITIES:
+        for q in shown:
             c = row.cell(q)
             cells += [_fig(c.planned), _fig(c.primary)]
             if q == "allocated":
                 cells.append(_diff(c))
         t.add_row(*cells)
     console.print(t)
+    hidden = [QUANTITY_TITLES[q] for q in QUANTITIES if q not in shown]
+    if hidden:
+        console.print(Text(f"not recorded, so not compared: {', '.join(hidden)} (the plan's figures are in --json)",
+                           style="dim"))
     console.print(Text(LEGEND, style="dim"))
     for row in rc.rows:
         if row.note:

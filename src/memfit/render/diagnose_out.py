@@ -99,6 +99,7 @@ def diagnosis_to_dict(d: Diagnosis) -> dict[str, Any]:
         "fixes": list(d.fixes),
         "reconciliation": rec,
         "findings": [{"id": f.id, "severity": f.severity, "message": f.message} for f in d.findings],
+        "next_step": list(d.next_step),
     }
 
 
@@ -209,3 +210,6 @@ def render_diagnosis(d: Diagnosis, console: Console) -> None:
     console.print(Text("Findings", style="bold"))
     for f in d.findings:
         console.print(Text(f"[{f.severity}] ", style=_SEV.get(f.severity, "")) + Text(f.message))
+    if d.next_step:
+        console.print()
+        _bullets("Next step", d.next_step, console)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from memfit import __version__
+from memfit.core.figures import Figure, Headline, headline
 from memfit.core.ledger_types import PHASE_LABELS, Plan
 from memfit.core.verdict import gpu_figure, host_figure
 
@@ -87,6 +88,7 @@ def plan_to_dict(plan: Plan, *, scenario: dict[str, Any] | None = None) -> dict[
             "node_cpu_locked_bytes": host_figure(host_verdict),
             "node_cpu_locked_phase": host_verdict.name,
         },
+        "headline": headline_to_dict(headline(plan)),
         "verdict": verdict_to_dict(plan.verdict),
         "epoch": epoch_to_dict(plan.epoch),
         "findings": [{"id": f.id, "severity": f.severity, "message": f.message} for f in plan.findings],
@@ -133,3 +135,15 @@ def epoch_to_dict(e) -> dict[str, Any] | None:  # noqa: ANN001
     d["template_lengths"] = list(e.template_lengths)
     d["notes"] = list(e.notes)
     return d
+
+
+def figure_to_dict(f: Figure) -> dict[str, Any]:
+    return {"name": f.name, "bytes": f.bytes, "phase": f.phase, "scope": f.scope, "verdict": f.verdict}
+
+
+def headline_to_dict(h: Headline) -> dict[str, Any]:
+    """The named figures (``memfit.core.figures``), the same object in ``plan --json``, ``recommend
+    --json`` (the baseline and each recommendation) and ``compare --json``."""
+    return {"gpu": figure_to_dict(h.gpu), "host": figure_to_dict(h.host),
+            "gpu_companions": [figure_to_dict(f) for f in h.gpu_companions],
+            "host_companions": [figure_to_dict(f) for f in h.host_companions]}

@@ -15,9 +15,10 @@ from rich.table import Table
 from rich.text import Text
 
 from memfit import __version__
+from memfit.core.figures import VERDICT_TAG, headline
 from memfit.core.recommend.results import Recommendation, RecommendResult
 from memfit.core.units import fmt_bytes
-from memfit.render.json_out import plan_to_dict
+from memfit.render.json_out import headline_to_dict, plan_to_dict
 
 GiB = 2**30
 STEP_TIME_NOTE = ("est. step = compute + communication + offload traffic per optimizer step, no overlap "
@@ -50,8 +51,12 @@ _LEVEL_STYLE = {"fits": "green", "at_risk": "yellow", "does_not_fit": "bold red"
 
 
 def recommendation_table(result: RecommendResult) -> Table:
-    t = Table(title=f"Configurations that fit with {result.headroom_words}, fastest first "
-                    "(GiB = 2^30 B; exact ledger)", title_justify="left", show_lines=True)
+    """One row per configuration; the figures are the verdict's (``memfit.core.figures``), from the
+    exact ledger, named in the title."""
+    h = headline(result.baseline)
+    t = Table(title=f"Configurations that fit with {result.headroom_words}, fastest first. GPU: "
+                    f"{h.gpu.name} per rank; host: {h.host.name} ({VERDICT_TAG}s, exact ledger; GiB = 2^30 B)",
+              title_justify="left", show_lines=True)
     t.add_column("#", justify="right", no_wrap=True)
     t.add_column("what changes", overflow="fold")
     t.add_column("GPU\n/rank", justify="right", no_wrap=True)
@@ -59,19 +64,21 @@ def recommendation_table(result: RecommendResult) -> Table:
     t.add_column("est.\nstep s", justify="right", no_wrap=True)
     t.add_column("verdict", no_wrap=True)
     for rec in result.recommendations:
-        t.add_row(str(rec.rank), _changes(rec), f"{rec.gpu_peak_bytes / GiB:,.2f}",
-                  f"{rec.node_cpu_peak_bytes / GiB:,.2f}", _seconds(rec.step_time.total_s),
+        rh = rec.headline
+        t.add_row(str(rec.rank), _changes(rec), f"{rh.gpu.bytes / GiB:,.2f}",
+                  f"{rh.host.bytes / GiB:,.2f}", _seconds(rec.step_time.total_s),
                   Text(_LEVEL[rec.plan.verdict.level], style=_LEVEL_STYLE[rec.plan.verdict.level]))
     return t
 
 
 def _baseline_text(result: RecommendResult) -> Text:
+    """Your configuration's figures: the plan's verdict figures, by the plan's names."""
     v = result.baseline.verdict
-    gpu = max(p.gpu_peak_bytes for p in result.baseline.phases)
-    node = max(p.node_cpu_peak_bytes for p in result.baseline.phases)
+    h = headline(result.baseline)
     hw = result.hardware
-    line = (f"your configuration: GPU peak {fmt_bytes(gpu)} of {fmt_bytes(hw.gpu.total_bytes)} per rank, host peak "
-            f"{fmt_bytes(node)} of {fmt_bytes(hw.cpu_ram_bytes)} per node: ")
+    line = (f"your configuration: {h.gpu.name} {fmt_bytes(h.gpu.bytes)} of {fmt_bytes(hw.gpu.total_bytes)} per "
+            f"rank ({h.gpu.phase}), {h.host.name} {fmt_bytes(h.host.bytes)} of {fmt_bytes(hw.cpu_ram_bytes)} "
+            f"({h.host.phase}): ")
     if not v.fits:
         f = v.failures[0]
         where = {"gpu": "GPU", "cpu": "host RAM", "nvme": "NVMe"}[f.device]
@@ -100,16 +107,21 @@ def render_recommendations(result: RecommendResult, console: Console, *, diffs: 
         for rec in result.recommendations[:diffs]:
             console.print(Text(f"#{rec.rank}: {_changes(rec)}", style="bold"))
             if rec.files:
-                console.print(Text("  files: " + ", ".join(rec.files)))
+                console.print(Text("  written: " + ", ".join(rec.files)))
+            for name, diff in rec.file_diffs:
+                console.print(Text(f"  new {name}:" if diff.startswith("--- /dev/null") else f"  your {name} changes:",
+                                   style="dim"))
+                console.print(diff_text(diff))
             if rec.script_diff:
                 console.print(diff_text(rec.script_diff))
-            else:
-                console.print(Text("  no change to the script", style="dim"))
+            if not rec.file_diffs and not rec.script_diff:
+                console.print(Text("  no change to your files or script" if not rec.changes else
+                                   "  the change is in the scenario only (memfit's own settings)", style="dim"))
             for n in rec.notes:
                 console.print(Text(f"  note: {n}", style="yellow"))
         if not any(rec.files for rec in result.recommendations):
-            console.print(Text("(--out DIR writes each configuration's DeepSpeed JSON, script diff and scenario file)",
-                               style="dim"))
+            console.print(Text("(--out DIR writes, per configuration, your files changed with a diff of each, the "
+                               "script's diff and a scenario.yaml that `memfit plan` runs)", style="dim"))
     console.print(Text(STEP_TIME_NOTE, style="dim"))
     console.print(Text(f"fast estimate vs exact ledger: largest difference "
                        f"{result.max_fast_exact_diff_bytes:,} B over the configurations shown", style="dim"))
@@ -140,6 +152,7 @@ def recommendations_to_dict(result: RecommendResult) -> dict[str, Any]:
             "fits_with_headroom": result.baseline_fits_with_headroom,
             "gpu_peak_bytes": max(p.gpu_peak_bytes for p in base.phases),
             "node_cpu_peak_bytes": max(p.node_cpu_peak_bytes for p in base.phases),
+            "headline": headline_to_dict(headline(base)),
             "failures": [{"phase": f.phase, "device": f.device, "needed_bytes": f.needed_bytes,
                           "available_bytes": f.available_bytes} for f in base.verdict.failures],
             "est_step_seconds": result.baseline_step_time.total_s,
@@ -154,6 +167,7 @@ def recommendations_to_dict(result: RecommendResult) -> dict[str, Any]:
                 "settings": asdict(rec.candidate),
                 "gpu_peak_bytes": rec.gpu_peak_bytes,
                 "node_cpu_peak_bytes": rec.node_cpu_peak_bytes,
+                "headline": headline_to_dict(rec.headline),
                 "fits": rec.plan.verdict.fits,
                 "level": rec.plan.verdict.level,
                 "est_step": {"total_seconds": rec.step_time.total_s, "compute_seconds": rec.step_time.compute_s,
@@ -164,6 +178,7 @@ def recommendations_to_dict(result: RecommendResult) -> dict[str, Any]:
                 "plan": plan_to_dict(rec.plan),
                 "deepspeed_json": rec.deepspeed_json,
                 "script_diff": rec.script_diff,
+                "file_diffs": [{"file": name, "diff": diff} for name, diff in rec.file_diffs],
                 "files": list(rec.files),
                 "notes": list(rec.notes),
             }

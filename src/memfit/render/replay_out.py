@@ -19,6 +19,7 @@ def comparison_to_dict(c: Any, m: Any) -> dict[str, Any]:
         "substitutions": list(m.substitutions),
         "error": None if m.error is None else {"phase": m.error.phase, "kind": m.error.kind, "message": m.error.message},
     }
+    out["summary"] = closing_line(c, m, None)
     if c is not None:
         out["items"] = [{"key": i.key, "at": i.at, "ledger_keys": list(i.ledger_keys), "predicted_bytes": i.predicted_bytes,
                          "measured_bytes": i.measured_bytes, "diff_bytes": i.diff_bytes,
@@ -35,8 +36,37 @@ def comparison_to_dict(c: Any, m: Any) -> dict[str, Any]:
     return out
 
 
-def render_comparison(c: Any, m: Any, console: Console) -> None:
+def _cell(n: int | None, gib: bool) -> str:
+    """Bytes in full, or at narrow widths GiB with three decimals (the exact bytes are in --json)."""
+    if n is None:
+        return "-"
+    return f"{n / 2**30:,.3f}" if gib else f"{n:,}"
+
+
+def closing_line(c: Any, m: Any, plan_versions: str | None) -> str:
+    """The replay's verdict on the plan in one line: the largest difference of a compared size and of
+    a phase's host peak, and the versions compared."""
+    stack = ", ".join(f"{k} {v}" for k, v in (m.versions or {}).items() if k in ("deepspeed", "torch", "transformers",
+                                                                                   "peft", "bitsandbytes"))
+    parts = []
+    if c is not None and c.items:
+        worst = max(c.items, key=lambda i: abs(i.diff_bytes))
+        bad = sum(not i.matches for i in c.items)
+        parts.append(f"largest size difference {worst.diff_bytes:+,} B ({worst.key} at {worst.at}); "
+                     f"{len(c.items) - bad} of {len(c.items)} sizes match")
+    if c is not None and c.phases:
+        worst = max(c.phases, key=lambda p: abs(p.diff_bytes))
+        parts.append(f"largest host-peak difference {worst.diff_bytes:+,} B ({worst.phase}, {worst.rel_diff:+.2%})")
+    verdict = "; ".join(parts) if parts else "nothing to compare"
+    return (f"replay vs plan: {verdict}. Replayed with {stack or 'the installed libraries'}"
+            + (f", against {plan_versions}" if plan_versions else "") + ".")
+
+
+def render_comparison(c: Any, m: Any, console: Console, *, plan_versions: str | None = None) -> None:
+    """Predicted vs measured; byte counts are never cut: below 120 columns the sizes are GiB (exact
+    bytes in ``--json``), the differences bytes."""
     s = m.spec
+    gib = console.width < 120
     framework = getattr(s, "framework", "deepspeed")
     stack = (f"{m.versions.get('deepspeed', '?')} DeepSpeed" if framework == "deepspeed"
              else f"{'' if framework == 'torch' else framework + ' on '}torch {m.versions.get('torch', '?')}")
@@ -47,30 +77,44 @@ def render_comparison(c: Any, m: Any, console: Console) -> None:
     if m.error is not None:
         console.print(Text(f"the run failed in phase {m.error.phase}: {m.error.kind}: {m.error.message}", style="bold red"))
     if c is None:
+        console.print(Text(closing_line(c, m, plan_versions), style="bold"))
         return
+    unit = "GiB; exact bytes in --json" if gib else "bytes"
     owner = "DeepSpeed's own buffers" if framework == "deepspeed" else "Sizes read off the objects"
-    t = Table(title=f"{owner}: plan vs replay (bytes, per rank)", title_justify="left")
-    for col in ("allocation", "read", "plan", "replay", "pinned plan", "pinned replay", "diff"):
-        t.add_column(col, justify="left" if col in ("allocation", "read") else "right")
+    from rich import box
+
+    style = {"box": box.SIMPLE, "padding": (0, 1), "pad_edge": False} if gib else {}
+    t = Table(title=f"{owner}: plan vs replay ({unit}, per rank; diff in bytes)", title_justify="left", **style)
+    pin = ("pinned\nplan", "pinned\nreplay") if gib else ("pinned plan", "pinned replay")
+    for col in ("allocation", "read", "plan", "replay", *pin, "diff"):
+        if col in ("allocation", "read"):
+            t.add_column(col, overflow="fold")
+        else:
+            t.add_column(col, justify="right", no_wrap=True)
     for i in c.items:
-        t.add_row(i.key, i.at, _b(i.predicted_bytes), _b(i.measured_bytes), _b(i.predicted_pinned_bytes),
-                  _b(i.measured_pinned_bytes), Text(f"{i.diff_bytes:+,}", style="green" if i.matches else "red"))
+        t.add_row(i.key, i.at, _cell(i.predicted_bytes, gib), _cell(i.measured_bytes, gib),
+                  _cell(i.predicted_pinned_bytes, gib), _cell(i.measured_pinned_bytes, gib),
+                  Text(f"{i.diff_bytes:+,}", style="green" if i.matches else "red"))
     console.print(t)
     for key in c.missing:
         console.print(Text(f"not reported by the replay: {key}", style="red"))
     for key in c.unknown:
         console.print(Text(f"reported but not compared: {key}", style="red"))
-    p = Table(title="Host tensor peak per phase: plan vs replay (bytes)", title_justify="left")
-    for col in ("phase", "plan", "replay", "diff", "%", "pinned plan", "pinned replay"):
-        p.add_column(col, justify="left" if col == "phase" else "right")
+    p = Table(title=f"Host tensor peak per phase: plan vs replay ({unit}; diff in bytes)", title_justify="left", **style)
+    for col in ("phase", "plan", "replay", "diff", "%", *pin):
+        if col == "phase":
+            p.add_column(col, no_wrap=True)
+        else:
+            p.add_column(col, justify="right", no_wrap=True)
     for r in c.phases:
-        p.add_row(r.phase, _b(r.predicted_host_bytes), _b(r.measured_host_bytes), f"{r.diff_bytes:+,}", f"{r.rel_diff:+.1%}",
-                  _b(r.predicted_pinned_bytes), _b(r.measured_pinned_bytes))
+        p.add_row(r.phase, _cell(r.predicted_host_bytes, gib), _cell(r.measured_host_bytes, gib), f"{r.diff_bytes:+,}",
+                  f"{r.rel_diff:+.1%}", _cell(r.predicted_pinned_bytes, gib), _cell(r.measured_pinned_bytes, gib))
     console.print(p)
     if any(r.measured_gpu_bytes is not None for r in c.phases):
-        g = Table(title="GPU allocated peak per phase: plan vs replay (bytes)", title_justify="left")
+        g = Table(title=f"GPU allocated peak per phase: plan vs replay ({unit})", title_justify="left", **style)
         for col in ("phase", "plan", "replay"):
-            g.add_column(col)
+            g.add_column(col, justify="left" if col == "phase" else "right", no_wrap=True)
         for r in c.phases:
-            g.add_row(r.phase, _b(r.predicted_gpu_bytes), _b(r.measured_gpu_bytes))
+            g.add_row(r.phase, _cell(r.predicted_gpu_bytes, gib), _cell(r.measured_gpu_bytes, gib))
         console.print(g)
+    console.print(Text(closing_line(c, m, plan_versions), style="bold"))

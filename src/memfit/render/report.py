@@ -6,9 +6,10 @@ from html import escape
 
 from memfit.core.ledger_types import Plan
 from memfit.core.scenario.types import Scenario
-from memfit.core.units import fmt_bytes
-from memfit.render.charts import phase_chart_svg
+from memfit.core.figures import VERDICT_TAG, gpu_verdict_name, headline, HOST_NODE
+from memfit.render.charts import grouped_chart_svg, phase_chart_svg
 from memfit.core.verdict import gpu_figure, host_figure
+from memfit.render.summary import headline_lines
 from memfit.render.terminal import scenario_summary
 
 GiB = 2**30
@@ -16,7 +17,7 @@ _CSS = """
 body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;color:#222;line-height:1.4}
 h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.6em}table{border-collapse:collapse;font-size:.85em;margin:.5em 0}
 td,th{border:1px solid #ccc;padding:3px 6px;vertical-align:top}th{background:#f4f4f4}td.n{text-align:right;font-variant-numeric:tabular-nums}
-.fail{color:#b00;font-weight:bold}.ok{color:#070;font-weight:bold}.risk{color:#a60;font-weight:bold}.error{color:#b00}.warning{color:#a60}.info{color:#036}
+.fail{color:#b00;font-weight:bold}tr.fail td{background:#fde8e8}#headline{margin:.3em 0 1em}.ok{color:#070;font-weight:bold}.risk{color:#a60;font-weight:bold}.error{color:#b00}.warning{color:#a60}.info{color:#036}
 pre{background:#f7f7f7;padding:.6em;white-space:pre-wrap}small{color:#666}
 """
 
@@ -56,8 +57,13 @@ def html_report(plan: Plan, sc: Scenario, *, sections: tuple[tuple[str, str], ..
     verdict, level_class = _verdict(plan)
     extra = "".join(f"<h2>{escape(h)}</h2>{frag}" for h, frag in sections)
     hw = sc.hardware
+    h = headline(plan)
+    figures_html = "".join(f'<li class="figure">{escape(line)}</li>' for line in
+                           headline_lines(h, hw.gpu.total_bytes, hw.cpu_ram_bytes))
+    failed = {(f.phase, f.device) for f in plan.verdict.failures}
     rows = "".join(
-        f"<tr><td>{escape(p.name)}</td><td class=n>{p.gpu_allocated_bytes / GiB:.2f}</td>"
+        f"<tr{' class=fail' if any((p.name, d) in failed for d in ('gpu', 'cpu', 'nvme')) else ''}>"
+        f"<td>{escape(p.name)}</td><td class=n>{p.gpu_allocated_bytes / GiB:.2f}</td>"
         f"<td class=n>{p.gpu_reserved_bytes / GiB:.2f}</td><td class=n>{gpu_figure(p) / GiB:.2f}</td>"
         f"<td class=n>{p.cpu_pinned_locked_bytes / GiB:.2f}</td>"
         f"<td class=n>{p.cpu_pageable_bytes / GiB:.2f}</td><td class=n>{host_figure(p) / GiB:.2f}</td></tr>"
@@ -77,14 +83,15 @@ def html_report(plan: Plan, sc: Scenario, *, sections: tuple[tuple[str, str], ..
 <h1>{escape(title or "memfit plan: " + plan.scenario_name)}</h1>
 {extra}
 <h2>The plan{": " + escape(plan.scenario_name) if title else ""}</h2>
-<pre>{escape(scenario_summary(sc).plain)}</pre>
 <p class="{level_class}" id="verdict">{escape(verdict)}</p>
+<ul id="headline" data-gpu-bytes="{h.gpu.bytes}" data-gpu-name="{escape(h.gpu.name)}" data-host-bytes="{h.host.bytes}">{figures_html}</ul>
+<pre>{escape(scenario_summary(sc).plain)}</pre>
 <h2>Memory over the run</h2>
-<figure id="gpu-chart">{phase_chart_svg(plan, "gpu", hw.gpu.total_bytes, f"GPU per rank ({hw.gpu.name})")}</figure>
-<figure id="host-chart">{phase_chart_svg(plan, "host", hw.cpu_ram_bytes, f"Host RAM per node ({hw.gpus_per_node} rank(s))")}</figure>
+<figure id="gpu-chart">{phase_chart_svg(plan, "gpu", hw.gpu.total_bytes, f"GPU per rank ({hw.gpu.name}): {gpu_verdict_name(plan)} per phase ({VERDICT_TAG})")}</figure>
+<figure id="host-chart">{phase_chart_svg(plan, "host", hw.cpu_ram_bytes, f"Host RAM per node ({hw.gpus_per_node} rank(s)): {HOST_NODE} per phase ({VERDICT_TAG})")}</figure>
 {"".join(f'<figure id="{escape(fid)}">{svg}</figure>' for fid, svg in figures)}
 <h2>Peaks per phase (GiB = 2<sup>30</sup> bytes)</h2>
-<table><tr><th>phase</th><th>GPU allocated / rank</th><th>GPU reserved / rank</th><th>GPU OOM-relevant / rank</th><th>pinned locked / rank</th><th>pageable / rank</th><th>host / node</th></tr>{rows}</table>
+<table><tr><th>phase</th><th>GPU allocated / rank</th><th>GPU reserved / rank</th><th>{escape(gpu_verdict_name(plan))} / rank ({VERDICT_TAG})</th><th>pinned locked / rank</th><th>pageable / rank</th><th>host / node ({VERDICT_TAG})</th></tr>{rows}</table>
 <h2>Findings</h2><ul>{findings}</ul>
 <h2>Ledger: what is live at each phase's peak</h2>{''.join(ledgers)}
 <h2>Notes</h2><ul>{notes}</ul>
@@ -104,8 +111,10 @@ def markdown_report(plan: Plan | None, sc: Scenario | None, *, sections: tuple[t
     if plan is None or sc is None:
         return "\n".join(head)
     verdict, _ = _verdict(plan)
-    lines = head + [f"## The plan: {plan.scenario_name}", "", "```", scenario_summary(sc).plain, "```", "",
-             f"**{verdict}**", "", "## Peaks per phase (GiB = 2^30 bytes)", "",
+    figure_lines = [f"- {line.strip()}" for line in headline_lines(headline(plan), sc.hardware.gpu.total_bytes,
+                                                                    sc.hardware.cpu_ram_bytes)]
+    lines = head + [f"## The plan: {plan.scenario_name}", "", f"**{verdict}**", "", *figure_lines, "", "```",
+                    scenario_summary(sc).plain, "```", "", "## Peaks per phase (GiB = 2^30 bytes)", "",
              "| phase | GPU allocated / rank | GPU reserved / rank | GPU OOM-relevant / rank | pinned locked / rank "
              "| pageable / rank | host / node |", "|---|---:|---:|---:|---:|---:|---:|"]
     for p in plan.phases:
@@ -122,3 +131,16 @@ def markdown_report(plan: Plan | None, sc: Scenario | None, *, sections: tuple[t
         lines.append("")
     lines += ["## Notes", ""] + [f"- {n}" for n in plan.notes]
     return "\n".join(lines) + "\n"
+
+
+def fix_chart_svgs(base: Plan, fix: Plan, sc: Scenario, *, label: str) -> tuple[tuple[str, str], ...]:
+    """The recommended configuration charted beside the user's: per phase, the verdict's GPU and host
+    figures of both (``recommend --report``)."""
+    hw = sc.hardware
+    plans = [("your configuration", base), (label, fix)]
+    return (("fix-gpu-chart", grouped_chart_svg(plans, "gpu", hw.gpu.total_bytes,
+                                                f"GPU per rank: {gpu_verdict_name(base)}, yours and {label}",
+                                                failing={f.phase for f in base.verdict.failures if f.device == "gpu"})),
+            ("fix-host-chart", grouped_chart_svg(plans, "host", hw.cpu_ram_bytes,
+                                                 f"Host RAM per node: {HOST_NODE}, yours and {label}",
+                                                 failing={f.phase for f in base.verdict.failures if f.device == "cpu"})))

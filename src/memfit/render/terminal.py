@@ -13,6 +13,7 @@ from memfit.core.scenario.types import Scenario
 from memfit.core.units import fmt_bytes
 from memfit.core.verdict import gpu_figure, host_figure
 from memfit.render.assumptions import render_assumptions
+from memfit.render.summary import summary, verdict_lines  # noqa: F401 (verdict_lines: the reports import it here)
 
 GiB = 2**30
 _SEV = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -109,60 +110,29 @@ def _step_caption(plan: Plan) -> str | None:
     return "; ".join(parts) or None
 
 
-def items_table(ph: PhaseLedger) -> Table:
-    t = Table(title=f"{ph.name}: what is live at the peak ({ph.description})", title_justify="left", show_lines=False)
-    t.add_column("item")
-    t.add_column("where")
-    t.add_column("GiB", justify="right")
-    t.add_column("bytes\n(held: block / locked)", justify="right")
-    t.add_column("formula / library code", overflow="fold")
+def items_table(ph: PhaseLedger, *, width: int = 120) -> Table:
+    """What is live at a phase's peak. Below 120 columns the formula and source go on their own line
+    under each item, so no byte count is cut or folded."""
+    wide = width >= 120
+    t = Table(title=f"{ph.name}: what is live at the peak ({ph.description})", title_justify="left",
+              show_lines=False, box=box.HEAVY_HEAD if wide else box.SIMPLE, padding=(0, 1))
+    t.add_column("item", ratio=1 if not wide else None, overflow="fold")
+    t.add_column("where", no_wrap=True)
+    t.add_column("GiB", justify="right", no_wrap=True)
+    t.add_column("bytes\n(held: block / locked)", justify="right", no_wrap=True)
+    if wide:
+        t.add_column("formula / library code", overflow="fold")
     for it in sorted(ph.items, key=lambda i: (i.device.value, -i.bytes)):
         name = it.name + ("" if it.exact else " (estimate)")
         held = it.block_bytes if it.block_bytes is not None else it.locked_bytes
         nbytes = f"{it.bytes:,}" + (f"\n({held:,})" if held is not None and held != it.bytes else "")
-        t.add_row(name, _DEV[it.device], _gib(it.bytes), nbytes,
-                  Text(it.formula) + Text("\n" + it.source, style="dim"))
+        formula = Text(it.formula) + Text("\n" + it.source, style="dim")
+        if wide:
+            t.add_row(name, _DEV[it.device], _gib(it.bytes), nbytes, formula)
+        else:
+            t.add_row(Text(name) + Text("\n") + Text(it.formula + " (" + it.source + ")", style="dim"),
+                      _DEV[it.device], _gib(it.bytes), nbytes)
     return t
-
-
-_VDEV = {"gpu": "GPU memory (per rank)", "cpu": "host RAM (per node)", "nvme": "NVMe"}
-
-
-def verdict_lines(plan: Plan) -> tuple[tuple[str, str], ...]:
-    """The verdict in words, as (text, style) lines: the level, then the first and the worst failure
-    (or every risk), then the margins it used. The terminal and the reports print the same lines."""
-    v = plan.verdict
-    margins = (f"margins: {v.gpu_margin:.0%} of the GPU figure and {v.host_margin:.0%} of the host figure "
-               f"(memfit's measured error: {v.margin_source or 'see verdict_margin.json'}), "
-               f"{fmt_bytes(v.host_reserve_bytes, 'GB')} of host RAM kept for the OS"
-               + ("; the card is shared with other processes (--shared-gpu)" if v.shared_gpu else ""))
-    if v.level == "does_not_fit":
-        f = v.failures[0]
-        out = [(f"DOES NOT FIT: phase {f.phase} needs {fmt_bytes(f.needed_bytes)} of {_VDEV[f.device]}, "
-                f"{fmt_bytes(f.available_bytes)} available ({fmt_bytes(f.needed_bytes - f.available_bytes)} short)"
-                + (f"; compared: {f.figure}" if f.figure else "") + ".", "bold red")]
-        w = v.worst
-        if w is not None and w is not f:
-            out.append((f"Worst: phase {w.phase} needs {fmt_bytes(w.needed_bytes)} of {_VDEV[w.device]}, "
-                        f"{w.needed_bytes / w.available_bytes:.0%} of the {fmt_bytes(w.available_bytes)} available "
-                        f"({len(v.failures)} phase/device failures in all).", "red"))
-        return tuple(out)
-    compared = (f" (compared: {v.gpu_figure}; {v.host_figure})" if v.gpu_figure else "")
-    if v.level == "at_risk":
-        out = [("AT RISK: every phase fits on paper, but within memfit's margin of a limit" + compared + ".",
-                "bold yellow")]
-        for dev in ("gpu", "cpu"):
-            mine = [r for r in v.risks if r.device == dev]
-            if not mine:
-                continue
-            r = max(mine, key=lambda r: r.needed_bytes)
-            more = f" ({len(mine) - 1} other phase(s) too)" if len(mine) > 1 else ""
-            out.append((f"  phase {r.phase}: {fmt_bytes(r.needed_bytes)} of {fmt_bytes(r.available_bytes)} "
-                        f"{_VDEV[r.device]} ({r.needed_bytes / r.available_bytes:.0%}); fits needs <= "
-                        f"{fmt_bytes(r.limit_bytes)}: {r.why}{more}", "yellow"))
-        return (*out, (margins, "dim"))
-    return (("FITS: every phase stays within GPU and host memory, with memfit's margin to spare" + compared + ".",
-             "bold green"), (margins, "dim"))
 
 
 def verdict_text(plan: Plan) -> Text:
@@ -172,11 +142,29 @@ def verdict_text(plan: Plan) -> Text:
     return out
 
 
+def summary_group(plan: Plan, sc: Scenario) -> Group:
+    """The first screen: the verdict, its two figures and their companions, the margins it used, the
+    first findings."""
+    _, figures, found = summary(plan, sc.hardware.gpu.total_bytes, sc.hardware.cpu_ram_bytes)
+    lines = list(verdict_lines(plan))
+    margins = [lines.pop()] if lines and lines[-1][0].startswith("margins:") else []
+    parts: list = [Text(f"memfit plan: {plan.scenario_name}", style="bold")]
+    parts += [Text(line, style=style) for line, style in lines]
+    parts += [Text(line) for line in figures]
+    parts += [Text(line, style=style) for line, style in margins]
+    parts += [Text(f"[{sev}] ", style=_SEV.get(sev, "")) + Text(msg) for sev, msg in found]
+    return Group(*parts)
+
+
 def render_plan(plan: Plan, sc: Scenario, console: Console, *, all_items: bool = False) -> None:
-    console.print(Panel(scenario_summary(sc), title=Text(f"memfit plan: {plan.scenario_name}"), title_align="left"))
+    """The verdict and its figures first (one screen at any width), then the scenario, the
+    assumptions, the phase table, the items at the peaks, every finding and the notes."""
+    console.print(summary_group(plan, sc))
+    console.print()
+    console.print(Panel(scenario_summary(sc), title=Text("scenario"), title_align="left"))
     render_assumptions(sc, console)
     console.print(phase_table(plan, sc, width=console.width))
-    console.print(verdict_text(plan))
+    console.print(Text(f"compared: {plan.verdict.gpu_figure}; {plan.verdict.host_figure}", style="dim"))
     console.print()
     show = set()
     if all_items:
@@ -187,7 +175,7 @@ def render_plan(plan: Plan, sc: Scenario, console: Console, *, all_items: bool =
         show.update(f.phase for f in plan.verdict.failures[:1])
     for ph in plan.phases:
         if ph.name in show:
-            console.print(items_table(ph))
+            console.print(items_table(ph, width=console.width))
     if not all_items:
         console.print(Text("(--all-items shows every phase's items)", style="dim"))
     console.print()

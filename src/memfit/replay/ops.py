@@ -146,6 +146,37 @@ def lock_timeout_s() -> float:
         return DEFAULT_LOCK_TIMEOUT_S
 
 
+EXPECTED_BUILD_CORE_S = {"cpu_adam": 600}
+"""A first build's CPU time, core-seconds: cpu_adam took about 5 minutes on 2 cores here (README,
+"Fresh machine"); the other ops have no measured figure."""
+
+
+def _announce(record: dict) -> None:
+    """Append ``record`` to the replay's progress file (``$MEMFIT_REPLAY_PROGRESS``), for the parent's
+    display; nothing without one."""
+    import json
+
+    path = os.environ.get("MEMFIT_REPLAY_PROGRESS")
+    if not path:
+        return
+    try:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record) + "\n")
+    except OSError:
+        pass
+
+
+def expected_build_s(op: str) -> float | None:
+    """The expected wall time of a first build of ``op`` on this machine's cores, or None."""
+    core_s = EXPECTED_BUILD_CORE_S.get(op)
+    return None if core_s is None else core_s / max(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                                    else (os.cpu_count() or 1), 1)
+
+
+def _built(directory: str, name: str) -> bool:
+    return any(os.path.exists(os.path.join(directory, f"{name}{ext}")) for ext in (".so", ".pyd"))
+
+
 def load_op(op: str, timeout_s: float | None = None):
     """``<Builder>().load()`` for ``op``, never waiting on the build lock for more than ``timeout_s``
     in all (default ``$MEMFIT_BUILD_LOCK_TIMEOUT_S`` or 600 s) nor on a stale one at all. The builder
@@ -181,8 +212,13 @@ def load_op(op: str, timeout_s: float | None = None):
 
     watcher = threading.Thread(target=watch, name="memfit-build-lock-watch", daemon=True)
     watcher.start()
+    building = not _built(directory, builder.name)
+    _announce({"event": "op", "op": op, "state": "building" if building else "loading",
+               "expected_s": expected_build_s(op) if building else None, "directory": directory})
     try:
-        return builder.load()
+        loaded = builder.load()
+        _announce({"event": "op_done", "op": op, "seconds": round(time.monotonic() - t0, 1)})
+        return loaded
     except KeyboardInterrupt:
         if failure:
             raise failure[0] from None

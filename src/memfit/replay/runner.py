@@ -71,18 +71,51 @@ def run_replay(
     keep_dir: str | None = None,
     env: dict[str, str] | None = None,
     lock_timeout_s: float | None = None,
+    on_progress=None,
 ) -> Measurement:
     """Run ``spec`` in a child process; never raises for a failed run (see ``Measurement.error``).
 
     ``keep_dir``: write spec, output, progress log and the child's stdout/stderr there (else a
     temporary directory, removed afterwards). ``env``: extra environment for the child. With the
     ``torchrun`` launcher the result is rank 0's measurement; other ranks' errors are added to its
-    notes (and become its error when rank 0 has none). ``lock_timeout_s``: how long the child may
+    notes (and become its error when rank 0 has none). ``on_progress(record)``: called with each
+    record the child appends to its progress file (``{"event": "op", ...}`` while a DeepSpeed op
+    loads or builds, ``enter``/``close`` per phase) as it appears. ``lock_timeout_s``: how long the child may
     wait for another process's build of a DeepSpeed op (default: half of ``timeout_s``); a stale
     build lock is reported at once (``ReplayError.kind`` ``build_lock``, ``build_lock_timeout``).
     """
     return run_replay_ranks(spec, timeout_s=timeout_s, python=python, keep_dir=keep_dir, env=env,
-                            lock_timeout_s=lock_timeout_s)[0]
+                            lock_timeout_s=lock_timeout_s, on_progress=on_progress)[0]
+
+
+PROGRESS_ENV = "MEMFIT_REPLAY_PROGRESS"
+"""The progress file the child's op loading appends to (``memfit.replay.ops.load_op``)."""
+
+
+class _ProgressTail:
+    """The records a child appended to its progress file since the last look."""
+
+    def __init__(self, path: str, callback) -> None:
+        self.path, self.callback, self.offset = path, callback, 0
+
+    def __call__(self) -> None:
+        import json
+
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except OSError:
+            return
+        end = data.rfind(b"\n") + 1  # only whole lines: the child may be writing one
+        self.offset += end
+        for line in data[:end].decode("utf-8", "replace").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict):
+                self.callback(record)
 
 
 def run_replay_ranks(
@@ -93,6 +126,7 @@ def run_replay_ranks(
     keep_dir: str | None = None,
     env: dict[str, str] | None = None,
     lock_timeout_s: float | None = None,
+    on_progress=None,
 ) -> tuple[Measurement, ...]:
     """``run_replay``, returning rank 0's measurement followed by those the other ranks wrote
     (``torchrun``; a rank that wrote none is left out). The ``fake`` launcher returns one."""
@@ -116,11 +150,16 @@ def run_replay_ranks(
     child_env.setdefault("PYTHONUNBUFFERED", "1")
     lock_wait = timeout_s * LOCK_TIMEOUT_SHARE if lock_timeout_s is None else lock_timeout_s
     child_env[LOCK_TIMEOUT_ENV] = f"{max(lock_wait, 0.0):g}"
+    child_env[PROGRESS_ENV] = progress_path
     t0 = time.perf_counter()
     stdout_path = os.path.join(workdir, "stdout.txt")
     stderr_path = os.path.join(workdir, "stderr.txt")
     with open(stdout_path, "wb") as out_fh, open(stderr_path, "wb") as err_fh:
-        returncode, timed_out = run_supervised(argv, env=child_env, timeout_s=timeout_s, stdout=out_fh, stderr=err_fh)
+        tail = _ProgressTail(progress_path, on_progress) if on_progress is not None else None
+        returncode, timed_out = run_supervised(argv, env=child_env, timeout_s=timeout_s, stdout=out_fh, stderr=err_fh,
+                                               tick=tail)
+        if tail is not None:
+            tail()
     wall = time.perf_counter() - t0
     try:
         others = _other_ranks(spec, out_path) if not timed_out else ()

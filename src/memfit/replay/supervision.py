@@ -257,16 +257,35 @@ def guard_process() -> None:
 
 
 
+TICK_S = 0.5
+"""How often ``run_supervised`` calls its ``tick`` while the child runs."""
+
+
 def run_supervised(argv: list[str], *, env: dict[str, str], timeout_s: float | None, stdout=None,
-                   stderr=None) -> tuple[int, bool]:
+                   stderr=None, tick=None) -> tuple[int, bool]:
     """Run ``argv`` as a supervised child: in its own session, killed with its descendants when this
-    process dies (``supervision``), stopped at ``timeout_s``. Returns (returncode, timed_out)."""
+    process dies (``supervision``), stopped at ``timeout_s``. Returns (returncode, timed_out).
+    ``tick()`` is called every ``TICK_S`` while it runs (the replay's progress display)."""
+    import time
+
     env = dict(env)
     env[SUPERVISOR_ENV] = supervisor_token()
     proc = subprocess.Popen(supervised_argv(argv), stdout=stdout, stderr=stderr, env=env,
                             start_new_session=True)
     try:
-        return proc.wait(timeout=timeout_s), False
+        if tick is None:
+            return proc.wait(timeout=timeout_s), False
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(argv, timeout_s)
+            try:
+                return proc.wait(timeout=TICK_S if left is None else min(TICK_S, left)), False
+            except subprocess.TimeoutExpired:
+                if left is not None and left <= TICK_S:
+                    raise
+                tick()
     except subprocess.TimeoutExpired:
         _kill_tree(proc, env)
         return proc.wait(), True

@@ -55,7 +55,7 @@ def _maxfig(figs: list[Figure | None]) -> Figure | None:
 
 
 def _recorded(run: RecordedRun, name: str) -> dict[str, list[Figure]]:
-    out: dict[str, list[Figure]] = {q: [] for q in ("allocated", "reserved", "pinned", "nvidia_smi")}
+    out: dict[str, list[Figure]] = {q: [] for q in ("allocated", "reserved", "pinned", "nvidia_smi", "host")}
     whole = name == WHOLE_RUN
     occ = [p for ps in run.occ.values() for p in ps] if whole else run.occ.get(name, [])
     windows = [w for ws in run.windows.values() for w in ws] if whole else run.windows.get(name, [])
@@ -98,6 +98,10 @@ def _recorded(run: RecordedRun, name: str) -> dict[str, list[Figure]]:
     f = _fig(most("driver_used_end_bytes"), "mem_get_info", note="at the phase end, whole card")
     if f is not None:
         out["nvidia_smi"].append(f)
+    # the process's resident set (memfit.record measures it on every device; on CPU it is all there is)
+    f = _fig(most("rss_peak_bytes"), "process RSS", note="peak resident set of the process (memfit.record)")
+    if f is not None:
+        out["host"].append(f)
     # DeepSpeed see_memory_usage (rounded; peaks since the previous report)
     lines = [ln for ln in run.ds if (whole or ln.phase == name)]
     if lines:
@@ -113,7 +117,7 @@ def _recorded(run: RecordedRun, name: str) -> dict[str, list[Figure]]:
 def _planned(plan: Plan, names: tuple[str, ...]) -> dict[str, Figure | None]:
     phases = [plan.phase(n) for n in names]
     if not phases:
-        return {"allocated": None, "reserved": None, "pinned": None, "nvidia_smi": None}
+        return {"allocated": None, "reserved": None, "pinned": None, "nvidia_smi": None, "host": None}
     top = max(phases, key=tensor_gpu_bytes)
     simulated = all(getattr(p, "allocators_simulated", False) for p in phases)
     out: dict[str, Figure | None] = {
@@ -130,7 +134,13 @@ def _planned(plan: Plan, names: tuple[str, ...]) -> dict[str, Figure | None]:
                                note="page-locked: the pinned allocator simulator (rounded blocks, cached frees)")
         out["nvidia_smi"] = Figure(bytes=smi.gpu_nvidia_smi_bytes, source="plan estimate",
                                    note="simulated reserved + memory outside PyTorch (estimate)")
+        host = max(phases, key=lambda p: p.cpu_locked_peak_bytes)
+        out["host"] = Figure(bytes=host.cpu_locked_peak_bytes, source="plan" if _host_exact(host) else "plan estimate",
+                             note=f"per process, pageable + page-locked, at {host.name}'s host peak")
     else:
+        host = max(phases, key=lambda p: p.cpu_peak_bytes)
+        out["host"] = Figure(bytes=host.cpu_peak_bytes, source="plan" if _host_exact(host) else "plan estimate",
+                             note=f"per process, pageable + pinned, at {host.name}'s host peak")
         pin = max(phases, key=lambda p: p.cpu_pinned_bytes)
         gpu = max(phases, key=lambda p: p.gpu_peak_bytes)
         out["reserved"] = None
@@ -138,6 +148,10 @@ def _planned(plan: Plan, names: tuple[str, ...]) -> dict[str, Figure | None]:
         out["nvidia_smi"] = Figure(bytes=gpu.gpu_peak_bytes, source="plan estimate",
                                    note="tensors + the CUDA context estimate")
     return out
+
+
+def _host_exact(ph) -> bool:
+    return all(i.exact for i in ph.items if i.device in (Device.CPU_PINNED, Device.CPU_PAGEABLE))
 
 
 def _rows(plan: Plan, run: RecordedRun) -> list[PhaseRow]:
@@ -303,8 +317,8 @@ def _summaries(records: RecordSet) -> list[RecordSummary]:
                                  detail=f"rank {s.rank if s.rank is not None else 0}, {len(s.segments)} segments, "
                                         f"{events:,} trace events"))
     for st in records.stats:
-        provides = ("allocated", "reserved", "pinned", "nvidia-smi (mem_get_info)") if st.device == "cuda" else \
-            ("process RSS only (torch keeps no CPU allocator statistics)",)
+        provides = ("allocated", "reserved", "pinned", "nvidia-smi (mem_get_info)", "host RAM (process RSS)") \
+            if st.device == "cuda" else ("host RAM (process RSS) only: torch keeps no CPU allocator statistics",)
         out.append(RecordSummary(path=st.path, kind="memory_stats per phase", provides=provides,
                                  detail=f"rank {st.rank if st.rank is not None else 0}, {st.device}, {len(st.phases)} phases"
                                         + (f", recorder overhead {st.overhead_s:.3f} s" if st.overhead_s is not None else "")))
@@ -318,7 +332,10 @@ def _summaries(records: RecordSet) -> list[RecordSummary]:
     return out
 
 
-def reconcile(plan: Plan, records: RecordSet, *, rank: int | None = None, capacity_bytes: int | None = None) -> Reconciliation:
+def reconcile(plan: Plan, records: RecordSet, *, rank: int | None = None, capacity_bytes: int | None = None,
+              host_capacity_bytes: int | None = None) -> Reconciliation:
+    """``capacity_bytes``: the GPU's, ``host_capacity_bytes``: the host RAM per process (node RAM over
+    its ranks), for the timeline's capacity line."""
     ranks = records.ranks()
     if rank is None:
         rank = ranks[0]
@@ -330,7 +347,7 @@ def reconcile(plan: Plan, records: RecordSet, *, rank: int | None = None, capaci
     simulator = (check_snapshot(run.snapshot, rank=rank, device=run.device,
                                 torch_version=run.stats.torch_version if run.stats else None)
                  if run.snapshot is not None else None)
-    timeline = build_timeline(plan, run, capacity_bytes)
+    timeline = build_timeline(plan, run, capacity_bytes, host_capacity_bytes)
     ds_reports = tuple((ln.message, ln.phase, ln.allocated_bytes, ln.peak_allocated_bytes) for ln in run.ds)
     notes = [*records.notes, *run.notes]
     if not any(r.cell(q).recorded for r in rows for q in ("allocated", "reserved", "pinned", "nvidia_smi")):

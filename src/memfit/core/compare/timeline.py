@@ -16,8 +16,11 @@ from memfit.core.ledger_types import Plan
 POINTS_PER_COLUMN = 120
 
 
-def _plan_bytes(plan: Plan, name: str) -> int:
+def _plan_bytes(plan: Plan, name: str, device: str = "gpu") -> int:
     names = covered(plan, name)[0]
+    if device == "host":
+        return max((max(p.cpu_locked_peak_bytes, p.cpu_peak_bytes) if p.allocators_simulated else p.cpu_peak_bytes
+                    for p in (plan.phase(n) for n in names)), default=0)
     return max((tensor_gpu_bytes(plan.phase(n)) for n in names), default=0)
 
 
@@ -33,7 +36,27 @@ def _thin(points: list[tuple[float, int]], col: int) -> list[SeriesPoint]:
     return [SeriesPoint(x=x, bytes=b) for x, b in sorted(set(keep))]
 
 
-def build_timeline(plan: Plan, run: RecordedRun, capacity_bytes: int | None) -> Timeline | None:
+def _host_timeline(plan: Plan, run: RecordedRun, cols, capacity_bytes: int | None) -> Timeline | None:
+    pts = []
+    for i, (name, t0, _) in enumerate(cols):
+        ph = next((p for p in run.occ.get(name, []) if p.t_start_us == t0), None)
+        v = ph.rss_peak_bytes if ph is not None else None
+        if v is not None:
+            pts += [SeriesPoint(x=float(i), bytes=v), SeriesPoint(x=float(i + 1), bytes=v)]
+    if not pts:
+        return None
+    plan_pts = []
+    for i, (name, _, _) in enumerate(cols):
+        v = _plan_bytes(plan, name, "host")
+        plan_pts += [SeriesPoint(x=float(i), bytes=v), SeriesPoint(x=float(i + 1), bytes=v)]
+    return Timeline(phases=tuple(c[0] for c in cols),
+                    plan=Series(label="plan: host memory per process", points=tuple(plan_pts), style="step"),
+                    recorded=(Series(label="process RSS peak (memfit.record)", points=tuple(pts), style="step"),),
+                    capacity_bytes=capacity_bytes, device="host")
+
+
+def build_timeline(plan: Plan, run: RecordedRun, capacity_bytes: int | None,
+                   host_capacity_bytes: int | None = None) -> Timeline | None:
     cols: list[tuple[str, int, int]] = sorted(((p.name, p.t_start_us, p.t_end_us) for ps in run.occ.values() for p in ps
                                                if p.t_start_us is not None and p.t_end_us is not None), key=lambda c: c[1])
     r = run.replay
@@ -84,8 +107,8 @@ def build_timeline(plan: Plan, run: RecordedRun, capacity_bytes: int | None) -> 
                     if s.local_time_us is not None and lo <= s.local_time_us < hi]
         if pts:
             recorded.append(Series(label="nvidia-smi", points=tuple(pts), style="dots"))
-    if not recorded:
-        return None
+    if not recorded:  # no GPU figure: a CPU recording; its resident set against the plan's host figure
+        return _host_timeline(plan, run, cols, host_capacity_bytes)
     return Timeline(phases=tuple(c[0] for c in cols), plan=Series(label="plan: tensors on the GPU", points=tuple(plan_pts),
                                                                    style="step"),
                     recorded=tuple(recorded), capacity_bytes=capacity_bytes)

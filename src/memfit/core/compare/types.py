@@ -17,9 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-QUANTITIES = ("allocated", "reserved", "pinned", "nvidia_smi")
+QUANTITIES = ("allocated", "reserved", "pinned", "nvidia_smi", "host")
 QUANTITY_TITLES = {"allocated": "allocated (GPU)", "reserved": "reserved (GPU)", "pinned": "pinned (host)",
-                   "nvidia_smi": "nvidia-smi (GPU)"}
+                   "nvidia_smi": "nvidia-smi (GPU)", "host": "host RAM (process)"}
+"""``host``: the process's host memory, the plan's per-process host figure (pageable + pinned) against the
+recorded resident set (``rss_peak_bytes``: what memfit.record measures on CPU, and on CUDA too)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,6 +71,7 @@ class PhaseRow:
     reserved: Cell
     pinned: Cell
     nvidia_smi: Cell
+    host: Cell = Cell(planned=None)
     note: str = ""
 
     def cell(self, quantity: str) -> Cell:
@@ -183,9 +186,12 @@ class Timeline:
 
     phases: tuple[str, ...]
     plan: Series
-    """The plan's GPU per-rank peak per phase (a step line)."""
+    """The plan's GPU per-rank peak per phase (a step line), or its host figure per process when the
+    recording has no GPU figures (a CPU recording: ``device`` ``host``)."""
     recorded: tuple[Series, ...]
     capacity_bytes: int | None = None
+    device: str = "gpu"
+    """``gpu`` (per rank) or ``host`` (per process)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -35,7 +35,7 @@ from memfit.core.diagnose.parse import ParsedLog, parse_log, parse_size, primary
 from memfit.core.diagnose.reconcile import reconcile
 from memfit.core.diagnose.results import (MEMORY_KINDS, TITLES, Diagnosis, EventKind, Frame, LogEvent, OomNumbers,
                                           ReconRow, Reconciliation)
-from memfit.core.diagnose.rules import PROGRESS, RULES, _progress_phase, locate_phase
+from memfit.core.diagnose.rules import PROGRESS, RULES, _progress_phase, locate_phase, trainer_steps
 from memfit.core.ledger_types import Finding, Plan
 from memfit.core.units import fmt_bytes
 
@@ -119,11 +119,20 @@ def diagnose_log(text: str, plan: Plan | None = None, scenario: Scenario | None 
             source = "progress"
         elif not ev.frames:
             reason = "the log has no traceback for it and no progress line before it"
-    say, fix = _explain(ev, phase)
+    steps = trainer_steps(list(parsed.lines), ev.line)
+    if source == "traceback" and phase in ("forward", "backward", "optimizer_step") and steps and steps[0] >= 1:
+        phase = f"step2.{phase}"  # the frames say which part of the step; the bar says which step
+        reason += (f"; {steps[0]} optimizer step(s) had run (the Trainer's progress, line {steps[1]}): the steady "
+                   "state, step 2 on")
+    from memfit.core.diagnose.fixes import facts_from_log, facts_from_scenario
+
+    facts = facts_from_scenario(scenario) if scenario is not None else facts_from_log(text, ev, parsed.zero3)
+    say, fix = _explain(ev, phase, facts)
     rec = None
     if plan is not None and (ev.kind in _MEMORY or (ev.kind == EventKind.NCCL_ERROR and ev.out_of_memory)):
         rec = reconcile(ev, phase, plan, scenario, from_progress=source == "progress")
-    if plan is not None and ev.kind == EventKind.OP_BUILD_ERROR and scenario is not None:
+    if plan is not None and ev.kind == EventKind.OP_BUILD_ERROR and scenario is not None and \
+            scenario.framework == "deepspeed":
         if scenario.deepspeed.zero.offload_optimizer.device == "cpu":
             say.append("The scenario offloads the optimizer to cpu, which is what needs DeepSpeedCPUAdam (cpu_adam).")
     return Diagnosis(events=parsed.events, primary=ev, headline=_headline(ev, phase), phase=phase, phase_reason=reason,

@@ -20,8 +20,9 @@ def _device_of(ev: LogEvent) -> str:
     return "cpu" if ev.kind in (EventKind.PINNED_HOST_OOM, EventKind.HOST_OOM) else "gpu"
 
 
-def _explain(ev: LogEvent, phase: str | None) -> tuple[list[str], list[str]]:
-    """What the event usually means and the usual fixes (without a plan)."""
+def _explain(ev: LogEvent, phase: str | None, facts=None) -> tuple[list[str], list[str]]:
+    """What the event usually means and the usual fixes (without a plan), the fixes from the run's
+    own framework (``facts``: ``fixes.RunFacts``; from the log when not given)."""
     say: list[str] = []
     fix: list[str] = []
     n = ev.numbers
@@ -71,10 +72,6 @@ def _explain(ev: LogEvent, phase: str | None) -> tuple[list[str], list[str]]:
                    "CUDA caching host allocator behind tensor.pin_memory()).")
         say.append("Every rank on a node pins its own buffers, and pinned pages cannot be swapped, so the node's RAM "
                    "must hold all ranks' pinned memory plus everything pageable at once.")
-        fix.append("Set \"pin_memory\": false under offload_param and offload_optimizer (slower host-device copies; "
-                   "DeepSpeed 0.19.8 still pins its flat 16-bit buffer), or run fewer ranks per node.")
-        fix.append("Leave more RAM to pin: load in fp16/bf16 (torch_dtype) and build under zero.Init (create "
-                   "HfDeepSpeedConfig(ds_config) before from_pretrained), so no full fp32 copy per rank competes.")
     elif ev.kind == EventKind.HOST_OOM:
         if ev.exit_code is not None:
             say.append("The kernel's OOM killer ended the process (SIGKILL: exit code -9, 137 in a shell) when host "
@@ -84,11 +81,7 @@ def _explain(ev: LogEvent, phase: str | None) -> tuple[list[str], list[str]]:
         if n and n.tried_to_allocate_bytes is not None:
             say.append(f"The failing request was {_both(n.tried_to_allocate_bytes)}.")
         say.append("Each rank is its own process with its own copy of whatever it loads: from_pretrained builds the "
-                   "full model in every rank (fp32 unless told otherwise) before DeepSpeed partitions it.")
-        fix.append("Load in fp16/bf16 (torch_dtype=...) with low_cpu_mem_usage=True, and build under zero.Init "
-                   "(HfDeepSpeedConfig before from_pretrained) so each rank holds only its partition.")
-        fix.append("Less pinned and pageable offload memory per node: pin_memory false, offload to NVMe, fewer ranks "
-                   "per node; or add swap / RAM.")
+                   "full model in every rank (fp32 unless told otherwise).")
     elif ev.kind == EventKind.NCCL_ERROR:
         if ev.out_of_memory:
             say.append("NCCL could not allocate its buffers on the GPU (Cuda failure 'out of memory'): the GPU was "
@@ -113,40 +106,7 @@ def _explain(ev: LogEvent, phase: str | None) -> tuple[list[str], list[str]]:
         fix.append("Install a CUDA toolkit matching torch.version.cuda, set CUDA_HOME to it, install ninja, and check "
                    "with `ds_report`; or pre-build: DS_BUILD_CPU_ADAM=1 pip install deepspeed --no-cache-dir.")
     if ev.kind in MEMORY_KINDS or ev.out_of_memory:
-        fix.extend(_PHASE_FIXES.get((_device_of(ev) == "cpu", phase), ()))
+        from memfit.core.diagnose.fixes import RunFacts, phase_fixes
+
+        fix.extend(phase_fixes(ev, phase, facts or RunFacts(framework=None), host=_device_of(ev) == "cpu"))
     return say, fix
-
-
-_PHASE_FIXES: dict[tuple[bool, str | None], tuple[str, ...]] = {
-    (False, "initialize.move"): (
-        "deepspeed.initialize moves the whole model to every GPU (engine.py _configure_distributed_model: "
-        "self.module.to(self.device)) unless it was built under deepspeed.zero.Init. Build it under zero.Init "
-        "(with transformers: create HfDeepSpeedConfig(ds_config) before from_pretrained, or use the Trainer with "
-        "--deepspeed) so each rank only ever holds its partition.",),
-    (False, "initialize.cast"): (
-        "The cast ran on the GPU, so the model was already there: do not call model.cuda()/.to('cuda') before "
-        "deepspeed.initialize.",),
-    (False, "initialize.partition"): (
-        "ZeRO-3 partitions parameters on a GPU that is already full (the moved model is still cached): build under "
-        "zero.Init so nothing is moved whole.",),
-    (False, "initialize.optimizer"): (
-        "Optimizer buffers on the GPU: offload_optimizer to cpu, a higher ZeRO stage, or smaller "
-        "reduce_bucket_size / sub_group_size.",),
-    (False, "forward"): (
-        "Activations and gathered parameters: smaller micro-batch or sequence length, gradient checkpointing, "
-        "smaller stage3_max_live_parameters / stage3_prefetch_bucket_size.",),
-    (False, "backward"): (
-        "Gradients, activation gradients and reduce buckets: gradient checkpointing, smaller micro-batch, smaller "
-        "reduce_bucket_size.",),
-    (False, "optimizer_step"): (
-        "Optimizer states are created at the first step: offload_optimizer to cpu, a higher ZeRO stage, smaller "
-        "sub_group_size.",),
-    (False, "save"): (
-        "Saving gathers the 16-bit weights: set stage3_gather_16bit_weights_on_model_save false and convert the "
-        "checkpoint offline with zero_to_fp32.py.",),
-    (True, "load"): (
-        "The load is the host peak here: every rank's from_pretrained holds the whole model (fp32 by default).",),
-    (True, "save"): (
-        "Rank 0 copies the whole gathered 16-bit model to CPU to save it: save a ZeRO checkpoint instead and "
-        "convert it offline.",),
-}

@@ -55,20 +55,31 @@ class LogLine:
 def _clean_lines(text: str) -> list[LogLine]:
     """Split at newlines and carriage returns (progress bars), strip colours, a leading ISO
     timestamp (log collectors) and per-rank prefixes (``[rank0]:``, ``[default0]:`` from torchrun,
-    ``[1,0]<stderr>:`` from mpirun, ``host: `` from pdsh)."""
+    ``[1,0]<stderr>:`` from mpirun, ``host: `` from pdsh). A line that another rank's prefix
+    interrupts is two lines (same number); what follows a carriage return belongs to the rank of the
+    line it continues (a tee'd tqdm bar keeps its carriage returns, and only its first frame has the
+    prefix)."""
     breaks = sum(text.count(c) for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029") - text.count("\r\n")  # str.splitlines'
     if breaks > MAX_LOG_LINES:
         raise MemfitError(f"the log has over {MAX_LOG_LINES:,} lines, the most memfit reads; pass the part around the "
                           f"failure (e.g. tail -n {MAX_LOG_LINES // 2})")
-    raw = [_STAMP.sub("", _ANSI.sub("", ln)) for ln in text.splitlines()]
-    hosts = {m.group("h") for ln in raw if (m := _HOST_TAG.match(ln))}
-    out = []
-    for i, ln in enumerate(raw, 1):
+    raw: list[tuple[int, str, bool]] = []  # (line number, text, whether it follows a carriage return)
+    after_cr = False
+    for i, piece in enumerate(text.splitlines(keepends=True), 1):
+        body = piece.rstrip("\r\n\v\f\x1c\x1d\x1e\x85\u2028\u2029")
+        for k, part in enumerate(_EMBEDDED_TAG.split(_ANSI.sub("", body), maxsplit=MAX_EMBEDDED_TAGS)):
+            raw.append((i, _STAMP.sub("", part), after_cr and k == 0))
+        after_cr = piece.endswith("\r")
+    hosts = {m.group("h") for _, ln, _ in raw if (m := _HOST_TAG.match(ln))}
+    out: list[LogLine] = []
+    for i, ln, cont in raw:
         rank, host, stream = None, None, ""
         m = _TAG.match(ln)
         if m:
             rank = int(m.group("r") or m.group("m"))
             stream, ln = f"rank{rank}", ln[m.end():]
+        elif cont and out:  # a progress bar's next frame: printed by the rank whose line it continues
+            rank, host, stream = out[-1].rank, out[-1].host, out[-1].stream
         else:
             hm = _HOST_PREFIX.match(ln) if hosts else None  # one set lookup per line, not one per host
             if hm and hm.group(1) in hosts:
@@ -76,6 +87,15 @@ def _clean_lines(text: str) -> list[LogLine]:
                 stream, ln = f"host:{host}", ln[hm.end():]
         out.append(LogLine(i, stream, rank, host, ln))
     return out
+
+
+_EMBEDDED_TAG = re.compile(r"(?<=\S)(?=\[(?:rank|default)\d{1,9}\]:)")
+"""Where another rank's prefix starts inside a line: torchrun's ``TailLog`` writes a worker's partial
+last line (a tqdm bar has no newline) with its prefix, and the next line of any rank lands after it."""
+MAX_EMBEDDED_TAGS = 4
+"""Splits of one line at other ranks' prefixes (a real line holds one or two: a bar, then the line
+that landed after it); the rest stays in the last part, so a line of a million prefixes stays one
+line's work (tests/robustness/test_exhaustion.py)."""
 
 
 # ------------------------------------------------------------------------------------ tracebacks
@@ -100,12 +120,13 @@ def _tracebacks(lines: list[LogLine]) -> tuple[dict[int, tuple[Frame, ...]], set
     inside: set[int] = set()
     i = 0
     while i < len(lines):
-        if "Traceback (most recent call last)" not in lines[i].text:
+        headless = _frame_match(lines[i].text) is not None  # its header went to another line (another rank's)
+        if "Traceback (most recent call last)" not in lines[i].text and not headless:
             i += 1
             continue
         inside.add(i)
         frames: list[Frame] = []
-        j = i + 1
+        j = i if headless else i + 1
         while j < len(lines):
             t = lines[j].text
             m = _frame_match(t)

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from memfit.core.diagnose.explain import _device_of
 from memfit.core.diagnose.results import EventKind, LogEvent, OomNumbers, ReconRow, Reconciliation
+from memfit.core.figures import failure_figure_name, gpu_verdict_name
 from memfit.core.ledger_types import Device, LedgerItem, Plan
 from memfit.core.units import fmt_bytes
 
@@ -94,10 +95,16 @@ def reconcile(ev: LogEvent, phase: str | None, plan: Plan, scenario: Scenario | 
                     s += (f" It is about twice the plan's 16-bit model ({fmt_bytes(moved)}): the model was moved "
                           f"in fp32 (fp16/bf16 not enabled in the DeepSpeed config, or the cast skipped).")
                 lines.append(s)
+            elif needed + tol < tensors and cap is not None and _gpu_need(ph) > cap:
+                lines.append(f"The run failed on its way up to the plan's peak for {ph.name}: the plan's "
+                             f"{gpu_verdict_name(plan)} there is {fmt_bytes(_gpu_need(ph))}, above the card's "
+                             f"{fmt_bytes(cap)}, and the log's tensors had reached {fmt_bytes(needed)} of the plan's "
+                             f"{fmt_bytes(tensors)} when the request failed: as the plan predicts.")
             elif needed + tol < tensors:
                 lines.append(f"The failure came before the plan's peak for {ph.name}: the log's tensors "
-                             f"({fmt_bytes(needed)}) are below the plan's {fmt_bytes(tensors)}, so the GPU had less "
-                             f"room than the plan assumes.")
+                             f"({fmt_bytes(needed)}) are below the plan's {fmt_bytes(tensors)}, though the plan has "
+                             f"the phase fitting, so the GPU had less room than the plan assumes (another process, a "
+                             f"smaller card) or the run holds memory the scenario does not describe.")
             else:
                 lines.append(f"The log's tensors ({fmt_bytes(needed)}) match the plan's {ph.name} peak "
                              f"({fmt_bytes(tensors)}) within the printed rounding.")
@@ -147,19 +154,21 @@ def reconcile(ev: LogEvent, phase: str | None, plan: Plan, scenario: Scenario | 
     here = [f for f in failures if f.phase == ph.name and f.device == device]
     if here:
         verdict = "predicted"
-        lines.insert(0, f"The plan predicts this failure: {ph.name} needs {fmt_bytes(here[0].needed_bytes)} of "
+        lines.insert(0, f"The plan predicts this failure: {ph.name} needs {fmt_bytes(here[0].needed_bytes)} "
+                        f"({failure_figure_name(plan, here[0])}, the verdict's figure) of "
                         f"{fmt_bytes(here[0].available_bytes)} "
                         f"({'GPU per rank' if device == 'gpu' else 'host RAM per node'}).")
     elif failures:
         verdict = "predicted_elsewhere"
         lines.insert(0, f"The plan predicts a failure too, but first in {first.phase} on "
                         f"{'the GPU' if first.device == 'gpu' else 'host RAM' if first.device == 'cpu' else 'NVMe'} "
-                        f"({fmt_bytes(first.needed_bytes)} of {fmt_bytes(first.available_bytes)}), not here.")
+                        f"({fmt_bytes(first.needed_bytes)} {failure_figure_name(plan, first)} of "
+                        f"{fmt_bytes(first.available_bytes)}), not here.")
     else:
         verdict = "not_predicted"
         lines.insert(0, f"The plan does not predict this failure: it has every phase fitting, {ph.name} at "
-                        + (f"{fmt_bytes(_gpu_need(ph))} per GPU (OOM-relevant: segments holding live blocks "
-                           f"+ memory outside PyTorch)" if device == "gpu"
+                        + (f"{fmt_bytes(_gpu_need(ph))} per GPU ({gpu_verdict_name(plan)}, the verdict's figure: "
+                           f"segments holding live blocks + memory outside PyTorch)" if device == "gpu"
                            else f"{fmt_bytes(ph.node_cpu_peak_bytes)} of host memory per node") + ".")
     return Reconciliation(scenario_name=plan.scenario_name, phase=ph.name, phase_basis=basis, device=device,
                           rows=tuple(rows), items=items, plan_verdict=verdict, plan_failure=first, lines=tuple(lines))

@@ -169,6 +169,9 @@ class Diagnosis:
     findings: tuple[Finding, ...]
     deepspeed_version: str | None = None
     torch_version: str | None = None
+    next_step: tuple[str, ...] = ()
+    """How to get a configuration that fits: recommend's smallest fitting change for the scenario
+    (``next_step.smallest_fit``), or how to plan the run when no scenario was given."""
 
 
 MEMORY_KINDS = (EventKind.GPU_OOM, EventKind.CUDA_ERROR_OOM, EventKind.PINNED_HOST_OOM, EventKind.HOST_OOM)

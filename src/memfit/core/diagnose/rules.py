@@ -114,6 +114,17 @@ RULES: tuple[_Rule, ...] = (
        "post_sub_module_forward_function", "forward", "ZeRO-3 gathers a submodule's parameters for its forward"),
     _r(_S3, "_pre_forward_module_hook pre_sub_module_forward_function _post_forward_module_hook "
        "post_sub_module_forward_function", "forward", "ZeRO-3 gathers a submodule's parameters for its forward"),
+    _r("torch/distributed/fsdp/_fully_shard/", "pre_forward _pre_forward unshard foreach_all_gather wait_for_unshard",
+       "forward", "FSDP2 all-gathers a unit's parameters for its forward (fully_shard's unshard)"),
+    _r("torch/distributed/fsdp/_fully_shard/", "pre_backward _pre_backward post_backward foreach_reduce",
+       "backward", "FSDP2 gathers a unit's parameters or reduce-scatters its gradients in backward"),
+    _r("torch/distributed/fsdp/_runtime_utils.py", "_pre_forward _pre_forward_unshard _unshard", "forward",
+       "FSDP1 all-gathers a unit's flat parameter for its forward"),
+    _r("torch/distributed/fsdp/_runtime_utils.py", "_pre_backward_hook _post_backward_hook _reduce_grad", "backward",
+       "FSDP1 gathers a unit's parameters or reduce-scatters its gradients in backward"),
+    _r("bitsandbytes/", "forward matmul_4bit dequantize_4bit", "forward",
+       "bitsandbytes dequantizes a 4-bit weight for its matmul"),
+    _r("bitsandbytes/", "backward", "backward", "bitsandbytes dequantizes a 4-bit weight for the backward matmul"),
     _r("transformers/models/", "forward", "forward", "the model's forward pass (activations)"),
     _r("peft/", "forward", "forward", "the PEFT model's forward pass"),
     _r("transformers/trainer.py", "compute_loss", "forward", "the HF Trainer's forward pass (compute_loss)"),
@@ -226,6 +237,15 @@ PROGRESS: tuple[tuple[re.Pattern[str], str, str], ...] = (
     (re.compile(r"optimizer state initialized"), "initialize.optimizer",
      "the ZeRO optimizer has initialised its states (initialize_optimizer_states)"),
     (re.compile(r"DeepSpeed Final Optimizer = "), "forward", "deepspeed.initialize has finished"),
+    (re.compile(r"\*\*\*\*\* Running training \*\*\*\*\*"), "forward",
+     "the Trainer has set up the model and optimizer and starts training (transformers trainer.py "
+     "_inner_training_loop, after _prepare_for_training)"),
+    (re.compile(r"^\s*\d{1,3}%\|[^|]{0,80}\|\s*0/\d+ \["), "forward",
+     "the Trainer's progress bar is at step 0: the first step is running"),
+    (re.compile(r"^\s*\d{1,3}%\|[^|]{0,80}\|\s*[1-9]\d*/\d+ \["), "step2.forward",
+     "the Trainer's progress bar has counted optimizer steps: the steady state (step 2 on) is running"),
+    (re.compile(r"^\s*\{'loss': "), "step2.forward",
+     "the Trainer logged a training loss (ProgressCallback.on_log): optimizer steps have run"),
     (re.compile(r"\bstep=\d+, skipped=\d+"), "forward", "training steps are running"),
     (re.compile(r"Saving model (?:weights|checkpoint)"), "save", "the model is being saved"),
 )
@@ -245,3 +265,23 @@ def _progress_phase(lines: list[LogLine], before: int) -> tuple[str, str, int] |
     phase, what, no, text = last
     short = text if len(text) <= 80 else text[:77] + "..."
     return phase, f"last progress line before the failure (line {no}: {short!r}): {what}", no
+
+
+_TRAINER_BAR = re.compile(r"^\s*\d{1,3}%\|[^|]{0,80}\|\s*(\d+)/(\d+) \[")
+_LOSS_LINE = re.compile(r"^\s*\{'loss': ")
+
+
+def trainer_steps(lines: list[LogLine], before: int) -> tuple[int, int] | None:
+    """(optimizer steps done, log line) at the failure, from the Trainer's progress bar (its count)
+    or a logged loss (at least one step), the last of either before line ``before``; None when the
+    log shows neither."""
+    last = None
+    for ln in lines:
+        if ln.no > before:
+            break
+        m = _TRAINER_BAR.match(ln.text)
+        if m:
+            last = (int(m.group(1)), ln.no)
+        elif _LOSS_LINE.match(ln.text):
+            last = (max(last[0] if last else 0, 1), ln.no)
+    return last

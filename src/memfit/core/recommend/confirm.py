@@ -99,3 +99,34 @@ def _fast_exact_diff(peaks, plan: Plan) -> int:
     phases = phases if len(peaks) == len(phases) else [p for p in phases if not p.name.startswith("eval.")]
     return max(max(abs(g - p.gpu_peak_bytes), abs(h - p.cpu_peak_bytes), abs(node - p.node_cpu_peak_bytes),
                    abs(nv - p.nvme_bytes)) for (g, h, node, nv), p in zip(peaks, phases))
+
+
+def rejection(plan: Plan, hw: Hardware, headroom: float | None, fast_exact_diff: int) -> str:
+    """Why the exact ledger rejects a candidate the fast estimate accepted, as a short reason that
+    the search's notes count: the fast estimate sums requested bytes, the verdict compares the
+    allocator simulation's figures (``memfit.core.figures``), so a candidate can fit by the first
+    and not by the second with no difference between the two ledgers' requested bytes."""
+    from memfit.core.figures import GPU_OOM_RELEVANT, HOST_NODE
+    from memfit.core.verdict import gpu_figure, host_figure
+
+    gpu_limit, host_limit, _ = _limits(hw, headroom)
+    for p in plan.phases:
+        if gpu_figure(p) > gpu_limit:
+            if fast_exact_diff == 0 and p.allocators_simulated:
+                return (f"fit by requested bytes but not by the allocator simulation's {GPU_OOM_RELEVANT} "
+                        f"(block rounding, cached segments, memory outside PyTorch)")
+            return f"{GPU_OOM_RELEVANT} over the limit (fast estimate off by {fast_exact_diff:,} B)"
+        if host_figure(p) > host_limit:
+            if fast_exact_diff == 0 and p.allocators_simulated:
+                return (f"fit by requested bytes but not by the pinned allocator simulation's {HOST_NODE} "
+                        f"(power-of-two pinned blocks)")
+            return f"{HOST_NODE} over the limit (fast estimate off by {fast_exact_diff:,} B)"
+    return "NVMe over the limit"
+
+
+def rejection_notes(reasons: list[str], hw: Hardware, headroom: float | None) -> list[str]:
+    """One note per reason, with how many candidates it rejected."""
+    from collections import Counter
+
+    return [f"{n} candidate(s) the fast estimate accepted were skipped by the exact ledger ({headroom_words(hw, headroom)}): "
+            f"{why}" for why, n in Counter(reasons).items()]

@@ -2,11 +2,11 @@
 
 ``patch_deepspeed_json`` changes only the keys whose value changes, where the user wrote them
 (``stage3_prefetch_bucket_size`` or its ``prefetch_bucket_size`` alias, ``bf16`` or the old
-``bfloat16``), and keeps every ``"auto"`` whose Trainer-filled value is still right: the micro
-batch (the Trainer fills it from ``per_device_train_batch_size``, memfit from the scenario's
-``train.micro_batch``), the precision while it is the one ``"auto"`` resolves to, the hidden-size
-buckets while unchanged. An ``"auto"`` that would now resolve to something else is written out, and
-a note says so.
+``bfloat16``), and keeps every ``"auto"`` the Trainer fills from its own arguments: the micro
+batch (``per_device_train_batch_size``), the accumulation (``gradient_accumulation_steps``) and the
+precision (``bf16``/``fp16``), which the recommendation changes where the user keeps them (their
+TrainingArguments, or the scenario: ``user_files``); the hidden-size buckets while unchanged. An
+``"auto"`` bucket that must change is written out as a number, and a note says so.
 
 ``candidate_inputs`` gives the scenario inputs of a candidate (the patched JSON inline), so the
 exact ledger sees it through the same ``build_scenario`` path as any user scenario, and
@@ -175,6 +175,9 @@ def patch_deepspeed_json(raw: Mapping[str, Any], sc: Scenario, base: Candidate, 
 
 
 def _patch_precision(out: dict, sc: Scenario, cand: Candidate, notes: list[str]) -> None:
+    """An ``"auto"`` ``enabled`` stays: the Trainer fills it from its ``bf16``/``fp16`` arguments
+    (transformers ``HfTrainerDeepSpeedConfig.trainer_config_process``), which the recommendation sets
+    (``candidate_inputs``; its TrainingArguments file, ``user_files``)."""
     current = sc.deepspeed.precision
     if cand.precision == current:
         return
@@ -184,33 +187,47 @@ def _patch_precision(out: dict, sc: Scenario, cand: Candidate, notes: list[str])
         sec = out.get(key)
         want = cand.precision == name
         if isinstance(sec, dict):
-            if sec.get("enabled") == AUTO:
-                notes.append(f"{key}.enabled was \"auto\": written as {str(want).lower()} "
-                             f"(pass {'--' + name if want else 'no --' + name} to the Trainer)")
-            sec["enabled"] = want
+            if sec.get("enabled") != AUTO:
+                sec["enabled"] = want
         elif want:
             out[key] = {"enabled": True}
 
 
 def _patch_batch(out: dict, base: Candidate, cand: Candidate, notes: list[str]) -> None:
+    """``"auto"`` micro-batch and accumulation stay: the Trainer fills them from
+    ``per_device_train_batch_size`` and ``gradient_accumulation_steps``, which the recommendation
+    sets; explicit values are changed."""
     if (cand.micro_batch, cand.grad_accum) == (base.micro_batch, base.grad_accum):
         return
     micro = out.get("train_micro_batch_size_per_gpu")
-    if micro != AUTO:  # "auto" stays: the Trainer (and the scenario's train.micro_batch) fill it
+    if micro != AUTO:
         out["train_micro_batch_size_per_gpu"] = cand.micro_batch
     accum = out.get("gradient_accumulation_steps")
-    if accum == AUTO:
-        notes.append(f"gradient_accumulation_steps was \"auto\": written as {cand.grad_accum} "
-                     f"(pass gradient_accumulation_steps={cand.grad_accum} to the Trainer)")
-    if accum is not None or cand.grad_accum != 1:
+    if accum != AUTO and (accum is not None or cand.grad_accum != 1):
         out["gradient_accumulation_steps"] = cand.grad_accum
 
 
+def _has_auto(raw: dict[str, Any], *paths: tuple[str, ...]) -> bool:
+    for path in paths:
+        node: Any = raw
+        for k in path:
+            node = node.get(k) if isinstance(node, dict) else None
+        if node == AUTO:
+            return True
+    return False
+
+
 def candidate_inputs(inputs: ScenarioInputs, patched: dict[str, Any], cand: Candidate) -> ScenarioInputs:
-    """The user's scenario inputs with the candidate's script settings and its patched JSON."""
+    """The user's scenario inputs with the candidate's script settings and its patched JSON; what
+    the Trainer fills into an ``"auto"`` (accumulation, precision) is the candidate's."""
+    accum = cand.grad_accum if (inputs.grad_accum is not None or _has_auto(patched, ("gradient_accumulation_steps",))) \
+        else None
+    precision = cand.precision if (inputs.precision is not None or _has_auto(
+        patched, ("fp16", "enabled"), ("bf16", "enabled"), ("bfloat16", "enabled"))) else None
     return replace(inputs, deepspeed=None, deepspeed_inline=patched, load_dtype=cand.load_dtype,
                    zero_init=cand.zero_init, low_cpu_mem_usage=cand.low_cpu_mem_usage, micro_batch=cand.micro_batch,
-                   gradient_checkpointing=cand.gradient_checkpointing, accelerator="cuda")
+                   gradient_checkpointing=cand.gradient_checkpointing, accelerator="cuda", grad_accum=accum,
+                   precision=precision)
 
 
 def claimed_mismatches(sc: Scenario, cand: Candidate) -> list[str]:

@@ -52,10 +52,21 @@ class Recommendation:
     notes: tuple[str, ...] = ()
     files: tuple[str, ...] = ()
     """Paths written by ``write_recommendations``."""
+    file_diffs: tuple[tuple[str, str], ...] = ()
+    """(file name, unified diff against the user's file) for each of the user's files the
+    configuration changes (``files.recommendation_files``), as ``--out`` writes them."""
 
     @property
     def gpu_peak_bytes(self) -> int:
+        """The GPU requested peak (tensors + memory outside PyTorch), what the fast estimate gives."""
         return max(p.gpu_peak_bytes for p in self.plan.phases)
+
+    @property
+    def headline(self):
+        """The plan's named figures (``memfit.core.figures``): the verdict's GPU and host figures."""
+        from memfit.core.figures import headline
+
+        return headline(self.plan)
 
     @property
     def node_cpu_peak_bytes(self) -> int:
@@ -88,3 +99,13 @@ class RecommendResult:
     notes: tuple[str, ...] = ()
     headroom_words: str = ""
     """What the candidates were kept under, in words (``confirm.headroom_words``)."""
+    user_inputs: ScenarioInputs | None = None
+    """The user's inputs as given (their files not yet merged): ``files`` writes those files changed."""
+    user_scenario: Any = None
+    """The user's scenario as built (``Scenario``), for the script diff of ``recommend --out``."""
+    base_candidate: Any = None
+    """The user's configuration as a candidate of the search (a ``Candidate`` or ``TorchCandidate``)."""
+    base_load_dtype: str | None = None
+    """Outside DeepSpeed: the user's from_pretrained dtype (a candidate may change it with the precision)."""
+    base_quantization: dict[str, Any] | None = None
+    """Outside DeepSpeed: the user's bitsandbytes settings, as merged from their files."""

@@ -22,15 +22,30 @@ def recommend(inputs: ScenarioInputs, *, top: int = 5, headroom: float | None = 
     the exact ledger."""
     if top < 1:
         raise MemfitError(f"--top must be at least 1, got {top}")
+    from dataclasses import replace
+
     from memfit.core.recommend.confirm import check_headroom
 
     check_headroom(headroom)
     from memfit.core.frameworks.resolve import apply_input_files
 
-    if build_scenario(apply_input_files(inputs)).framework != "deepspeed":
+    merged = apply_input_files(inputs)  # the user's TrainingArguments/accelerate/bnb files read in
+    if build_scenario(merged).framework != "deepspeed":
         from memfit.core.recommend.pytorch.search import recommend_torch
 
-        return recommend_torch(inputs, top=top, headroom=headroom, progress=progress)
-    from memfit.core.recommend.deepspeed.search import recommend_deepspeed
+        result = recommend_torch(merged, top=top, headroom=headroom, progress=progress,
+                                 files=bool(inputs.training_args or inputs.accelerate_config))
+        from memfit.core.recommend.files import torch_script_change
+        from memfit.core.recommend.user_files import read_user_files
 
-    return recommend_deepspeed(inputs, top=top, headroom=headroom, progress=progress)
+        user_files = read_user_files(inputs)
+        result = replace(result, user_inputs=inputs)
+        result = replace(result, recommendations=tuple(
+            replace(r, script_diff=torch_script_change(result, r, user_files)) for r in result.recommendations))
+    else:
+        from memfit.core.recommend.deepspeed.search import recommend_deepspeed
+
+        result = recommend_deepspeed(merged, top=top, headroom=headroom, progress=progress)
+    from memfit.core.recommend.files import with_file_diffs
+
+    return with_file_diffs(replace(result, user_inputs=inputs))

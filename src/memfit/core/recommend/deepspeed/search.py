@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -25,7 +24,8 @@ from typing import Any
 from memfit.core.plan import make_plan
 from memfit.core.recommend.deepspeed.aggregates import ScenarioAggregates
 from memfit.core.recommend.confirm import (_fast_exact_diff, _fits, _limits, confirmation_order,
-                                           enough_fitting, headroom_words, rank_by_level)
+                                           enough_fitting, headroom_words, rank_by_level, rejection,
+                                           rejection_notes)
 from memfit.core.recommend.deepspeed.estimate import estimate_peaks, phase_names
 from memfit.core.recommend.patch import (
     Change,
@@ -108,7 +108,9 @@ class SearchOutcome:
 
 def _raw_json(inputs: ScenarioInputs, sc: Scenario) -> dict[str, Any]:
     if inputs.deepspeed:
-        return json.loads(Path(inputs.deepspeed).read_text(encoding="utf-8"))
+        from memfit.core.reading import parse_json, read_text
+
+        return parse_json(read_text(inputs.deepspeed, what="DeepSpeed config"), what=inputs.deepspeed)
     if inputs.deepspeed_inline is not None:
         return dict(inputs.deepspeed_inline)
     return dict(sc.deepspeed_json)  # memfit's default config (no "auto" in it)
@@ -232,6 +234,7 @@ def recommend_deepspeed(inputs: ScenarioInputs, *, top: int = 5, headroom: float
     baseline = make_plan(sc)
     notes: list[str] = []
     recs: list[Recommendation] = []
+    rejected: list[str] = []
     max_diff = 0
     order = list(found.best) if headroom is not None else confirmation_order(list(found.best), hw, lambda s: s.peaks)
     for s in order[: top * CONFIRM_FACTOR]:
@@ -249,8 +252,7 @@ def recommend_deepspeed(inputs: ScenarioInputs, *, top: int = 5, headroom: float
         diff = _fast_exact_diff(s.peaks, plan)
         max_diff = max(max_diff, diff)
         if not _fits(plan, hw, headroom):
-            notes.append(f"the exact ledger did not confirm a candidate the fast estimate accepted "
-                         f"(difference {diff:,} B); skipped")
+            rejected.append(rejection(plan, hw, headroom, diff))
             continue
         recs.append(Recommendation(
             rank=len(recs) + 1, candidate=c, changes=s.changes, step_time=s.step_time,
@@ -261,6 +263,7 @@ def recommend_deepspeed(inputs: ScenarioInputs, *, top: int = 5, headroom: float
                                     ds_name=Path(inputs.deepspeed).name if inputs.deepspeed else None),
             notes=patch_notes))
     recs = list(rank_by_level(recs, top, hw))
+    notes += rejection_notes(rejected, hw, headroom)
     if not recs:
         notes.append(f"no configuration in the search space fits every phase with {headroom_words(hw, headroom)}; "
                      "try a smaller --headroom, more GPUs or host RAM, a shorter sequence, or a PEFT method")
@@ -274,4 +277,5 @@ def recommend_deepspeed(inputs: ScenarioInputs, *, top: int = 5, headroom: float
         baseline=baseline, baseline_fits_with_headroom=base_ok, baseline_step_time=base_time,
         recommendations=tuple(recs), candidates_searched=found.searched, candidates_fitting=found.fitting,
         search_seconds=found.seconds, candidates_per_second=found.candidates_per_second,
-        max_fast_exact_diff_bytes=max_diff, notes=tuple(notes), headroom_words=headroom_words(hw, headroom))
+        max_fast_exact_diff_bytes=max_diff, notes=tuple(notes), headroom_words=headroom_words(hw, headroom),
+        base_candidate=base, user_scenario=sc)

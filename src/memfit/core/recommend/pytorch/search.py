@@ -85,7 +85,15 @@ def candidate_inputs(inputs: ScenarioInputs, sc: Scenario, c: TorchCandidate) ->
                    training_args=None, accelerate_config=None, bnb_config=None)
 
 
-def enumerate_candidates(sc: Scenario, base: TorchCandidate):
+TRAINER_PRECISIONS = ("fp32", "amp_bf16", "amp_fp16")
+"""What a TrainingArguments (``bf16``/``fp16``) or an accelerate config (``mixed_precision``) can say:
+autocast or fp32. The pure 16-bit modes are a plain loop's (``model.to(torch.bfloat16)``)."""
+
+
+def enumerate_candidates(sc: Scenario, base: TorchCandidate, *, files: bool = False):
+    """Every candidate; ``files``: the run is described by the user's TrainingArguments or accelerate
+    config, so only the precisions those files can say are tried (``TRAINER_PRECISIONS``; FSDP's
+    mixed-precision policy stays the user's)."""
     W = sc.world_size
     full = sc.peft.method in ("full", "freeze")
     if W == 1:
@@ -97,7 +105,7 @@ def enumerate_candidates(sc: Scenario, base: TorchCandidate):
     if own not in structures:
         structures.insert(0, own)
     precisions = [base.precision] + [p for p in (("bf16", "amp_bf16") if sc.hardware.gpu.bf16 else ("amp_fp16",))
-                                     if p != base.precision]
+                                     if p != base.precision and (not files or p in TRAINER_PRECISIONS)]
     optims = [base.optim] + [o for o in OPTIM_CHOICES if o != base.optim]
     quants = [base.quantization] + ([] if full or base.quantization != "none" else ["4bit"])
     ckpts = [base.gradient_checkpointing] + ([] if sc.peft.method == "prefix" else [not base.gradient_checkpointing])
@@ -105,7 +113,7 @@ def enumerate_candidates(sc: Scenario, base: TorchCandidate):
     divisors = [m for m in range(1, per_gpu + 1) if per_gpu % m == 0]
     micro = [base.micro_batch] + [m for m in divisors[:MAX_MICRO] if m != base.micro_batch]
     for fw, strat, off in structures:
-        for prec in precisions:
+        for prec in (precisions if not (files and fw.startswith("fsdp")) else [base.precision]):
             for opt in optims:
                 for q in quants:
                     for ck in ckpts:
@@ -176,10 +184,14 @@ def describe_changes(base: TorchCandidate, c: TorchCandidate) -> tuple[Change, .
     return tuple(out)
 
 
-def recommend_torch(inputs: ScenarioInputs, *, top: int = 5, headroom: float | None = None, progress=None):
+def recommend_torch(inputs: ScenarioInputs, *, top: int = 5, headroom: float | None = None, progress=None,
+                    files: bool = False):
+    """``files``: the user described the run with a TrainingArguments or accelerate config
+    (``enumerate_candidates``)."""
     from memfit.core.frameworks.resolve import apply_input_files
     from memfit.core.recommend.confirm import (_fast_exact_diff, _fits, _limits, confirmation_order,
-                                               enough_fitting, headroom_words, rank_by_level, risk_ratio)
+                                               enough_fitting, headroom_words, rank_by_level, rejection,
+                                               rejection_notes, risk_ratio)
     from memfit.core.recommend.results import Recommendation, RecommendResult
 
     inputs = apply_input_files(inputs)
@@ -189,7 +201,7 @@ def recommend_torch(inputs: ScenarioInputs, *, top: int = 5, headroom: float | N
     hw: Hardware = sc.hardware
     gpu_limit, host_limit, _ = _limits(hw, headroom)
     base = _base(sc, inputs)
-    cands = list(enumerate_candidates(sc, base))
+    cands = list(enumerate_candidates(sc, base, files=files))
     cache: dict[str, Any] = {}
     fitting: dict[tuple, list] = {}
     t0 = time.perf_counter()
@@ -215,7 +227,7 @@ def recommend_torch(inputs: ScenarioInputs, *, top: int = 5, headroom: float | N
                         (risk(g), len(g[3]), g[2].total_s)))
     best.sort(key=lambda g: (g[2].total_s, len(g[3])))
     baseline = make_plan(sc)
-    recs, notes, max_diff = [], [], 0
+    recs, notes, max_diff, rejected = [], [], 0, []
     if headroom is None:
         best = confirmation_order(best, hw, lambda g: g[1])
     for c, peaks, step, changes in best[: top * 3]:
@@ -223,18 +235,22 @@ def recommend_torch(inputs: ScenarioInputs, *, top: int = 5, headroom: float | N
             break
         ci = candidate_inputs(inputs, sc, c)
         plan = make_plan(build_scenario(ci))
-        max_diff = max(max_diff, _fast_exact_diff(peaks, plan))
+        diff = _fast_exact_diff(peaks, plan)
+        max_diff = max(max_diff, diff)
         if not _fits(plan, hw, headroom):
-            notes.append("the exact ledger did not confirm a candidate the fast estimate accepted; skipped")
+            rejected.append(rejection(plan, hw, headroom, diff))
             continue
         names = [p.name for p in plan.phases]
+        if (ci.load_dtype or "fp32") != sc.load.dtype:  # the precision or quantization brings it: say so
+            changes = changes + (Change(setting="from_pretrained dtype", before=sc.load.dtype,
+                                        after=ci.load_dtype or "fp32"),)
         recs.append(Recommendation(
             rank=len(recs) + 1, candidate=c, changes=changes, step_time=step,
             fast_phases=tuple(PhaseEstimate(name=n, gpu_peak_bytes=g, cpu_peak_bytes=h, node_cpu_peak_bytes=nd,
                                             nvme_bytes=nv) for n, (g, h, nd, nv) in zip(names, peaks)),
-            plan=plan, deepspeed_json={}, script_diff="", scenario_inputs=ci,
-            notes=tuple(f"{ch.setting}: {ch.before} -> {ch.after}" for ch in changes)))
+            plan=plan, deepspeed_json={}, script_diff="", scenario_inputs=ci))
     recs = list(rank_by_level(recs, top, hw))
+    notes += rejection_notes(rejected, hw, headroom)
     if not recs:
         notes.append(f"no configuration in the search space fits every phase with {headroom_words(hw, headroom)}; "
                      "try a smaller --headroom, more GPUs, a shorter sequence, or a PEFT method")
@@ -244,7 +260,9 @@ def recommend_torch(inputs: ScenarioInputs, *, top: int = 5, headroom: float | N
         baseline_step_time=estimate_step_time(sc, base), recommendations=tuple(recs),
         candidates_searched=len(cands), candidates_fitting=sum(len(g) for g in fitting.values()),
         search_seconds=elapsed, candidates_per_second=len(cands) / elapsed if elapsed else 0.0,
-        max_fast_exact_diff_bytes=max_diff, notes=tuple(notes), headroom_words=headroom_words(hw, headroom))
+        max_fast_exact_diff_bytes=max_diff, notes=tuple(notes), headroom_words=headroom_words(hw, headroom),
+        base_candidate=base, base_load_dtype=sc.load.dtype,
+        base_quantization=dict(inputs.quantization) if inputs.quantization else None)
 
 
 def torch_scenario_document(rec, *, hardware: dict[str, Any]) -> dict[str, Any]:
