@@ -55,3 +55,6 @@ grow, no verdict that agreed with the run's outcome may disagree."""
 TRACKER = ("tests/core/test_alloc_tracker_vs_published.py",)
 """The ledger's path into the simulators (MemoryTracker's per-phase figures) against published readings:
 pytorch#86509's cudaMemGetInfo (and nvidia-smi), pytorch#95823's locked pinned memory."""
+PEFT_TUNERS = ("tests/exact/test_every_tuner.py",)
+"""Every peft tuner's adapter_config.json (saved by peft) planned by memfit and built by get_peft_model: the
+same parameters and adapter buffers, name by name."""

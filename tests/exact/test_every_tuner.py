@@ -48,7 +48,8 @@ MODELS = {
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # peft_type -> {model: [config kwargs, ...]} (a user's config: the defaults plus what the tuner requires)
 CASES: dict[str, dict[str, list[dict]]] = {
-    "IA3": {"llama": [{}, {"target_modules": ["q_proj", "down_proj", "up_proj"], "feedforward_modules": ["down_proj"]}],
+    "IA3": {"llama": [{}, {"target_modules": ["q_proj", "down_proj", "up_proj"], "feedforward_modules": ["down_proj"]},
+                      {"target_modules": ALL, "exclude_modules": ["k_proj", "up_proj"]}],
             "gpt2": [{}]},
     "ADALORA": {"llama": [{"total_step": 100}, {"total_step": 100, "init_r": 6, "target_modules": ALL, "bias": "all"}],
                 "gpt2": [{"total_step": 100}]},

@@ -22,8 +22,9 @@ AREAS = (
     + [SRC / "optimizers.py", SRC / "quant.py"]
     + sorted((SRC / "ledger" / "pytorch").glob("ddp*.py"))
     + sorted((SRC / "ledger" / "pytorch").glob("fsdp*.py"))
+    + sorted((SRC / "peft" / "tuners").glob("*.py"))
 )
-"""core/alloc/, core/optimizers.py, core/quant.py, the DDP and FSDP recipes."""
+"""core/alloc/, core/optimizers.py, core/quant.py, the DDP and FSDP recipes, the PEFT tuners."""
 
 
 def _rel(p: Path) -> str:
