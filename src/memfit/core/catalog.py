@@ -110,6 +110,7 @@ _CATALOG: tuple[CatalogEntry, ...] = (
         "bert-large",
     ),
     _entry("EleutherAI/pythia-410m", "gpt_neox", "GPTNeoXForCausalLM"),
+    _entry("EleutherAI/pythia-1b", "gpt_neox", "GPTNeoXForCausalLM"),
     _entry("EleutherAI/pythia-1.4b", "gpt_neox", "GPTNeoXForCausalLM"),
     _entry("EleutherAI/pythia-6.9b", "gpt_neox", "GPTNeoXForCausalLM"),
     _entry("Qwen/Qwen2.5-0.5B", "qwen2", "Qwen2ForCausalLM", "qwen-2.5-0.5b"),

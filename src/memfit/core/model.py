@@ -201,6 +201,12 @@ class LayerLayout:
     classifier_dropout: float = 0.1
     """Dropout before a token classifier (GenericForTokenClassification: ``classifier_dropout``, else
     ``hidden_dropout``, else 0.1; BERT: ``hidden_dropout_prob``; T5: ``classifier_dropout``, 0.0)."""
+    rotary_keeps_dtype: bool = False
+    """The rotated q and k are cast back to the projections' dtype (OLMo2's ``.to(q_type)``, Llama 4's
+    ``type_as``) rather than promoted to that of cos/sin (the residual stream's: fp32 under AMP)."""
+    eager_softmax_fp32: bool = True
+    """Eager attention's softmax runs in fp32 (``softmax(..., dtype=torch.float32).to(query.dtype)``);
+    False where it runs in the scores' dtype (Llama 4's ``eager_attention_forward``)."""
     rotary_fp32: bool = False
     """cos/sin kept in fp32 (OLMo2 rotates in fp32) rather than the training dtype."""
     loss_upcast: bool = True

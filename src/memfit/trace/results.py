@@ -9,6 +9,8 @@ Glossary:
 - *held*: alive at the end of the forward although neither saved nor an output (e.g. a layer input
   that non-reentrant gradient checkpointing keeps for its recompute).
 - *temporary*: any other storage an op created (freed as soon as nothing refers to it).
+- *param_cast*: autocast's 16-bit copy of a parameter (``_to_copy`` of a parameter's storage; the
+  ledger books these as ``amp.weight_casts``, not as activations).
 - *activation side*: everything but parameters, buffers and gradients, i.e. what ZeRO-3 does not
   partition: ``saved + output + held + temporary + input``.
 """
@@ -27,6 +29,7 @@ CATEGORIES = (
     "output",
     "held",
     "temporary",
+    "param_cast",
 )
 """Allocation categories, in the order ``MemoryBreakdown`` lists them."""
 
@@ -62,6 +65,10 @@ class TraceOptions:
     """Trace ``torch.nn.functional.linear`` as DeepSpeed ZeRO-3 replaces it
     (``memory_efficient_linear``, deepspeed/runtime/zero/linear.py ``LinearFunctionForZeroStage3``):
     it saves every Linear's input, frozen or not."""
+    autocast: str | None = None
+    """``fp16``/``bf16``: the forward and the loss run under ``torch.autocast`` to that dtype (AMP on a
+    model whose params are ``dtype``, usually fp32; backward outside it, as the Trainer and accelerate
+    run it), with CUDA's op lists when ``kernels`` is ``cuda`` (``memfit.trace.cuda_kernels``)."""
     kernels: str = "cuda"
     """Whose kernel choices to trace: ``cuda`` routes dropout to the fused ``native_dropout``
     (saves a 1-byte bool mask, as on a GPU; the CPU kernel saves a mask in the input dtype) and
@@ -86,6 +93,8 @@ class TraceOptions:
             raise MemfitError(f"attention must be one of {', '.join(IMPLEMENTATIONS)}, got {self.attention!r}")
         if self.target_len is not None and self.target_len < 1:
             raise MemfitError(f"target_len must be >= 1, got {self.target_len}")
+        if self.autocast not in (None, "fp16", "bf16"):
+            raise MemfitError(f"autocast must be fp16, bf16 or None, got {self.autocast!r}")
         if self.kernels not in ("cuda", "cpu"):
             raise MemfitError(f"kernels must be 'cuda' or 'cpu', got {self.kernels!r}")
         if self.granularity_bytes < 1:
@@ -105,12 +114,14 @@ class MemoryBreakdown:
     output_bytes: int = 0
     held_bytes: int = 0
     temporary_bytes: int = 0
+    param_cast_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
         return (
             self.param_trainable_bytes + self.param_frozen_bytes + self.buffer_bytes + self.input_bytes
             + self.gradient_bytes + self.saved_bytes + self.output_bytes + self.held_bytes + self.temporary_bytes
+            + self.param_cast_bytes
         )
 
     @property

@@ -19,7 +19,7 @@ import torch
 from memfit.core.peft.spec import PeftSpec
 from memfit.errors import MemfitError
 from memfit.trace import tracker as tk
-from memfit.trace.cuda_kernels import cuda_like_kernels
+from memfit.trace.cuda_kernels import autocast_region, cuda_autocast_policy, cuda_like_kernels
 from memfit.trace.model_build import (
     TORCH_DTYPES,
     apply_peft,
@@ -73,7 +73,7 @@ def _trace_training_step(
     model = build_meta_model(config, attention=options.attention, task=options.task)
     model = apply_peft(model, peft)
     if options.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs(options))
     model.train()
     fake_mode = FakeTensorMode()
     materialize_fake(model, fake_mode, TORCH_DTYPES[options.dtype])
@@ -85,6 +85,16 @@ def _trace_training_step(
     return trace_model(
         model, inputs, options, fake_mode=fake_mode, method=peft.method, build_s=build_s, progress=progress
     )
+
+
+def checkpoint_kwargs(options: TraceOptions) -> dict[str, Any]:
+    """transformers' default (non-reentrant ``torch.utils.checkpoint``); under CUDA's autocast policy
+    its recompute gets the policy too (torch function modes are not active while backward runs the
+    recompute: ``context_fn`` pushes it there)."""
+    if options.autocast is None or options.kernels != "cuda":
+        return {"use_reentrant": False}
+    return {"use_reentrant": False,
+            "context_fn": lambda: (contextlib.nullcontext(), cuda_autocast_policy(True))}
 
 
 def causal_lm_inputs(options: TraceOptions) -> dict[str, torch.Tensor]:
@@ -143,6 +153,7 @@ def trace_model(
     ``fake_mode`` is the ``FakeTensorMode`` the model's tensors belong to, or None for real tensors.
     """
     tracker = tk.AllocationTracker(granularity_bytes=options.granularity_bytes)
+    tracker.autocast_dtype = TORCH_DTYPES[options.autocast] if options.autocast else None
     named = list(model.named_modules())
     names = [n for n, _ in named]
     params: list[torch.nn.Parameter] = []
@@ -191,13 +202,15 @@ def trace_model(
             mode,
             tracker,
             tk.NodeTagger(tracker),
+            cuda_autocast_policy(options.autocast is not None and options.kernels == "cuda"),
             torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack),
         ):
             t0 = perf_counter()
             counter.stage("forward")
             tracker.set_phase(0)
-            outputs = _run(model, inputs, method, options)
-            loss = outputs.loss if hasattr(outputs, "loss") else outputs[0]
+            with autocast_region(TORCH_DTYPES[options.autocast] if options.autocast else None):
+                outputs = _run(model, inputs, method, options)
+                loss = outputs.loss if hasattr(outputs, "loss") else outputs[0]
             _mark_outputs(tracker, outputs)
             if not options.keep_outputs:
                 del outputs  # the loop keeps only the loss

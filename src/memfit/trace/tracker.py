@@ -28,9 +28,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from memfit.trace.results import CATEGORIES
 
-PARAM_TRAINABLE, PARAM_FROZEN, BUFFER, INPUT, GRADIENT, SAVED, OUTPUT, HELD, TEMPORARY = range(len(CATEGORIES))
+PARAM_TRAINABLE, PARAM_FROZEN, BUFFER, INPUT, GRADIENT, SAVED, OUTPUT, HELD, TEMPORARY, PARAM_CAST = range(len(CATEGORIES))
 _ACTIVATION_SIDE = frozenset({INPUT, SAVED, OUTPUT, HELD, TEMPORARY})
 _REASSIGNABLE = frozenset({TEMPORARY, OUTPUT, HELD})
+
+_PARAMS = frozenset({PARAM_TRAINABLE, PARAM_FROZEN})
+_TO_COPY = torch.ops.aten._to_copy.default
 
 # log record kinds
 ALLOC, FREE, RECAT = 0, 1, 2
@@ -70,6 +73,8 @@ class AllocationTracker(TorchDispatchMode):
         self.stack: list[int] = []
         self._node = None
         self._node_module = NO_MODULE
+        self.autocast_dtype: torch.dtype | None = None
+        """Set while tracing under autocast: its copies of fp32 weights are counted as ``param_cast``."""
 
     # ---------------------------------------------------------------- bookkeeping
     def track(self, storage: torch.UntypedStorage, category: int, module: int, op: object = None) -> None:
@@ -174,7 +179,13 @@ class AllocationTracker(TorchDispatchMode):
                         module = self.current_module()
                     self.track(t.untyped_storage(), TEMPORARY, module, func)
         elif isinstance(out, torch.Tensor):
-            self.track(out.untyped_storage(), TEMPORARY, self.current_module(), func)
+            category = TEMPORARY
+            if (func is _TO_COPY and self.autocast_dtype is not None and out.dtype == self.autocast_dtype
+                    and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float32):
+                src = self._live.get(id(args[0].untyped_storage()))
+                if src is not None and src[1] in _PARAMS:  # autocast's copy of an fp32 weight (cached_cast)
+                    category = PARAM_CAST
+            self.track(out.untyped_storage(), category, self.current_module(), func)
         return out
 
     # ---------------------------------------------------------------- autograd hooks

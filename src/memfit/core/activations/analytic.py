@@ -68,13 +68,16 @@ def estimate_activation_bytes(
     keep_outputs: bool = True,
     linear_saves_frozen_inputs: bool = False,
     target_len: int | None = None,
+    compute_bytes: int | None = None,
     adapters: AdapterActivations | None = None,
 ) -> ActivationEstimate:
     """Activation bytes of one micro-batch of ``micro_batch`` x ``seq_len`` tokens (see module doc).
 
     ``attention``: an ``attn_implementation`` (``memfit.core.families.attention.IMPLEMENTATIONS``);
     every one but ``eager`` keeps the fused kernels' tensors. ``target_len``: decoder tokens of an
-    encoder-decoder (default ``seq_len``). ``adapters``: what the PEFT method's adapted layers keep
+    encoder-decoder (default ``seq_len``). ``dtype_bytes`` is the residual stream's element size (the
+    model's dtype); ``compute_bytes`` the matmul outputs' (autocast's 16-bit dtype under AMP on an
+    fp32 model; default ``dtype_bytes``). ``adapters``: what the PEFT method's adapted layers keep
     (``memfit.core.activations.adapters``; without it, LoRA is counted from ``peft`` alone).
     """
     if seq_len < 1 or micro_batch < 1 or dtype_bytes < 1:
@@ -83,13 +86,15 @@ def estimate_activation_bytes(
         raise MemfitError(f"attention must be one of {', '.join(IMPLEMENTATIONS)}, got {attention!r}")
     if target_len is not None and target_len < 1:
         raise MemfitError(f"target_len must be >= 1, got {target_len}")
+    if compute_bytes is not None and compute_bytes not in (2, 4):
+        raise MemfitError(f"compute_bytes must be 2 or 4, got {compute_bytes}")
     if arch.layout is not None:
         from memfit.core.activations.layout import estimate_from_layout
 
         return estimate_from_layout(arch, peft, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes,
                                     gradient_checkpointing=gradient_checkpointing, attention=attention,
                                     keep_outputs=keep_outputs, linear_saves_frozen_inputs=linear_saves_frozen_inputs,
-                                    target_len=target_len, adapters=adapters)
+                                    target_len=target_len, compute_bytes=compute_bytes, adapters=adapters)
     method = peft.method
     fam = _FAMILY.get(arch.model_type, "llama" if arch.mlp_kind == "gated" else "gpt2")
     D = dtype_bytes

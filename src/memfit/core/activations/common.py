@@ -8,19 +8,12 @@ Linear layers LoRA adapts when the config names none, and where the causal-LM lo
 from __future__ import annotations
 
 from memfit.core.model import ArchSpec
+from memfit.core.peft.lora import LORA_DEFAULT_TARGET_MODULES
 from memfit.core.peft.spec import PeftSpec
 
 
-LORA_DEFAULT_TARGETS = {
-    "gptj": ("q_proj", "v_proj"),
-    "llama": ("q_proj", "v_proj"),
-    "mistral": ("q_proj", "v_proj"),
-    "qwen2": ("q_proj", "v_proj"),
-    "gpt2": ("c_attn",),
-    "gpt_neox": ("query_key_value",),
-    "opt": ("q_proj", "v_proj"),
-}
-"""peft's ``TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`` for the families modelled."""
+LORA_DEFAULT_TARGETS = LORA_DEFAULT_TARGET_MODULES
+"""peft's ``TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`` (``memfit.core.peft.lora``: the one copy)."""
 
 
 CAUSAL_LM_LOSS = ("transformers/loss/loss_utils.py:ForCausalLMLoss (logits.float(), nn.functional.pad + "
@@ -36,7 +29,8 @@ def _lora_targets(arch: ArchSpec, peft: PeftSpec) -> tuple[str, ...]:
     if pattern and pattern.lower() == "all-linear":
         return ("q_proj", "k_proj", "v_proj", "o_proj", "out_proj", "gate_proj", "up_proj", "down_proj", "fc_in",
                 "fc_out", "c_attn", "c_proj", "c_fc")
-    return LORA_DEFAULT_TARGETS.get(arch.model_type, ("q_proj", "v_proj"))
+    default = LORA_DEFAULT_TARGETS.get(arch.model_type, ("q_proj", "v_proj"))
+    return (default,) if isinstance(default, str) else tuple(default)
 
 
 def _attention_bytes(*, D: int, b: int, s: int, skv: int, t: int, hq: int, hkv: int, a: int, eager: bool,

@@ -29,18 +29,38 @@ Shared pieces, each read from the modeling code:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from memfit.core.model import ArchSpec, LayerLayout
 
 
 class Ctx:
-    """One call's numbers (a plain class: the recommender calls this >10k times per second)."""
+    """One call's numbers (a plain class: the recommender calls this >10k times per second).
 
-    __slots__ = ("D", "b", "s", "skv", "t", "h", "a", "hq", "hkv", "kv", "i", "eager", "full", "trains",
-                 "cache", "gqa", "attention", "qk_grads")
+    ``D``: element size of the residual stream (the model's dtype: embeddings, norms, residual sums);
+    ``C``: of the matmul outputs (autocast's 16-bit dtype under AMP, else ``D``); ``amp`` when they
+    differ. ``trains(*names)``: whether any of these Linears keeps its input (its weight trains, or
+    ZeRO-3's linear keeps it anyway). ``adapted(*names)``: whether any of these layers' outputs need a
+    gradient in the first block over frozen embeddings (full training, an adapter on them, an adapted
+    norm before them). ``r``: LoRA's rank (0 without LoRA)."""
+
+    __slots__ = ("D", "C", "amp", "b", "s", "skv", "t", "h", "a", "hq", "hkv", "kv", "i", "eager", "full", "trains",
+                 "adapted", "cache", "gqa", "attention", "r")
 
     def __init__(self, **kw) -> None:
         for k, v in kw.items():
             setattr(self, k, v)
+
+
+def lin_in(c: Ctx, elements: int, *names: str) -> int:
+    """What the Linears ``names`` keep of an input of ``elements`` elements in the residual stream's
+    dtype: one shared tensor when any of them trains; under autocast each trained one saves its own
+    16-bit copy (``autocast_mode.cpp:cached_cast`` caches only leaf weights, not activations)."""
+    if not names:
+        return 0
+    if c.amp:
+        return sum(c.C * elements for n in names if c.trains(n))
+    return c.D * elements if c.trains(*names) else 0
 
 
 def ceil32(n: int) -> int:
@@ -48,8 +68,11 @@ def ceil32(n: int) -> int:
     return -(-n // 32) * 32
 
 
-def norm_bytes(style: str, c: Ctx, *, grad_in: bool, weight_trains: bool, out_kept: bool) -> int:
-    """One RMSNorm over the hidden width (see the module docstring)."""
+def norm_bytes(style: str, c: Ctx, *, grad_in: bool, weight_trains: bool, out_kept: bool | int,
+               readers: tuple[str, ...] = ()) -> int:
+    """One RMSNorm over the hidden width (see the module docstring). Its output, in the stream's
+    dtype, is kept by the Linears ``readers`` that train (``lin_in``), or, without ``readers``, once
+    when ``out_kept``."""
     D, t, h = c.D, c.t, c.h
     n = 0
     if grad_in:
@@ -58,22 +81,80 @@ def norm_bytes(style: str, c: Ctx, *, grad_in: bool, weight_trains: bool, out_ke
             n += 4 * h  # the 1 + weight vector the product keeps
     if weight_trains:
         n += D * t * h if style == "rms" else 4 * t * h
-    if out_kept:
+    if readers:
+        n += lin_in(c, t * h, *readers)
+    elif out_kept:
         n += D * t * h
     return n
 
 
+class Sdpa(NamedTuple):
+    """How ``F.scaled_dot_product_attention`` runs on CUDA (``memfit.trace.cuda_kernels._cuda_sdpa``)
+    and what it keeps for backward."""
+
+    kind: str
+    """``flash``, ``efficient`` or ``math``."""
+    repeat: bool
+    """transformers repeated k and v to every query head before the call (``repeat_kv``: a mask, or head
+    widths the GQA kernels do not take; integrations/sdpa_attention.py ``use_gqa_in_sdpa``)."""
+    kernel: int
+    """Bytes the kernel keeps besides the q, k, v it is given and its output: the logsumexp and RNG
+    state (flash, efficient), the mask as an additive bias (efficient); the math kernel's own fp32
+    tensors (scaled q and k, the probabilities, its copy of v)."""
+    keeps_qkv: bool
+    """The kernel keeps the q, k and v it is given and its output (flash, efficient)."""
+    keeps_v: bool
+    """The math kernel keeps the v it is given (fp32 inputs, no repeat inside it)."""
+
+
+def sdpa(c: Ctx, *, masked: bool, heads: int, kv_heads: int, d_qk: int, d_v: int, s: int, skv: int,
+         gqa_module: bool | None = None, dropout: float = 0.0, bias: int | None = None) -> Sdpa:
+    """The kernel CUDA picks for q, k, v in the compute dtype ``c.C`` (aten/src/ATen/native/transformers/
+    cuda/sdp_utils.cpp ``select_sdp_backend``: flash, then memory-efficient, then math; torch 2.13)
+    and its saved tensors (``Sdpa``). ``gqa_module``: the module groups query heads (transformers then
+    repeats k, v or asks for ``enable_gqa``; default: ``kv_heads != heads``). ``bias``: bytes of the
+    additive mask the efficient kernel keeps (default: a bool mask converted per call, ``C b s skv``)."""
+    b, K = c.b, c.C
+    grouped = kv_heads != heads if gqa_module is None else gqa_module
+    if c.attention in ("flash_attention_2", "flash_attention_3"):
+        # not torch's sdpa: transformers' flash integration calls flash-attn itself, with the key heads as
+        # they are (no repeat) and q, k, v of an fp32 stream cast to a 16-bit dtype first
+        # (integrations/flash_attention.py:get_target_dtype: autocast's, a quantized model's config
+        # dtype, else its Linears' weights'); the kernel keeps those 16-bit q, k, v, its output and the
+        # logsumexp
+        return Sdpa("flash", False, 4 * b * heads * s + 24, True, False)
+    repeat = grouped and not (not masked and d_qk == d_v <= 256)
+    given = heads if repeat else kv_heads
+    enable_gqa = grouped and not repeat
+    low = K == 2
+    if not masked and low and d_qk == d_v and d_qk <= 256 and d_qk % 8 == 0 and (given == heads or enable_gqa):
+        return Sdpa("flash", repeat, 4 * b * heads * s + 24, True, False)
+    align = 8 if low else 4
+    if d_qk % align == 0 and d_v % align == 0 and given == heads:
+        n = 4 * b * heads * ceil32(s) + 16
+        if masked:
+            n += K * b * s * skv if bias is None else bias
+        return Sdpa("efficient", repeat, n, True, False)
+    # math (attention.cpp _scaled_dot_product_attention_math): fp32 q and k scaled, probabilities,
+    # dropout's mask and output, v (a repeated or fp32 copy, or v itself)
+    n = 4 * b * heads * s * d_qk + 4 * b * heads * skv * d_qk + 4 * b * heads * s * skv
+    if dropout > 0:
+        n += 5 * b * heads * s * skv
+    keeps_v = False
+    if enable_gqa and given != heads:
+        n += 4 * b * heads * skv * d_v
+    elif low:
+        n += 4 * b * given * skv * d_v
+    else:
+        keeps_v = True
+    return Sdpa("math", repeat, n, False, keeps_v)
+
+
 def sdpa_kernel_bytes(c: Ctx, *, masked: bool, heads: int, d_qk: int, d_v: int, s: int, skv: int) -> tuple[int, bool]:
-    """``(bytes the fused kernel keeps besides q, k, v and the output, repeat)``: the logsumexp, the
-    RNG state and the mask bias; ``repeat`` when transformers repeats k, v to all heads first."""
-    b, D = c.b, c.D
-    flash = not masked and d_qk == d_v and d_qk <= 256 and d_qk % 8 == 0 and D in (2,)
-    if flash:
-        return 4 * b * heads * s + 24, False
-    n = 4 * b * heads * ceil32(s) + 16
-    if masked:
-        n += D * b * s * skv
-    return n, masked
+    """``(bytes the fused kernel keeps besides q, k, v and the output, repeat)`` for a module whose
+    key heads equal its query heads (``sdpa``)."""
+    k = sdpa(c, masked=masked, heads=heads, kv_heads=heads, d_qk=d_qk, d_v=d_v, s=s, skv=skv)
+    return k.kernel, k.repeat
 
 
 def llama_layer(arch: ArchSpec, L: LayerLayout, c: Ctx, *, grad_in: bool, moe: bool, masked: bool,
@@ -84,31 +165,39 @@ def llama_layer(arch: ArchSpec, L: LayerLayout, c: Ctx, *, grad_in: bool, moe: b
     style = L.norm
     post = L.norms == "post"
     n = 0
+    if L.fused_qkv:
+        attn_in: tuple[str, ...] = ("qkv_proj",)
+    elif L.mla:
+        attn_in = ("q_a_proj" if L.mla[0] else "q_proj", "kv_a_proj_with_mqa")
+    else:
+        attn_in = ("q_proj", "k_proj", "v_proj")
+    mlp_in = ("gate_up_proj",) if L.fused_gate_up else ("gate_proj", "up_proj")
     # --- attention input: a pre-norm's output, or (OLMo2) the residual stream itself
     if post:
-        n += D * t * h if trains("q_proj", "k_proj", "v_proj") else 0
+        n += lin_in(c, t * h, *attn_in)
     else:
-        n += norm_bytes(style, c, grad_in=grad_in, weight_trains=full,
-                        out_kept=trains("q_proj", "k_proj", "v_proj", "qkv_proj", "q_a_proj", "kv_a_proj_with_mqa"))
+        n += norm_bytes(style, c, grad_in=grad_in, weight_trains=full, out_kept=False, readers=attn_in)
     if L.mla:
         n += _mla_bytes(arch, L, c)
     else:
         n += _attention(arch, L, c, masked=masked, qk_norm=qk_norm, grad_in=grad_in)
-    # --- after attention, then the MLP's input
-    mlp_in_kept = trains("gate_proj", "up_proj", "gate_up_proj") or moe
+    # --- after attention, then the MLP's input (a MoE layer's router and gathered input keep it,
+    # when they train)
+    router = "router" if L.moe_kind == "llama4" else "gate"
+    readers = ((router, *(("gate_proj", "up_proj") if L.shared_expert_size else ())) if moe else mlp_in)
     if L.norms == "sandwich":  # Gemma 2/3: post_attention_layernorm (to the residual), pre_feedforward_layernorm
         n += norm_bytes(style, c, grad_in=True, weight_trains=full, out_kept=False)
-        n += norm_bytes(style, c, grad_in=True, weight_trains=full, out_kept=mlp_in_kept)
+        n += norm_bytes(style, c, grad_in=True, weight_trains=full, out_kept=False, readers=readers)
     elif post:  # OLMo2: post_attention_layernorm, then the residual sum feeds the MLP
         n += norm_bytes("rms_olmo2", c, grad_in=True, weight_trains=full, out_kept=False)
-        n += D * t * h if mlp_in_kept else 0
+        n += lin_in(c, t * h, *readers)
     else:
-        n += norm_bytes(style, c, grad_in=True, weight_trains=full, out_kept=mlp_in_kept)
+        n += norm_bytes(style, c, grad_in=True, weight_trains=full, out_kept=False, readers=readers)
     if moe:
         n += _moe_bytes(arch, L, c)
     else:
         i = L.dense_intermediate_size if (L.dense_layers and L.dense_intermediate_size) else arch.intermediate_size
-        n += 3 * D * t * i + (D * t * i if trains("down_proj") else 0)
+        n += 3 * c.C * t * i + (c.C * t * i if trains("down_proj") else 0)  # gate, act, up; their product
     if L.norms == "sandwich":
         n += norm_bytes(style, c, grad_in=True, weight_trains=full, out_kept=False)  # post_feedforward_layernorm
     elif post:
@@ -122,37 +211,80 @@ def _attention(arch: ArchSpec, L: LayerLayout, c: Ctx, *, masked: bool, qk_norm:
     kv = c.kv
     full = c.full
     n = 0
+    # in the first layer over frozen embeddings, q (k) needs a gradient only through a trained q_proj (k_proj)
+    wq = hq if grad_in or c.adapted("q_proj", "qkv_proj") else 0
+    wk = hkv if grad_in or c.adapted("k_proj", "qkv_proj") else 0
     if qk_norm and L.qk_norm == "head":
-        n += 4 * t * (hq + hkv) + 4 * t * (a + kv)
-        if full:
-            n += (D if L.norm == "rms" else 4) * t * (hq + hkv)
+        n += 4 * t * (wq + wk) + 4 * t * (a * bool(wq) + kv * bool(wk))
+        if full:  # the weight's operand: q, k (matmul outputs) normalized, cast back to their dtype
+            n += (c.C if L.norm == "rms" else 4) * t * (hq + hkv)
         if L.norm == "rms_gemma":
             n += 2 * 4 * arch.head_dim
     elif qk_norm and L.qk_norm == "full":
-        n += 4 * t * (hq + hkv) + 8 * t + (4 * t * (hq + hkv) if full else 0)
+        n += 4 * t * (wq + wk) + 4 * t * (bool(wq) + bool(wk)) + (4 * t * (hq + hkv) if full else 0)
     elif qk_norm and L.qk_norm == "l2":
-        n += 4 * t * (hq + hkv) + 4 * t * (a + kv)
+        n += 4 * t * (wq + wk) + 4 * t * (a * bool(wq) + kv * bool(wk))
     if c.eager:
         from memfit.core.activations.common import _attention_bytes
 
-        n += _attention_bytes(D=D, b=b, s=s, skv=skv, t=t, hq=hq, hkv=hkv, a=a, eager=True, gqa=c.gqa,
-                              repeat_kv=True, upcast_qk=False, softmax_bytes=4)
+        C = c.C  # the scores' matmul runs in the compute dtype (autocast casts the rotated q and k)
+        # the softmax in fp32 (by the model's dtype argument, or CUDA autocast's fp32_set_opt_dtype)
+        soft = 4 if L.eager_softmax_fp32 or c.amp else C
+        n += _attention_bytes(D=C, b=b, s=s, skv=skv, t=t, hq=hq, hkv=hkv, a=a, eager=True, gqa=c.gqa,
+                              repeat_kv=True, upcast_qk=False, softmax_bytes=soft)
         if L.attn_softcap:
-            n += D * b * a * s * skv  # tanh output of the soft-capped scores
-        n += 2 * D * b * skv * hkv if c.cache and c.gqa else 0  # the cache (outputs) besides the repeats
-        if not c.trains("o_proj"):  # the merged heads are a copy only o_proj's input needs
-            n -= D * t * hq
-        if not grad_in:  # the score matmul keeps k for q's gradient and q for k's; in the first layer
-            n -= D * t * hq * (2 - getattr(c, "qk_grads", 1))  # only the adapted ones need one
+            n += C * b * a * s * skv  # tanh output of the soft-capped scores
+        kd = C if L.rotary_keeps_dtype else D  # the rotated k: promoted to cos/sin's dtype, or cast back
+        # under AMP prefix tuning's fp32 virtual keys and values promote the cache's cat to fp32
+        kd = D if c.amp and skv != s else kd
+        vd = D if c.amp and skv != s else C
+        if c.cache and c.gqa:  # the cache (outputs) besides the repeats
+            n += (kd + vd) * b * skv * hkv
+        elif c.cache:  # the matmuls use autocast's copies, not the cache's fp32 k (v)
+            n += (kd if kd != C else 0) * b * skv * hkv + (vd if vd != C else 0) * b * skv * hkv
+        if not grad_in:  # the first layer over frozen embeddings: q, k need a gradient through their
+            # projections (a fused one for both), k also through prefix tuning's virtual keys; the scores'
+            # matmul keeps q only for k's gradient and k for q's
+            q_need = c.adapted("q_proj", "qkv_proj")
+            k_need = c.adapted("k_proj", "qkv_proj") or skv != s
+            n -= 0 if k_need else C * t * hq
+            n -= C * b * skv * hq if not q_need and (c.gqa or kd != C) else 0
+        if not c.trains("o_proj"):
+            n -= C * t * hq  # the merged heads are o_proj's input only
         return n
-    kernel, repeat = sdpa_kernel_bytes(c, masked=masked, heads=a, d_qk=arch.head_dim, d_v=arch.head_dim, s=s, skv=skv)
-    n += D * t * hq + kernel + D * t * hq  # q, kernel state, output
-    if repeat and c.gqa:
-        n += 2 * D * b * skv * hq + (2 * D * b * skv * hkv if c.cache else 0)
-    else:
-        n += 2 * D * b * skv * (hq if repeat else hkv)
-    if L.fused_qkv:
-        n += D * t * hq  # q built by a cat: the output is transposed back into a copy for o_proj
+    return n + _sdpa_attention(arch, L, c, masked=masked)
+
+
+def _sdpa_attention(arch: ArchSpec, L: LayerLayout, c: Ctx, *, masked: bool) -> int:
+    """sdpa on the rotated q, k (in the stream's dtype ``D`` under AMP: cos/sin are made in it) and v:
+    what the kernel keeps (``sdpa``), the cache's k and v (model outputs), the output o_proj reads."""
+    D, C, t, b, skv, hq, hkv = c.D, c.C, c.t, c.b, c.skv, c.hq, c.hkv
+    k = sdpa(c, masked=masked, heads=c.a, kv_heads=c.kv, d_qk=arch.head_dim, d_v=arch.head_dim, s=c.s, skv=skv)
+    given = hq if k.repeat else hkv
+    n = k.kernel
+    # the kernel's k is the cache's unless repeated, or cast by autocast (the cache keeps the rotated
+    # k in the stream's dtype); its v is the cache's unless repeated
+    kd = C if L.rotary_keeps_dtype else D  # the rotated k: promoted to cos/sin's dtype, or cast back
+    # under AMP prefix tuning's fp32 virtual keys and values promote the cache's cat to fp32
+    kd = D if c.amp and skv != c.s else kd
+    vd = D if c.amp and skv != c.s else C
+    if k.kind == "flash":  # flash runs in 16 bits only: the q, k, v it keeps and its output are 16-bit
+        C = 2 if C == 4 else C  # (fp32 ones cast by transformers' flash integration: ``sdpa``)
+    k_shared, v_shared = not (k.repeat or kd != C), not (k.repeat or vd != C)
+    if k.keeps_qkv:
+        n += C * t * hq + C * t * hq  # q (autocast's copy under AMP), the output (o_proj's input)
+        n += 0 if k_shared else C * b * skv * given
+        n += 0 if v_shared else C * b * skv * given
+    else:  # math: the output reaches o_proj as a copy (transpose().contiguous()), kept when o_proj trains
+        n += C * t * hq if c.trains("o_proj") else 0
+        n += C * b * skv * given if k.keeps_v and not v_shared else 0
+    n += kd * b * skv * hkv if c.cache or (k.keeps_qkv and k_shared) else 0
+    n += vd * b * skv * hkv if c.cache or ((k.keeps_qkv or k.keeps_v) and v_shared) else 0
+    if L.fused_qkv and k.kind == "flash" and c.trains("o_proj"):
+        # q built by a cat (heads-major): flash's output follows q's layout, and o_proj gets a copy of
+        # it transposed back, which it keeps when it trains (the memory-efficient kernel allocates its
+        # output tokens-major)
+        n += C * t * hq
     return n
 
 
@@ -163,16 +295,20 @@ def _mla_bytes(arch: ArchSpec, L: LayerLayout, c: Ctx) -> int:
     qk = nope + rope
     n = 0
     if q_rank:
-        n += 4 * t * q_rank + 4 * t + (D * t * q_rank if c.full else 0) + D * t * q_rank  # q_a_layernorm
+        n += 4 * t * q_rank + 4 * t + (D * t * q_rank if c.full else 0)  # q_a_layernorm
+        n += D * t * q_rank if c.trains("q_b_proj") else 0  # its output, q_b_proj's input
     n += D * t * a * qk  # query = cat(q_pass, rotated q_rot)
     n += 4 * t * kv_rank + 4 * t + (D * t * kv_rank if c.full else 0)  # kv_a_layernorm
     n += D * t * kv_rank + D * t * rope  # the cached latent (kv_b_proj's input) and rotated k_rot
-    n += D * t * a * (nope + v)  # kv_b_proj output: k_nope and the values (views)
+    # kv_b_proj's output: k_nope (copied into key_states) and the values, a view of it that sdpa keeps;
+    # eager's matmul folds the batch into one dimension: a view when b == 1 (which keeps all of it),
+    # else a copy of the values
+    n += D * t * a * (nope + v) if not c.eager or b == 1 else D * t * a * v
     n += D * t * a * qk  # key_states, assembled in a new tensor
     kernel, _ = sdpa_kernel_bytes(c, masked=False, heads=a, d_qk=qk, d_v=v, s=s, skv=s)
-    if c.eager:
+    if c.eager:  # the fp32 probabilities and their copy; the output is o_proj's input copy (kept when it trains)
         kernel = 4 * b * a * s * s + D * b * a * s * s
-    n += kernel + D * t * a * v
+    n += kernel + (D * t * a * v if not c.eager or c.trains("o_proj") else 0)
     return n
 
 
@@ -182,22 +318,29 @@ def _moe_bytes(arch: ArchSpec, L: LayerLayout, c: Ctx) -> int:
     E, k, i = arch.num_experts, arch.experts_per_token, arch.intermediate_size
     n = 0
     if L.moe_kind == "llama4":
+        C = c.C
         n += 4 * t * E + 8 * t * k  # sigmoid scores (fp32), top-k indices
-        n += 2 * D * t * E * h + D * t * E  # repeated and scaled inputs, the scores column
-        n += 4 * D * t * E * i  # gate_up output, activation, product
+        # the repeated input (the stream's dtype), the scores column; the scaled input the experts' bmm
+        # keeps (under AMP autocast's copy of the fp32 product)
+        n += D * t * E * h + C * t * E + C * t * E * h
+        n += 4 * C * t * E * i  # gate_up output, activation, product
+        if not c.trains("experts", "gate_up_proj", "down_proj"):
+            n -= C * t * E * (h + i)  # frozen experts: bmm keeps neither the scaled inputs nor the product
     else:
         fp32_router = bool(L.mla) or L.router_renorm  # the weights stay fp32 when renormalised
         n += 4 * t * E + 8 * t * k
         if L.mla:  # DeepSeek: sigmoid router in fp32 on an fp32 copy of the input and weight
-            n += 4 * t * h + 4 * E * h + 4 * t + 4 * t * k
+            n += 4 * E * h + 4 * t + 4 * t * k + (4 * t * h if c.trains("gate") else 0)
         elif L.router_renorm:
             n += 4 * t * k + 4 * t  # renormalised top-k weights and their sum
         weight = 4 if fp32_router else D
         tk = t * k
         n += D * tk * (2 * h + 4 * i) + tk * (weight + 24) + 4 * E
+        if not c.trains("experts", "gate_up_proj", "down_proj"):
+            n -= D * tk * (h + i)  # frozen experts: _grouped_mm keeps neither the gathered input nor the product
     if L.shared_expert_size:
         si = L.shared_expert_size
-        n += 4 * D * t * si
+        n += 3 * c.C * t * si + (c.C * t * si if c.trains("down_proj") else 0)  # gate, act, up; the product
         if L.shared_expert_gate:
-            n += D * t * h + D * t  # shared expert's output and its sigmoid gate
+            n += c.C * t * h + c.C * t  # shared expert's output and its sigmoid gate
     return n

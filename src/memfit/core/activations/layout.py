@@ -17,13 +17,14 @@ Layer formulas are in ``families`` (Llama-style decoders, experts, latent attent
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import NamedTuple
 
-from memfit.core.activations.adapters import AdapterActivations, first_block_adapters, first_block_qk_grads
+from memfit.core.activations.adapters import PRE_ATTENTION_NORMS, AdapterActivations, first_block_adapters
 from memfit.core.activations.common import CAUSAL_LM_LOSS, _lora_targets
 from memfit.core.activations.estimate import ActivationEstimate, LayerGroup
-from memfit.core.activations.families import Ctx, llama_layer, norm_bytes
+from memfit.core.activations.families import Ctx, lin_in, llama_layer, norm_bytes
 from memfit.core.activations.stacks import bert_layer, neox_layer, t5_decoder_layer, t5_encoder_layer, t5_held_biases
 from memfit.core.model import ArchSpec
 from memfit.core.peft.spec import PeftSpec
@@ -34,11 +35,12 @@ _LM_TASKS = ("causal-lm", "masked-lm", "seq2seq-lm")
 def estimate_from_layout(
     arch: ArchSpec, peft: PeftSpec, *, seq_len: int, micro_batch: int, dtype_bytes: int,
     gradient_checkpointing: bool, attention: str, keep_outputs: bool, linear_saves_frozen_inputs: bool,
-    target_len: int | None, adapters: AdapterActivations | None = None,
+    target_len: int | None, compute_bytes: int | None = None, adapters: AdapterActivations | None = None,
 ) -> ActivationEstimate:
     L = arch.layout
     method = peft.method
     D, b = dtype_bytes, micro_batch
+    C = compute_bytes or D
     s = seq_len + peft.prompt_tokens
     skv = s + peft.prefix_tokens
     t = b * s
@@ -50,18 +52,34 @@ def estimate_from_layout(
     def trains(*names: str) -> bool:
         return full or frozen_saves or any(n in targets for n in names)
 
-    c = Ctx(D=D, b=b, s=s, skv=skv, t=t, h=arch.hidden_size, a=arch.num_heads, hq=arch.num_heads * arch.head_dim,
+    # the first block's layers whose outputs need a gradient over frozen embeddings: the adapted ones
+    # (all of them behind an adapted pre-attention norm, LN tuning)
+    first_adapted = adapters.first_block_adapted() if adapters is not None else frozenset(targets)
+    behind_norm = bool(first_adapted & PRE_ATTENTION_NORMS)
+
+    def adapted(*names: str) -> bool:
+        return full or behind_norm or any(n in first_adapted for n in names)
+
+    head_c = C
+    if adapters is not None and adapters.quantized is not None:
+        # a bitsandbytes base: its layers return their input's dtype whatever autocast does (bitsandbytes
+        # nn/modules.py Linear4bit.forward: matmul_4bit(...).to(inp_dtype); autograd/_functions.py
+        # MatMul8bitLt: int8_mm_dequant(..., dtype=A.dtype)); the head (not quantized) still runs in C
+        C = D
+    c = Ctx(D=D, C=C, amp=C != D, b=b, s=s, skv=skv, t=t, h=arch.hidden_size, a=arch.num_heads, hq=arch.num_heads * arch.head_dim,
             hkv=arch.num_kv_heads * arch.head_dim, kv=arch.num_kv_heads, i=arch.intermediate_size,
-            eager=attention == "eager", full=full, trains=trains,
+            eager=attention == "eager", full=full, trains=trains, adapted=adapted,
             # the cache lives on only as part of the outputs that carry it (CausalLMOutputWithPast,
             # SequenceClassifierOutputWithPast, Seq2SeqLMOutput); transformers disables it under checkpointing
             cache=keep_outputs and not gradient_checkpointing and arch.task in ("causal-lm", "sequence-classification", "seq2seq-lm"),
             gqa=arch.num_kv_heads != arch.num_heads,
-            attention=attention,
-            qk_grads=first_block_qk_grads(adapters, targets, peft))
+            attention=attention, r=peft.lora_r if method == "lora" else 0)
     grad_first = full or peft.prompt_tokens > 0
+    # decoder tokens: the target's (peft 0.21's PeftModelForSeq2SeqLM.forward prepends prompt tuning's
+    # virtual tokens to the encoder's inputs only, whatever num_transformer_submodules says)
+    s_dec = target_len or seq_len
     lora = (max(adapters.block_bytes(t, D), default=0) if adapters is not None else
-            len(targets) * D * t * peft.lora_r if method == "lora" else 0)
+            len(targets) * C * t * peft.lora_r if method == "lora" else 0)  # each lora_A's output
     lora_first = first_block_adapters(adapters, arch, t, D, grad_first) if adapters is not None else lora
     fused = attention != "eager" and attention != "sdpa"  # flash/flex take windows without a mask
 
@@ -72,11 +90,17 @@ def estimate_from_layout(
         kinds = L.layer_kinds or ("d",) * arch.num_layers
         counted = Counter(kinds)
         for kind in dict.fromkeys(kinds):  # execution order of first appearance
-            masked = "s" in kind and s > L.sliding_window > 0 and not fused and not c.eager
+            ck = c
+            if "s" in kind and skv != s and L.sliding_window > 0:
+                # a sliding-window layer's cache keeps only the last window - 1 of the prefix's keys
+                # (transformers cache_utils.DynamicSlidingWindowLayer)
+                ck = _ctx_copy(c, skv=s + min(skv - s, L.sliding_window - 1))
+            # an explicit mask: sliding-window layers longer than their window, prefix tuning's virtual keys
+            masked = ("s" in kind and s > L.sliding_window > 0 or skv != s) and not fused and not c.eager
             kw = dict(moe="m" in kind, masked=masked, qk_norm="n" not in kind)
-            groups.append(LayerGroup(_kind_name(kind), counted[kind], llama_layer(arch, L, c, grad_in=True, **kw) + lora))
+            groups.append(LayerGroup(_kind_name(kind), counted[kind], llama_layer(arch, L, ck, grad_in=True, **kw) + lora))
             if kind == kinds[0]:
-                first = llama_layer(arch, L, c, grad_in=grad_first, **kw) + lora_first
+                first = llama_layer(arch, L, ck, grad_in=grad_first, **kw) + lora_first
     elif L.family == "neox":
         per = neox_layer(arch, L, c, grad_in=True) + lora
         groups.append(LayerGroup("layer", arch.num_layers, per))
@@ -86,13 +110,20 @@ def estimate_from_layout(
         groups.append(LayerGroup("layer", arch.num_layers, per))
         first = bert_layer(arch, L, c, grad_in=grad_first) + lora_first
     elif L.family == "t5":
-        groups, first, extra = _t5_groups(arch, c, target_len or seq_len, lora)
+        if adapters is not None:  # decoder blocks at target length (cross-attention's k, v over the encoder's)
+            lora_first, lora, dec_adapters = _t5_adapter_bytes(adapters, arch, D, t, b * s_dec, grad_first)
+        else:
+            dec_adapters = None
+        groups, first, extra = _t5_groups(arch, c, s_dec, lora, grad_first=grad_first, lora_first=lora_first,
+                                          dec_adapters=dec_adapters)
     else:  # a layout family without a model here is a builder bug
         raise AssertionError(L.family)
 
-    t_out = b * (target_len or seq_len) if L.family == "t5" and arch.num_encoder_layers else t
-    embed = _embedding_bytes(arch, c, grad_first or gradient_checkpointing)
-    hd = _head_bytes(arch, c, t_out, keep_outputs=keep_outputs)
+    t_out = b * s_dec if L.family == "t5" and arch.num_encoder_layers else t
+    embed = _embedding_bytes(arch, c, grad_first or gradient_checkpointing,
+                             leaf=gradient_checkpointing and not grad_first)
+    hd = _head_bytes(arch, c if head_c == C else _ctx_copy(c, C=head_c, amp=head_c != D), t_out,
+                     keep_outputs=keep_outputs)
     head, logits = hd.head, hd.logits
     if adapters is not None:  # adapted (or quantized) embeddings and heads, outside the blocks
         before, after = adapters.outside_bytes(t, D)
@@ -106,8 +137,8 @@ def estimate_from_layout(
         held = n_layers * D * t * arch.hidden_size
         if L.family == "t5":
             if arch.num_encoder_layers:  # decoder blocks hold their input at target_len tokens
-                held += arch.num_layers * D * b * ((target_len or seq_len) - s) * arch.hidden_size
-            held += t5_held_biases(arch, c, target_len or seq_len)
+                held += arch.num_layers * D * b * (s_dec - s) * arch.hidden_size
+            held += t5_held_biases(arch, c, s_dec)
         held += _held_masks(arch, c)
         total = held + embed + head
         recompute = max(g.bytes for g in groups) if groups else 0
@@ -123,7 +154,7 @@ def estimate_from_layout(
         total_bytes=total, layer_bytes=biggest.bytes, first_layer_bytes=first, embedding_bytes=embed,
         head_bytes=head, logits_bytes=logits, recompute_bytes=recompute, formula=formula, layers=tuple(groups),
         checkpointed_layer_bytes=D * t * arch.hidden_size if gradient_checkpointing else 0,
-        checkpointed_layers=_held_layers(arch, c, groups, target_len or seq_len) if gradient_checkpointing else (),
+        checkpointed_layers=_held_layers(arch, c, groups, s_dec) if gradient_checkpointing else (),
         logits_kept_bytes=hd.kept, loss_saved_bytes=hd.saved, loss_forward_tensors=hd.forward,
         loss_backward_tensors=hd.backward, logits_grad_bytes=hd.grad, loss_source=hd.source,
     )
@@ -161,12 +192,17 @@ def _held_masks(arch: ArchSpec, c: Ctx) -> int:
     L = arch.layout
     b, s, skv = c.b, c.s, c.skv
     if L.family == "llama":
-        if c.eager:
-            return c.D * b * s * skv
+        pos = 8 * s  # the position ids every layer receives (an arange made in the model's forward)
+        if c.eager:  # one per attention type (Gemma 2/3: the full and the sliding-window mask)
+            return pos + c.D * b * s * skv * (len({"s" in k for k in L.layer_kinds}) if L.layer_kinds else 1)
         sliding = any("s" in k for k in L.layer_kinds) and s > L.sliding_window > 0 and c.attention == "sdpa"
-        return b * s * skv if sliding else 0
-    if L.family == "neox" and arch.model_type == "falcon":
-        return b * s * s
+        return pos + (b * s * skv if sliding else 0)
+    if L.relative_attention == "deberta":  # the encoder hands every layer the relative positions (int64),
+        # the fp32 attention mask and the LayerNorm'd relative embeddings (their statistics when they train)
+        span2 = 2 * L.position_buckets
+        return 8 * s * s + 4 * b * s * s + c.D * span2 * c.h + (8 * span2 if c.full else 0)
+    if L.family == "neox":  # the position ids (an arange); Falcon's explicit causal mask (bool)
+        return 8 * s + (b * s * s if arch.model_type == "falcon" else 0)
     return 0
 
 
@@ -175,13 +211,34 @@ def _kind_name(kind: str) -> str:
     return name + (" sliding" if "s" in kind else "") + (" nope" if "n" in kind else "")
 
 
-def _t5_groups(arch: ArchSpec, c: Ctx, target_len: int, lora: int) -> tuple[list[LayerGroup], int, str]:
-    """Encoder blocks at ``seq_len`` and decoder blocks at ``target_len`` tokens per sequence."""
+def _t5_adapter_bytes(adapters: AdapterActivations, arch: ArchSpec, D: int, t_enc: int, t_dec: int,
+                      grad_first: bool) -> tuple[int, int, int]:
+    """The adapters' (and quantized matmuls') bytes of an encoder-decoder: (first encoder block, largest
+    encoder block, largest decoder block), decoder layers at the target's tokens except the
+    cross-attention's k and v, which read the encoder's output."""
+    n_enc = arch.num_encoder_layers if arch.num_encoder_layers else arch.num_layers
+    per_enc = adapters.block_bytes(t_enc, D)[:n_enc]
+    first = first_block_adapters(adapters, arch, t_enc, D, grad_first)
+    dec = [0] * max(adapters.blocks - n_enc, 0)
+    rows = [(x.module, x.block, adapters.saved(x, D)) for x in adapters.layers]
+    if adapters.quantized is not None:
+        rows += [(q.module, q.block, adapters.quantized.saved(q, D)) for q in adapters.quantized.layers]
+    for module, block, saved in rows:
+        if n_enc <= block < adapters.blocks:
+            tokens = t_enc if re.search(r"EncDecAttention\.[kv]$", module) else t_dec
+            dec[block - n_enc] += saved.per_token * tokens + saved.fixed
+    return first, max(per_enc, default=0), max(dec, default=0)
+
+
+def _t5_groups(arch: ArchSpec, c: Ctx, target_len: int, lora: int, *, grad_first: bool, lora_first: int | None = None,
+               dec_adapters: int | None = None) -> tuple[list[LayerGroup], int, str]:
+    """Encoder blocks at ``seq_len`` and decoder blocks at ``target_len`` tokens per sequence (the
+    first of each over frozen embeddings keeps nothing for its input: ``grad_first``)."""
     L = arch.layout
     every = arch.model_type == "umt5"  # every umT5 block has its own relative bias
     enc_n = arch.num_encoder_layers if arch.num_encoder_layers else arch.num_layers
     enc = t5_encoder_layer(arch, L, c, own_bias=every) + lora
-    enc0 = t5_encoder_layer(arch, L, c, own_bias=True) + lora
+    enc0 = t5_encoder_layer(arch, L, c, own_bias=True, grad_in=grad_first) + (lora if lora_first is None else lora_first)
     groups = [LayerGroup("encoder", enc_n, enc)]
     if not arch.num_encoder_layers:  # T5ForTokenClassification: the encoder alone
         return groups, enc0, ""
@@ -189,8 +246,16 @@ def _t5_groups(arch: ArchSpec, c: Ctx, target_len: int, lora: int) -> tuple[list
     dec_c = Ctx(**{k: getattr(c, k) for k in Ctx.__slots__})
     dec_c.s = dec_c.skv = target_len
     dec_c.t = c.b * target_len
-    dec = t5_decoder_layer(arch, L, dec_c, s_enc=s_enc, own_bias=every, cross_bias=every) + lora
-    dec0 = t5_decoder_layer(arch, L, dec_c, s_enc=s_enc, own_bias=True, cross_bias=True) + lora
+    # lora_A's outputs: the decoder's self-attention and feed-forward at target_len tokens, the
+    # cross-attention's k and v projections over the encoder's output
+    dec_lora = dec_adapters or 0
+    if dec_adapters is None and c.r and not c.full:
+        names = ("q", "k", "v", "o", "wi", "wi_0", "wi_1", "wo")
+        dec_lora = sum(c.C * dec_c.t * c.r for n in names if c.trains(n))  # self-attention and FF
+        dec_lora += sum(c.C * (c.t if n in ("k", "v") else dec_c.t) * c.r for n in ("q", "k", "v", "o") if c.trains(n))
+    dec = t5_decoder_layer(arch, L, dec_c, s_enc=s_enc, own_bias=every, cross_bias=every) + dec_lora
+    dec0 = t5_decoder_layer(arch, L, dec_c, s_enc=s_enc, own_bias=True, cross_bias=True,
+                            grad_in=c.full) + dec_lora  # prompt tuning's tokens reach the encoder alone
     extra = ""
     if dec0 != dec:  # the first decoder block computes the biases T5 and mT5 share with the others
         groups += [LayerGroup("decoder (first)", 1, dec0), LayerGroup("decoder", arch.num_layers - 1, dec)]
@@ -200,8 +265,10 @@ def _t5_groups(arch: ArchSpec, c: Ctx, target_len: int, lora: int) -> tuple[list
     return groups, enc0, extra
 
 
-def _embedding_bytes(arch: ArchSpec, c: Ctx, grad_in: bool) -> int:
-    """Rotary tables, embedding dropout and the like (before the first layer)."""
+def _embedding_bytes(arch: ArchSpec, c: Ctx, grad_in: bool, *, leaf: bool = False) -> int:
+    """Rotary tables, embedding dropout and the like (before the first layer). ``leaf``: checkpointing
+    over frozen embeddings, where ``enable_input_require_grads`` makes the word embeddings' output a
+    leaf that requires grad (its AccumulateGrad node holds it until backward)."""
     L = arch.layout
     D, t, s, h, b = c.D, c.t, c.s, c.h, c.b
     if L.family == "llama":
@@ -217,10 +284,13 @@ def _embedding_bytes(arch: ArchSpec, c: Ctx, grad_in: bool) -> int:
     if L.family == "bert":
         # embeddings' sum and LayerNorm (input, statistics), its dropout mask (its output is layer 0's
         # input), the gathered token types; RoBERTa's position ids made from the input ids
-        n = D * t * h + 8 * t + (t * h if L.hidden_dropout > 0 else 0) + 8 * t
-        return n + (8 * t if arch.model_type == "roberta" else 0)
+        n = (D * t * h + 8 * t + (t * h if L.hidden_dropout > 0 else 0)) if grad_in else 0
+        if L.relative_attention == "deberta":  # no token types, no absolute positions (the LayerNorm's input
+            return n + (D * t if grad_in else 0)  # is the word embeddings' output); the mask multiplied in
+        n += D * t * h if leaf else 0  # the word embeddings' output, before their sum and LayerNorm
+        return n + ((16 if arch.model_type == "roberta" else 8) * t if c.full else 0)
     if L.family == "t5":  # embedding dropout masks (their outputs are block 0's inputs, counted there)
-        n = t * h if L.hidden_dropout > 0 else 0
+        n = t * h if L.hidden_dropout > 0 and grad_in else 0
         if arch.num_encoder_layers:
             n += 8 * b * s  # decoder_input_ids (labels shifted right)
         return n
@@ -264,45 +334,64 @@ _TOKEN_LOSS = f"{_LOSS_FILE}:ForTokenClassification (logits.float(); fixed_cross
 def _head_bytes(arch: ArchSpec, c: Ctx, t_out: int, *, keep_outputs: bool) -> _Head:
     """The head's and the loss's bytes for the task (see ``_Head``)."""
     L = arch.layout
-    D, h, V = c.D, c.h, arch.vocab_size
+    D, C, h, V = c.D, c.C, c.h, arch.vocab_size
     task = arch.task
     t = t_out
     # the stack's last output feeds the head's first Linear directly, except a token classifier's
     # dropout (which keeps its mask and output instead) and BERT-style heads that start elsewhere
     head_trains = c.full and task != "token-classification"
+    head_in = (C if c.amp else D) * t * h if head_trains else 0  # under AMP the head's own 16-bit copy
     n = 0
     # the stack's final norm (its output feeds the head)
     if L.family == "llama":
-        n += norm_bytes(L.norm, _ctx_at(c, t), grad_in=True, weight_trains=c.full, out_kept=head_trains)
+        n += norm_bytes(L.norm, _ctx_at(c, t), grad_in=True, weight_trains=c.full, out_kept=False) + head_in
     elif L.family == "neox":
-        n += D * t * h + 8 * t + (D * t * h if head_trains else 0)  # ln_f input, statistics, output
+        n += D * t * h + 8 * t + head_in  # ln_f input, statistics, its output (or autocast's copy of it)
     elif L.family == "t5":
-        # final T5LayerNorm (input, fp32 copy, rsqrt, the cast its weight keeps), dropout (mask, and its
-        # output unless a token classifier's own dropout follows)
+        from memfit.core.activations.stacks import _t5_norm
+
+        # final T5LayerNorm, dropout (mask, and its output: the head's input, unless a token classifier's
+        # own dropout follows)
         drop = t * h if L.hidden_dropout > 0 else 0
-        n += 2 * D * t * h + 4 * t * h + 4 * t + drop + (D * t * h if task != "token-classification" else 0)
+        n += _t5_norm(_ctx_at(c, t)) + drop + (head_in if task != "token-classification" else 0)
         if arch.num_encoder_layers:
-            te = c.t  # the encoder's own final norm and dropout (its output: cross-attention's k, v input)
-            n += 2 * D * te * h + 4 * te * h + 4 * te + (te * h if L.hidden_dropout > 0 else 0) + D * te * h
-            n += t * h if L.hidden_dropout > 0 else 0  # the decoder's embedding dropout mask
+            te = c.t  # the encoder's own final norm and dropout; its output is every cross-attention's k
+            # and v projections' input (under AMP each makes its own copy, counted with the decoder)
+            n += _t5_norm(c) + (te * h if L.hidden_dropout > 0 else 0)
+            # (the outputs hold it too: Seq2SeqLMOutput.encoder_last_hidden_state)
+            n += D * te * h if keep_outputs or (not c.amp and c.trains("k", "v")) else 0
+            n += t * h if L.hidden_dropout > 0 and c.full else 0  # the decoder's embedding dropout mask
+    elif L.family == "bert" and task in _LM_TASKS:
+        n += lin_in(c, t * h, "dense")  # the last layer's output: the transform dense's input
     elif L.family == "bert" and task != "token-classification":
         n += D * t * h  # the last layer's output: the head's input (the pooler's first-token view keeps it all)
     if task in _LM_TASKS:
-        if L.family == "bert":  # transform: dense output, activation output, LayerNorm stats and output
-            n += 3 * D * t * h + 8 * t
+        if L.family == "bert":  # transform: dense output, the activation's output (the LayerNorm's input,
+            # autocast's fp32 copy of it under AMP), LayerNorm statistics, its output (the decoder's input)
+            n += C * t * h + (4 if c.amp else C) * t * h + 8 * t + lin_in(c, t * h, "decoder")
         upcast = L.loss_upcast and L.family not in ("bert", "t5")
-        log_softmax = (4 if upcast else D) * t * V
-        logits = (D * t * V if keep_outputs else 0) + log_softmax
+        tV = t * V
+        log_softmax = (4 if upcast else C) * tV
+        if not upcast and c.amp:  # CUDA autocast: nll_loss (fp32 list) saves an fp32 copy of the log-probs
+            log_softmax += 4 * tV
+        logits = (C * tV if keep_outputs else 0) + log_softmax  # the logits are a matmul's output
         if L.logit_softcap:
-            logits += D * t * V  # tanh of logits / cap, kept for its backward
+            logits += C * tV  # tanh of logits / cap, kept for its backward
         if task == "causal-lm":
             n += 8 * (t + c.b)  # the labels padded by one (ForCausalLMLoss), kept by the shift
-        kept = D * t * V if keep_outputs else 0
-        if upcast:  # logits.float(), then the label copies; nll_loss's and log_softmax's gradients (fp32)
-            fwd, bwd, grad = (4 * t * V, 8 * t), (4 * t * V, 4 * t * V), D * t * V
+        kept = C * tV if keep_outputs else 0
+        if upcast:  # logits.float() (a copy of 16-bit logits), then the label copies; nll_loss's and
+            # log_softmax's gradients (fp32), cast back to the logits' dtype (none for fp32 logits)
+            fwd = ((4 * tV,) if C != 4 else ()) + (8 * t,)
+            bwd, grad = (4 * tV, 4 * tV), (C * tV if C != 4 else 0)
             source = _UPCAST_LOSS[task]
+        elif c.amp:  # nll_loss's gradient of the fp32 copy, next to both saved tensors; then the casts back
+            fwd, bwd, grad = (8 * t,), (4 * tV,), C * tV
+            source = _DTYPE_LOSS.get(arch.model_type, "the model's CrossEntropyLoss on the dtype logits") + \
+                " under CUDA autocast (log_softmax in the logits' dtype, nll_loss on an fp32 copy: aten LossNLL.cpp " \
+                "cross_entropy_loss_symint) (transformers 5.24, torch 2.13)"
         else:  # CrossEntropyLoss on the dtype logits: log_softmax's backward result is their gradient
-            fwd, bwd, grad = (8 * t,), (D * t * V, D * t * V), 0
+            fwd, bwd, grad = (8 * t,), (C * tV, C * tV), 0
             source = _DTYPE_LOSS.get(arch.model_type, "the model's CrossEntropyLoss on the dtype logits") + \
                 " (transformers 5.24)"
         return _Head(n + logits, logits, kept, log_softmax, fwd, bwd, grad, source)
@@ -327,6 +416,13 @@ def _head_bytes(arch: ArchSpec, c: Ctx, t_out: int, *, keep_outputs: bool) -> _H
     # question answering: qa_outputs on the stack's output (counted above), start/end copies
     logits = D * t * labels + 2 * D * t
     return _Head(n + logits, logits, logits)
+
+
+def _ctx_copy(c: Ctx, **changes) -> Ctx:
+    other = Ctx(**{k: getattr(c, k) for k in Ctx.__slots__})
+    for k, v in changes.items():
+        setattr(other, k, v)
+    return other
 
 
 def _ctx_at(c: Ctx, t: int) -> Ctx:

@@ -350,6 +350,8 @@ def build_llama_like(name: str, config: Mapping[str, Any], task: str | None = No
         family="llama",
         norm="rms_gemma" if v.gemma_norm else ("rms_olmo2" if model_type == "olmo2" else "rms"),
         rotary_fp32=model_type == "olmo2",
+        eager_softmax_fp32=model_type != "llama4_text",
+        rotary_keeps_dtype=model_type in ("olmo2", "llama4_text"),
         act=_act(v, config),
         qk_norm=v.qk_norm,
         norms=v.norms,

@@ -183,10 +183,13 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
     D = emb.elem_bytes if emb is not None else (2 if pm.autocast or pm.pure else 4)
     if sc.framework in ("fsdp", "fsdp2") and sc.fsdp.mixed_precision != "none":
         D = 2  # FSDP's mixed precision computes with 16-bit unsharded params: a 16-bit stream
+    # the matmul outputs' element size: autocast's 16-bit dtype (under AMP on an fp32 stream they are
+    # 16-bit while the residual sums stay fp32)
+    C = DTYPE_BYTES[pm.autocast] if pm.autocast else None
     adapters = torch_adapters(sc, m)
     est = estimate_activation_bytes(sc.model.arch, sc.peft, seq_len=sc.train.seq_len,
                                     micro_batch=sc.train.micro_batch, dtype_bytes=D, gradient_checkpointing=ckpt,
-                                    attention=sc.train.attention, adapters=adapters)
+                                    attention=sc.train.attention, compute_bytes=C, adapters=adapters)
     n_st = m.stages
     stages = [_Stage() for _ in range(n_st)]
     blocks = n_st - 2
@@ -210,8 +213,8 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
     loss_fwd: tuple[int, ...] = ()
     loss_bwd: tuple[int, ...] = ()
     if est.logits_bytes and est.loss_forward_bytes >= 4 * tV:  # a language-model head with ForCausalLMLoss
-        if LD < D:  # the logits kept with the outputs are 16-bit, not the stream's dtype
-            stages[-1].act -= (D - LD) * tV
+        if LD < D and est.logits_kept_bytes == D * tV:  # the logits kept with the outputs are 16-bit, not
+            stages[-1].act -= (D - LD) * tV  # the stream's dtype (where the estimate did not say so itself)
         labels = est.loss_forward_bytes - 4 * tV
         loss_fwd = ((4 * tV,) if LD != 4 else ()) + ((labels,) if labels else ())  # logits.float() copies 16-bit only
         # est.loss_backward_bytes (nll_loss's and log_softmax's gradients, 8·t·V) is not applied: on this
@@ -223,7 +226,7 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
     _split_stages(stages, est, split_estimate(est, sc.model.arch, sc.peft, seq_len=sc.train.seq_len,
                                               micro_batch=sc.train.micro_batch, dtype_bytes=D,
                                               gradient_checkpointing=ckpt, attention=sc.train.attention,
-                                              adapters=adapters),
+                                              compute_bytes=C, adapters=adapters),
                   head_extra=stages[-1].act - est.head_bytes)
     grad_into_first = sc.peft.method == "full" or sc.peft.prompt_tokens > 0 or any(
         p.trainable and p.stage == 0 and not p.adapter for p in m.params) or ckpt
