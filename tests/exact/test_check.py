@@ -120,8 +120,9 @@ def test_check_ddp_and_fsdp2_without_a_deepspeed_config(prefix_model):
 
 def test_check_reads_a_live_lora_config_and_says_when_it_cannot():
     """A live LoraConfig keeps target_modules as a set (peft writes it as a list in
-    adapter_config.json): its rank is read, not memfit's default; a setting memfit does not model
-    (layers_to_transform) is said out loud, not dropped silently."""
+    adapter_config.json): its rank is read, not memfit's default; and layers_to_transform (planned
+    since peft's generic tuner machinery) is read too: the plan's trainable params equal the live
+    model's, with no fallback warning."""
     import peft
     import transformers
 
@@ -142,8 +143,11 @@ def test_check_reads_a_live_lora_config_and_says_when_it_cannot():
     with warnings.catch_warnings():
         warnings.simplefilter("error", memfit.MemfitWarning)  # read, no fallback to the defaults (r = 8)
         check(model)
-    with pytest.warns(memfit.MemfitWarning, match="adapter's settings could not be read.*layers_to_transform"):
-        check(live(layers_to_transform=[0]))
+    one_layer = live(layers_to_transform=[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", memfit.MemfitWarning)
+        plan = check(one_layer)
+    assert plan.params.trainable == sum(p.numel() for p in one_layer.parameters() if p.requires_grad)
 
 
 def test_check_warns_when_the_run_is_at_risk(prefix_model):
