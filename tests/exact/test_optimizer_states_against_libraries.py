@@ -43,7 +43,11 @@ assert math.prod(SHAPES["2-D below min_8bit_size"]) < BNB_MIN_8BIT_SIZE <= math.
 assert math.prod(SHAPES["3-D below min_8bit_size"]) < BNB_MIN_8BIT_SIZE <= math.prod(SHAPES["3-D above min_8bit_size"])
 assert math.prod(SHAPES["2-D above the paging threshold"]) >= BNB_PAGED_MIN_NUMEL
 VARIANTS = {"sgd": [{}, {"momentum": 0.9}], "adafactor": [{}, {"beta1": 0.9}]}
-CASES = [(o, d, kw) for o in OPTIMIZERS for d in ("fp32", "bf16") for kw in VARIANTS.get(o, [{}])]
+NOT_BUILDABLE = {"adamw_hf": "transformers' own AdamW (the Trainer's default up to 4.31) is gone from the installed "
+                             "transformers 5.24, so it cannot be built here; its states are read from 4.26's source "
+                             "(core/optimizers.py: exp_avg, exp_avg_sq zeros_like(p), step a Python int)"}
+"""Optimizers memfit names that the installed libraries cannot build, with the reason."""
+CASES = [(o, d, kw) for o in OPTIMIZERS if o not in NOT_BUILDABLE for d in ("fp32", "bf16") for kw in VARIANTS.get(o, [{}])]
 
 
 def _real(optim: str, params, kw: dict):
@@ -101,4 +105,4 @@ def test_each_state_tensor_matches_the_library(optim, dtype, kw):
 
 
 def test_every_named_optimizer_is_compared():
-    assert {o for o, _, _ in CASES} == set(OPTIMIZERS)
+    assert {o for o, _, _ in CASES} | set(NOT_BUILDABLE) == set(OPTIMIZERS)
