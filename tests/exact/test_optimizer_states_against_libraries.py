@@ -26,8 +26,7 @@ import math
 import pytest
 
 from memfit.core.frameworks.pytorch import OPTIMIZERS, TorchSettings
-from memfit.core.optimizers import BNB_MIN_8BIT_SIZE, BNB_PAGED_MIN_NUMEL, BNB_QMAP_BYTES, param_states, qmaps, \
-    resolve_optimizer
+from memfit.core.optimizers import BNB_QMAP_BYTES, param_states, qmaps, resolve_optimizer
 
 torch = pytest.importorskip("torch")
 
@@ -39,9 +38,20 @@ SHAPES = {
     "3-D above min_8bit_size": (4, 40, 50),
     "2-D above the paging threshold": (400, 300),
 }
-assert math.prod(SHAPES["2-D below min_8bit_size"]) < BNB_MIN_8BIT_SIZE <= math.prod(SHAPES["2-D above min_8bit_size"])
-assert math.prod(SHAPES["3-D below min_8bit_size"]) < BNB_MIN_8BIT_SIZE <= math.prod(SHAPES["3-D above min_8bit_size"])
-assert math.prod(SHAPES["2-D above the paging threshold"]) >= BNB_PAGED_MIN_NUMEL
+MIN_8BIT_SIZE = 4096
+"""bitsandbytes' ``min_8bit_size`` default (checked against the installed library below)."""
+PAGED_MIN_NUMEL = 100_000
+"""bitsandbytes' ``get_state_buffer``: ``numel < 1e5`` is never paged."""
+
+
+def test_the_shapes_straddle_the_librarys_thresholds():
+    bnb = pytest.importorskip("bitsandbytes")
+    import inspect
+
+    assert inspect.signature(bnb.optim.AdamW).parameters["min_8bit_size"].default == MIN_8BIT_SIZE
+    assert math.prod(SHAPES["2-D below min_8bit_size"]) < MIN_8BIT_SIZE <= math.prod(SHAPES["2-D above min_8bit_size"])
+    assert math.prod(SHAPES["3-D below min_8bit_size"]) < MIN_8BIT_SIZE <= math.prod(SHAPES["3-D above min_8bit_size"])
+    assert math.prod(SHAPES["2-D above the paging threshold"]) >= PAGED_MIN_NUMEL
 VARIANTS = {"sgd": [{}, {"momentum": 0.9}], "adafactor": [{}, {"beta1": 0.9}]}
 NOT_BUILDABLE = {"adamw_hf": "transformers' own AdamW (the Trainer's default up to 4.31) is gone from the installed "
                              "transformers 5.24, so it cannot be built here; its states are read from 4.26's source "

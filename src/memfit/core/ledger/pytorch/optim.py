@@ -312,10 +312,12 @@ def _adafactor(t: Timeline, opt: OptimizerModel, groups: list[list[TParam]], *, 
             if sixteen:
                 t.alloc(TEMPS, n4)  # grad.float()
                 prev_grad = n4
-            factored = len(p.shape) >= 2
-            rows = p.numel // p.shape[-1] if factored else 0
-            cols = (p.numel // (p.shape[-1] * p.shape[-2])) * p.shape[-1] if factored else 0
             states = param_states(opt, p.shape, p.elem_bytes, accelerator)
+            sizes = {s.name: s.nbytes for s in states}
+            factored = len(p.shape) >= 2  # Adafactor._get_options: the code path the step takes
+            # update.mean(dim=-1) / mean(dim=-2) are the factored states' shapes (fp32): one rule, theirs
+            rows = sizes.get("exp_avg_sq_row", 0) // 4
+            cols = sizes.get("exp_avg_sq_col", 0) // 4
             if first:
                 for s in states:  # in the order Adafactor.step makes them (memfit.core.optimizers)
                     if s.name == "RMS":
