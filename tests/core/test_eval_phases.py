@@ -97,5 +97,5 @@ def test_scenario_file_eval_section(tmp_path):
     p.write_text(f"model: {LLAMA}\neval: {{strategy: no}}\n")  # YAML's bare no is a boolean: read as "no"
     assert not build_scenario(read_scenario_file(p)).eval.enabled
     p.write_text(f"model: {LLAMA}\neval: {{strategy: sometimes}}\n")
-    with pytest.raises(MemfitError, match="eval_strategy"):
+    with pytest.raises(MemfitError, match=r"eval\.strategy"):
         build_scenario(read_scenario_file(p))

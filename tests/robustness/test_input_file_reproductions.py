@@ -29,7 +29,7 @@ def test_a_5000_digit_number_in_yaml_is_one_plain_line(tmp_path):
     p = tmp_path / "a.yaml"
     p.write_text("model: gpt2\nmicro_batch: " + "9" * 5000 + "\n")
     r = cli("plan", str(p))
-    assert_one_line_error(r, "a number of more than 4,300 digits")
+    assert_one_line_error(r, "a number of 5000 digits (more than 4,300)")
     assert "sys.set_int_max_str_digits" not in r.err
 
 

@@ -16,6 +16,8 @@ Nothing here executes input: YAML goes through PyYAML's ``SafeLoader`` (no ``!!p
 
 from __future__ import annotations
 
+import re
+
 import json
 import math
 import os
@@ -154,7 +156,9 @@ def parse_yaml(text: str, *, what: str, dates_as_text: bool = False) -> Any:
         if isinstance(e, MemfitError):
             raise
         if "integer string conversion" in str(e):  # Python's int-digit limit (sys.set_int_max_str_digits)
-            raise MemfitError(f"{what}: a number of more than 4,300 digits; no memfit setting is that large") from None
+            m = re.search(r"value has (\d+) digits", str(e))
+            digits = f"{m.group(1)} digits" if m else "more than 4,300 digits"
+            raise MemfitError(f"{what}: a number of {digits} (more than 4,300); no memfit setting is that large") from None
         raise MemfitError(f"{what}: {str(e).splitlines()[0]}") from None
     check_tree(value, what=what)
     return value
