@@ -34,7 +34,8 @@ def recommend(inputs: ScenarioInputs, *, top: int = 5, headroom: float | None = 
         from memfit.core.recommend.pytorch.search import recommend_torch
 
         result = recommend_torch(merged, top=top, headroom=headroom, progress=progress,
-                                 files=bool(inputs.training_args or inputs.accelerate_config))
+                                 files=bool(inputs.training_args or inputs.accelerate_config),
+                                 trainer=bool(inputs.training_args))
         from memfit.core.recommend.files import torch_script_change
         from memfit.core.recommend.user_files import read_user_files
 

@@ -63,7 +63,8 @@ def _base(sc: Scenario, inputs: ScenarioInputs) -> TorchCandidate:
         gradient_checkpointing=sc.train.gradient_checkpointing)
 
 
-def candidate_inputs(inputs: ScenarioInputs, sc: Scenario, c: TorchCandidate, *, files: bool = False) -> ScenarioInputs:
+def candidate_inputs(inputs: ScenarioInputs, sc: Scenario, c: TorchCandidate, *, files: bool = False,
+                     trainer: bool = False) -> ScenarioInputs:
     """The scenario inputs of a candidate (input files already merged into ``inputs``); ``files``: the
     candidate will be written into the user's TrainingArguments/accelerate files (``recommend_torch``)."""
     quant = dict(inputs.quantization or {}) if c.quantization == ("4bit" if sc.quant.method == "4bit" else sc.quant.method) \
@@ -80,6 +81,12 @@ def candidate_inputs(inputs: ScenarioInputs, sc: Scenario, c: TorchCandidate, *,
             # rule, memfit.core.inputs.merge._precision), not autocast beside fp32 FSDP
             precision = "fp32"
             fsdp["mixed_precision"] = c.precision.removeprefix("amp_")
+        if trainer:  # the Trainer sets peft's wrap policy for a PEFT model, whatever the files say (stack rule)
+            from memfit.core.stack.resolve import trainer_fsdp_wrap
+
+            wrap = trainer_fsdp_wrap(replace(inputs, framework=c.framework))
+            if wrap is not None:
+                fsdp["wrap_policy"] = wrap[0]
     load = inputs.load_dtype or "fp32"
     if c.precision in ("bf16", "fp16"):
         load = c.precision
@@ -131,12 +138,12 @@ def enumerate_candidates(sc: Scenario, base: TorchCandidate, *, files: bool = Fa
                                                  grad_accum=per_gpu // m, gradient_checkpointing=ck)
 
 
-def fast_peaks(inputs: ScenarioInputs, sc: Scenario, c: TorchCandidate, cache: dict, *, files: bool = False
-               ) -> tuple | None:
+def fast_peaks(inputs: ScenarioInputs, sc: Scenario, c: TorchCandidate, cache: dict, *, files: bool = False,
+               trainer: bool = False) -> tuple | None:
     """Per phase (GPU, host per process, host per node, NVMe) from the lean timeline; None when the
     candidate is not a valid configuration (a contradiction the exact path would refuse too)."""
     try:
-        csc = _scenario(inputs, sc, c, cache, files=files)
+        csc = _scenario(inputs, sc, c, cache, files=files, trainer=trainer)
     except MemfitError:
         return None
     t = LeanTimeline(ranks_per_node=csc.hardware.gpus_per_node, accelerator=csc.accelerator)
@@ -147,11 +154,12 @@ def fast_peaks(inputs: ScenarioInputs, sc: Scenario, c: TorchCandidate, cache: d
     return tuple(p[1:] for p in t.peaks())
 
 
-def _scenario(inputs: ScenarioInputs, sc: Scenario, c: TorchCandidate, cache: dict, *, files: bool = False) -> Scenario:
+def _scenario(inputs: ScenarioInputs, sc: Scenario, c: TorchCandidate, cache: dict, *, files: bool = False,
+              trainer: bool = False) -> Scenario:
     """The candidate's scenario, without re-resolving the model (the only part that does not change)."""
     from memfit.core.frameworks.resolve import resolve_framework_settings
 
-    ci = candidate_inputs(inputs, sc, c, files=files)
+    ci = candidate_inputs(inputs, sc, c, files=files, trainer=trainer)
     fw = resolve_framework_settings(ci, sc.hardware, has_deepspeed_json=False)
     return replace(sc, framework=fw.framework, torch=fw.torch, quant=fw.quant, ddp=fw.ddp, fsdp=fw.fsdp,
                    load=replace(sc.load, dtype=ci.load_dtype or "fp32"),
@@ -194,9 +202,10 @@ def describe_changes(base: TorchCandidate, c: TorchCandidate) -> tuple[Change, .
 
 
 def recommend_torch(inputs: ScenarioInputs, *, top: int = 5, headroom: float | None = None, progress=None,
-                    files: bool = False):
+                    files: bool = False, trainer: bool = False):
     """``files``: the user described the run with a TrainingArguments or accelerate config
-    (``enumerate_candidates``)."""
+    (``enumerate_candidates``); ``trainer``: with a TrainingArguments, so the Trainer runs it and its own
+    FSDP rules apply to every candidate (``candidate_inputs``)."""
     from memfit.core.frameworks.resolve import apply_input_files
     from memfit.core.recommend.confirm import (_fast_exact_diff, _fits, _limits, confirmation_order,
                                                enough_fitting, headroom_words, rank_by_level, rejection,
@@ -217,7 +226,7 @@ def recommend_torch(inputs: ScenarioInputs, *, top: int = 5, headroom: float | N
     for k, c in enumerate(cands, 1):
         if progress is not None and k % 64 == 0:
             progress(k, len(cands))
-        peaks = fast_peaks(inputs, sc, c, cache, files=files)
+        peaks = fast_peaks(inputs, sc, c, cache, files=files, trainer=trainer)
         if peaks is None or any(g > gpu_limit or node > host_limit for g, _, node, _ in peaks):
             continue
         fitting.setdefault(c.signature, []).append((c, peaks, estimate_step_time(sc, c), describe_changes(base, c)))
@@ -242,7 +251,7 @@ def recommend_torch(inputs: ScenarioInputs, *, top: int = 5, headroom: float | N
     for c, peaks, step, changes in best[: top * 3]:
         if enough_fitting(recs, top):
             break
-        ci = candidate_inputs(inputs, sc, c, files=files)
+        ci = candidate_inputs(inputs, sc, c, files=files, trainer=trainer)
         plan = make_plan(build_scenario(ci))
         diff = _fast_exact_diff(peaks, plan)
         max_diff = max(max_diff, diff)
