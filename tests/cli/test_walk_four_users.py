@@ -101,7 +101,10 @@ def test_walk(case, tmp_path):
     said = " ".join(recon["lines"])
     if recon["plan_verdict"] != "predicted_elsewhere":
         assert gpu["name"] in said and fmt_bytes(phase["gpu_oom_relevant_bytes"]) in said
-    assert "less room than the plan assumes" not in said or recon["plan_verdict"] == "not_predicted"
+    # "less room than the plan assumes" only where the plan did not predict this failure here (not at all,
+    # or on another resource/phase: the seed's 2021 stack, where the plan runs out of host RAM in load first)
+    assert "less room than the plan assumes" not in said or recon["plan_verdict"] in ("not_predicted",
+                                                                                      "predicted_elsewhere")
     nxt = " ".join(d["next_step"])
     changed = [r for r in rec["recommendations"] if r["changes"]]
     if recon["plan_verdict"] == "not_predicted":  # the plan fits: the least GPU memory recommend finds
