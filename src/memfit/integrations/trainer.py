@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import os
 
+# heavy side, not core: MemfitCallback subclasses TrainerCallback, so transformers is imported here; memfit.integrations
+# loads this module only on first use of MemfitCallback (its __getattr__), never at `import memfit`
 from transformers import TrainerCallback
 
 
