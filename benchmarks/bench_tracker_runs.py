@@ -86,7 +86,6 @@ def tracker_peak(config: Path, peft: dict, precision: str, optim: str, b: int, s
     """torch's MemTracker over two training steps of the real code on fake tensors."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 
     from memfit.core.peft.spec import PeftSpec
     from memfit.trace.cuda_kernels import cuda_like_kernels
@@ -94,20 +93,7 @@ def tracker_peak(config: Path, peft: dict, precision: str, optim: str, b: int, s
     from memfit.trace.results import TraceOptions
     from memfit.trace.step import quiet_libraries, task_inputs, unpacked_sequences
 
-    class PeftMemTracker(MemTracker):
-        """Gradient hooks on trainable parameters only (the tracker hooks every one, and a frozen
-        parameter refuses a hook)."""
-
-        def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
-            out = super()._track_module_params_and_buffers(module, install_grad_hooks=False)
-            if install_grad_hooks:
-                for p in module.parameters():
-                    if p.requires_grad and self._param_to_grad_hook_handles.get(p) is None:
-                        def on_grad(g):
-                            self._update_and_maybe_create_winfos(g, _MemRefType.GRAD)
-                        self._param_to_grad_hook_handles[p] = (
-                            p.register_hook(on_grad), p.register_post_accumulate_grad_hook(lambda q: on_grad(q.grad)))
-            return out
+    from memfit.trace.memtracker import PeftMemTracker
 
     cfg = json.loads(config.read_text(encoding="utf-8"))
     dtype = {"fp32": "fp32", "amp_bf16": "fp32", "amp_fp16": "fp32", "bf16": "bf16", "fp16": "fp16"}[precision]

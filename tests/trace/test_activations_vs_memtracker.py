@@ -43,24 +43,13 @@ LoRA -0.012%, the rest -0.001%). The tracker's forward bytes equal memfit's own 
 
 def _forward_bytes(config: dict, spec: PeftSpec, *, dtype: str, seq: int, b: int, attention: str, task=None) -> int:
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 
     from memfit.trace.cuda_kernels import cuda_like_kernels
     from memfit.trace.model_build import TORCH_DTYPES, apply_peft, build_meta_model, materialize_fake
     from memfit.trace.results import TraceOptions
     from memfit.trace.step import quiet_libraries, task_inputs, unpacked_sequences
 
-    class PeftMemTracker(MemTracker):
-        def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
-            out = super()._track_module_params_and_buffers(module, install_grad_hooks=False)
-            if install_grad_hooks:
-                for p in module.parameters():
-                    if p.requires_grad and self._param_to_grad_hook_handles.get(p) is None:
-                        def on_grad(g):
-                            self._update_and_maybe_create_winfos(g, _MemRefType.GRAD)
-                        self._param_to_grad_hook_handles[p] = (
-                            p.register_hook(on_grad), p.register_post_accumulate_grad_hook(lambda q: on_grad(q.grad)))
-            return out
+    from memfit.trace.memtracker import PeftMemTracker
 
     def total(snapshot) -> int:
         return sum(d.get("Total", 0) for d in snapshot.values())
