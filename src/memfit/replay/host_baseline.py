@@ -27,7 +27,9 @@ Measured (CPU parts; the CUDA-only parts are documented estimates in host_proces
 - ``from_pretrained_kept``: a Llama-3-8B-shaped checkpoint (2 layers, bf16) loaded the ways
   transformers' releases load it (safetensors into a meta-device model; ``torch.load`` of one .bin
   or of 1 GB shards next to a random model), then freed as ``model.to(device)`` frees it: what the
-  process keeps;
+  process keeps. The model's code is imported before the first reading: ``host.libraries`` holds it,
+  and what it imports depends on the install (transformers' loss module imports scipy where scipy is
+  installed: about 36 MiB, measured; a fresh virtualenv of memfit's dependencies has no scipy);
 - ``datasets`` (with ``--datasets-python``): ``import datasets`` and an Arrow dataset memory-mapped by
   ``load_from_disk`` and read row by row (its touched file pages are resident).
 """
@@ -224,6 +226,7 @@ print(json.dumps({{'tensor_bytes': [sd[k].numel() * sd[k].element_size() for k i
 LOAD = """
 import gc, glob, torch, transformers
 from transformers import AutoModelForCausalLM
+from transformers.models.llama import modeling_llama  # the model's code and what it imports: host.libraries holds it
 cfg = transformers.LlamaConfig(**{config})
 before = rss()
 if {path!r} == 'safetensors':  # the current loading path: meta-device model, safetensors shards

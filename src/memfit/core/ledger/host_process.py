@@ -8,7 +8,10 @@ measurements, cited below.
 
 - ``host.python_torch``: the interpreter and ``import torch`` (the CPU build, measured: its CUDA
   build maps more, see ``host.cuda_runtime``);
-- ``host.libraries``: transformers (with a model's modeling module) and peft, measured;
+- ``host.libraries``: transformers (with a model's modeling module) and peft, measured, with what
+  the modeling module imports on the measuring install (transformers' loss module imports scipy
+  where it is installed, about 36 MiB: the figure includes it; a fresh virtualenv of memfit's
+  dependencies has no scipy);
 - ``host.deepspeed``: ``import deepspeed``, measured; ``host.cpu_adam``: DeepSpeed's cpu_adam op
   (a JIT-built .so) loaded by DeepSpeedCPUAdam when the optimizer is offloaded, measured;
 - ``host.tokenizer``: a fast (``tokenizers``) BPE tokenizer of the model's vocabulary, measured at
@@ -22,7 +25,8 @@ measurements, cited below.
   dataset (its mapped file is shared, not copied: a constant and almost nothing per token);
 - ``host.from_pretrained``: what ``from_pretrained`` leaves in the process once the weights have left
   host memory (``model.to(device)``): the loading code it imports, the module tree, what the
-  allocator keeps. Measured on a Llama-3-8B-shaped bf16 checkpoint (2 layers) loaded the ways the
+  allocator keeps (the model's code is imported before the first reading: ``host.libraries``
+  holds it). Measured on a Llama-3-8B-shaped bf16 checkpoint (2 layers) loaded the ways the
   releases load it: safetensors into a meta-device model (transformers 5.24), and ``torch.load`` of
   one .bin or of 1 GB shards next to a random model (<= 4.50's ``low_cpu_mem_usage=False``): the
   highest of the three. (A same-dtype safetensors load leaves the weights memory-mapped: file pages
