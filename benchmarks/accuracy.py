@@ -81,6 +81,8 @@ def print_table(comparisons, *, cases: bool) -> None:
                 continue
             print(f"{c.case.id} [{c.framework}] outcome {c.case.outcome}, memfit {c.level} "
                   f"({c.gpu_ratio:.0%} of the card): {c.why}")
+            for n in c.stack_notes:
+                print(f"    stack: {n}")
             for f in c.figures:
                 m = f.measurement
                 planned = "-" if f.planned_bytes is None else f"{f.planned_bytes / 2**30:.2f}"

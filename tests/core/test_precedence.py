@@ -257,3 +257,28 @@ def test_training_args_defaults_are_listed_as_assumed(tmp_path):
     sc = _plan(training_args=ta, gpus="1xa100-80gb")
     assumed = {a.what: a for a in sc.assumptions}
     assert assumed["micro batch"].value == "8" and "TrainingArguments default" in assumed["micro batch"].why
+
+
+@pytest.mark.parametrize("transformers, given, accelerate, expected", [
+    # 4.41+: TrainingArguments writes FSDP_CPU_RAM_EFFICIENT_LOADING from fsdp_config (default false),
+    # over the launcher's (4.41.0 training_args.py:1864-1872)
+    ("4.41", None, True, False), ("4.41", True, None, True), ("5.24", None, None, False),
+    # up to 4.40 it does not read the key (4.36.0, 4.40.0): the launcher's value, else accelerate's false
+    ("4.40", True, None, False), ("4.40", None, True, True), ("4.40", False, True, True),
+])
+def test_cpu_ram_efficient_loading_follows_the_release(tmp_path, transformers, given, accelerate, expected):
+    fcfg = {"transformer_layer_cls_to_wrap": ["GPT2Block"]}
+    if given is not None:
+        fcfg["cpu_ram_efficient_loading"] = given
+    ta = _write(tmp_path, "ta.json", {"output_dir": "out", "fsdp": "full_shard auto_wrap", "fsdp_config": fcfg,
+                                      "per_device_train_batch_size": 2})
+    kw = {}
+    if accelerate is not None:
+        acc = {**ACCELERATE_FSDP, "fsdp_config": {**ACCELERATE_FSDP["fsdp_config"],
+                                                  "fsdp_cpu_ram_efficient_loading": accelerate, "fsdp_version": 1,
+                                                  "fsdp_backward_prefetch": "NO_PREFETCH"}}
+        kw["accelerate_config"] = _write(tmp_path, "acc.yaml", acc)
+    sc = _plan(gpus="2xa100-80gb", training_args=ta, transformers_version=transformers, **kw)
+    assert sc.fsdp.cpu_ram_efficient_loading is expected
+    if transformers == "4.40":
+        assert any("does not read fsdp_config.cpu_ram_efficient_loading" in n for n in sc.input_notes), sc.input_notes

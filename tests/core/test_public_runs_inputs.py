@@ -7,8 +7,8 @@ from those files as the libraries run them:
 - the PEFT docs' accelerate FSDP config (``mixed_precision: 'no'``) + TrainingArguments ``bf16: true``:
   TrainingArguments wins, as transformers lets it;
 - transformers 4.2's Trainer with a DeepSpeed config that has no ``train_micro_batch_size_per_gpu`` (it
-  wrote it from its arguments): with ``transformers_version: "4.2"`` the verbatim config plans exactly as
-  the case's copy with the two keys added does.
+  wrote it from its arguments): the case, planned with its own stack (transformers 4.2.0), plans the
+  verbatim config exactly as today's Trainer plans it with the two keys added.
 """
 
 from __future__ import annotations
@@ -106,23 +106,58 @@ def test_accelerate_mixed_precision_no_and_training_arguments_bf16_plan(tmp_path
 
 @pytest.mark.parametrize("cid", ["ds-zero2-offload-t5-3b-fp16-1x3090-bs20", "ds-zero2-offload-t5-3b-fp16-1x3090-bs30"])
 def test_an_older_trainer_writes_the_batch_keys_itself(tmp_path, cid):
+    from memfit.core.compare.public_run import plan_case
+    from memfit.core.records.public_run import read_public_run
+
     case = _case(cid)
     raw = json.loads((RUNS / f"{cid}.ds.json").read_text())
-    verbatim = {k: v for k, v in raw.items() if k not in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")}
-    (tmp_path / "verbatim.json").write_text(json.dumps(verbatim))
-    scenario = {**case["scenario"], "deepspeed": str(tmp_path / "verbatim.json")}
+    assert "train_micro_batch_size_per_gpu" not in raw  # the config as DeepSpeed #665 published it
     with pytest.raises(MemfitError, match="needs train_batch_size or train_micro_batch_size_per_gpu"):
-        build_scenario(read_scenario_file(_scenario_file(scenario, tmp_path)))  # today's Trainer: DeepSpeed refuses
-    old = {**scenario, "runtime": {**scenario.get("runtime", {}), "transformers_version": "4.2"}}
-    planned = make_plan(build_scenario(read_scenario_file(_scenario_file(old, tmp_path, "old.yaml"))))
-    own = make_plan(build_scenario(read_scenario_file(_scenario_file(case["scenario"], tmp_path, "own.yaml"))))
-    # from load on the phases equal the case's own (today's Trainer, the keys written in its copy);
-    # transformers 4.2's from_pretrained loads without low_cpu_mem_usage (a second host copy: the
-    # stack's loading path, core/stack/transformers.py), so only load's host figure differs
+        build_scenario(read_scenario_file(_scenario_file(case["scenario"], tmp_path)))  # today's Trainer
+    # the case planned with its own stack (transformers 4.2.0): that Trainer writes the batch keys
+    sc, planned = plan_case(read_public_run(RUNS / f"{cid}.yaml"))
+    assert sc.versions.transformers == "4.2"
+    # the keys added by hand: today's Trainer plans it as 4.2's did, from load on; transformers 4.2's
+    # from_pretrained loads without low_cpu_mem_usage (a second host copy: the stack's loading path,
+    # core/stack/transformers.py), so only load's host figure differs
+    keys = {**raw, "train_micro_batch_size_per_gpu": case["scenario"]["train"]["micro_batch"],
+            "gradient_accumulation_steps": 1}
+    (tmp_path / "keys.json").write_text(json.dumps(keys))
+    with_keys = {**case["scenario"], "deepspeed": str(tmp_path / "keys.json")}
+    own = make_plan(build_scenario(read_scenario_file(_scenario_file(with_keys, tmp_path, "own.yaml"))))
     assert _figures(planned)[1:] == _figures(own)[1:]
     assert planned.phases[0].name == "load" and \
         planned.phases[0].node_cpu_peak_bytes > own.phases[0].node_cpu_peak_bytes
     # and that Trainer refused the keys in the file
-    with_keys = {**old, "deepspeed": str(RUNS / f"{cid}.ds.json")}
+    old = {**with_keys, "runtime": {**case["scenario"].get("runtime", {}), "transformers_version": "4.2"}}
     with pytest.raises(MemfitError, match="Do not include"):
-        build_scenario(read_scenario_file(_scenario_file(with_keys, tmp_path, "keys.yaml")))
+        build_scenario(read_scenario_file(_scenario_file(old, tmp_path, "keys.yaml")))
+
+
+def test_a_case_plans_with_its_own_stack():
+    """The case's ``stack:`` (library versions as published) becomes the plan's stack: a version in
+    the case's own words is read as its first version number, a scenario key naming another release
+    line is replaced (said), a release memfit does not model leaves the scenario's (said)."""
+    from memfit.core.compare.public_run import case_stack, plan_case
+    from memfit.core.records.public_run import read_public_run
+
+    t0 = read_public_run(RUNS / "peft-readme-t0-3b-lora-torch-1xa100-80gb.yaml")  # transformers '4.25/4.26'
+    mapping, notes = case_stack(t0)
+    assert mapping["stack"]["transformers"] == "4.25" and "torch_version" not in mapping["runtime"]
+    assert any("'4.25/4.26' (the case's stack) read as 4.25" in n for n in notes)
+    sc, _ = plan_case(t0)
+    assert (sc.versions.transformers, sc.versions.peft, sc.versions.torch) == ("4.25", "0.1", "1.13")
+    assert not any(e.library == "transformers" for e in sc.versions.assumed)
+
+    flan = read_public_run(RUNS / "ds-zero3-flan-t5-xl-noofl-8xv100-bs1.yaml")  # deepspeed_version '0.19', stack 0.8.0
+    mapping, notes = case_stack(flan)
+    assert "deepspeed_version" not in mapping and mapping["stack"]["deepspeed"] == "0.8.0"
+    assert any("DeepSpeed 0.8.0 (the case's stack) planned, not the scenario's deepspeed_version 0.19" in n for n in notes)
+    assert plan_case(flan)[0].versions.deepspeed == "0.8"
+    assert plan_case(flan)[0].versions.cuda == "11.6"  # from the torch build 1.13.1+cu116
+
+    old = read_public_run(RUNS / "trainer-t5-3b-amp-fp16-1x3090-oom.yaml")  # torch 1.7.1: not modelled
+    mapping, notes = case_stack(old)
+    assert mapping["runtime"]["torch_version"] == "1.10" and "torch" not in mapping["stack"]
+    assert any("torch 1.7.1 (the case's stack) is not a release memfit models; the scenario's "
+               "runtime.torch_version 1.10 is planned" in n for n in notes)

@@ -57,6 +57,8 @@ BAD = {
     "gradient_checkpointing 'no'": (Tiny(), {"gradient_checkpointing": "no"}),
     "model_parameters unknown": (Tiny(), {"model_parameters": "some"}),
     "deepspeed_version a float": (Tiny(), {"deepspeed_version": 0.19}),
+    "deepspeed_version not modelled": (Tiny(), {"deepspeed_version": "0.9.1"}),
+    "deepspeed_version not a version": (Tiny(), {"deepspeed_version": "latest"}),
     "raise_on_failure a string": (Tiny(), {"raise_on_failure": "yes"}),
     # issue 24 item 6: these raised raw exceptions or were silently ignored/misread
     "ddp a string": (Tiny(), {"ds_config": None, "framework": "ddp", "ddp": "x", "gpus": "2xa100-80gb"}),
@@ -129,3 +131,32 @@ def test_accelerates_own_fsdp_key_names_and_files_are_read(tmp_path):
                                    "fsdp_config": {"fsdp_version": 2, "fsdp_offload_params": False}}))
     plan = memfit.check(Tiny(), accelerate_config=str(acc), gpus="2xa100-80gb", cpu_ram="64GiB", warn=False)
     assert plan.verdict.fits
+
+
+class HalfFrozen(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.frozen = torch.nn.Linear(256, 256)
+        self.trained = torch.nn.Linear(256, 256)
+        self.frozen.requires_grad_(False)
+
+
+def test_check_plans_the_deepspeed_release_given():
+    """``deepspeed_version`` is any release memfit models, planned with its line's allocations: ZeRO-3
+    optimizes the frozen params too before 0.8 (0.8.0 stage3.py: _get_trainable_parameter_groups),
+    as the 0.6 model does; 0.19.8 is the 0.19 model."""
+    zero3 = {**DS, "zero_optimization": {"stage": 3}}
+
+    def figures(version):
+        plan = memfit.check(HalfFrozen(), zero3, deepspeed_version=version, model_parameters="all", **GOOD)
+        return [(p.name, p.gpu_allocated_bytes, p.cpu_locked_peak_bytes) for p in plan.phases]
+
+    assert figures("0.7.7") == figures("0.6")
+    assert figures("0.19.8") == figures("0.19")
+    old, new = ({n: a for n, a, _ in figures(v)} for v in ("0.7.7", "0.8.0"))
+    # the frozen Linear's 65,792 params in the optimizer before 0.8: 14 B each at initialize.optimizer
+    # (fp32 master, Adam's two fp32 states, the 16-bit gradient partition, as the ledger books them)
+    assert old["initialize.optimizer"] - new["initialize.optimizer"] == 65_792 * 14
+    with pytest.raises(MemfitError, match=r"deepspeed_version: unknown DeepSpeed version '0\.9\.1'; memfit knows "
+                                          r"DeepSpeed 0\.3, 0\.5-0\.8, 0\.13-0\.19"):
+        memfit.check(Tiny(), DS, deepspeed_version="0.9.1", **GOOD)

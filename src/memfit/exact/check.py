@@ -116,6 +116,10 @@ def check(model: Any, ds_config: Mapping[str, Any] | str | None = None, *, gpus:
     as the Trainer's --bf16/--gradient_accumulation_steps do, and a written value they contradict is
     refused).
 
+    ``deepspeed_version``: the DeepSpeed release the run uses (``"0.8.0"``, ``"0.6"``; default 0.19),
+    planned with the allocation model of its line and its defaults (``core/stack/deepspeed.py``); a
+    release memfit does not model is one ``MemfitError`` line naming those it does.
+
     GPUs and host RAM are read from the machine unless given (``gpus="2xrtx3090"``,
     ``cpu_ram="64GiB"``). Raises ``MemfitCheckError`` if a phase does not fit (unless
     ``raise_on_failure=False``) and emits a ``MemfitWarning`` per warning finding. Every argument
@@ -201,8 +205,6 @@ def _check_arguments(*, ds_config: Any, gpus: Any, nodes: Any, cpu_ram: Any, seq
                      grad_accum: Any = None, ddp: Any = None, fsdp: Any = None, training_args: Any = None,
                      accelerate_config: Any = None) -> None:
     from memfit.core.frameworks.pytorch import OPTIMIZERS, PRECISION_MODES
-    from memfit.core.scenario.types import DS_VERSIONS
-
     if framework is not None and not isinstance(framework, str):
         raise MemfitError(f"memfit.check: framework must be a string, got {framework!r:.60}")
     for name, value in (("training_args", training_args), ("accelerate_config", accelerate_config)):
@@ -247,9 +249,23 @@ def _check_arguments(*, ds_config: Any, gpus: Any, nodes: Any, cpu_ram: Any, seq
             raise MemfitError(f"memfit.check: {name} must be True or False, got {value!r:.60}")
     if model_parameters not in ("trainable", "all"):
         raise MemfitError(f"memfit.check: model_parameters must be 'trainable' or 'all', got {model_parameters!r:.60}")
-    if not isinstance(deepspeed_version, str) or deepspeed_version not in DS_VERSIONS:
-        raise MemfitError(f"memfit.check: deepspeed_version must be one of {', '.join(DS_VERSIONS)}, got "
+    if not isinstance(deepspeed_version, str) or not deepspeed_version.strip():
+        raise MemfitError(f"memfit.check: deepspeed_version must be a DeepSpeed release such as '0.19.8' or '0.6', got "
                           f"{deepspeed_version!r:.60}")
+    _ds_release(deepspeed_version)  # a release memfit does not model: one line naming those it does
+
+
+def _ds_release(deepspeed_version: str) -> tuple[str, str]:
+    """(release line, allocation model) of ``deepspeed_version`` (``core/stack/deepspeed.py``)."""
+    from memfit.core.stack.deepspeed import allocation_line
+    from memfit.core.stack.releases import release_line
+
+    where = "memfit.check: deepspeed_version"
+    release = release_line("deepspeed", deepspeed_version, where=where)
+    if release is None:
+        raise MemfitError(f"{where}: give the DeepSpeed release the run uses (the default is 0.19), not "
+                          f"{deepspeed_version!r}")
+    return release, allocation_line(release, where=where)
 
 
 def _check(model: Any, inputs, *, gpus: str | None, cpu_ram: str | int | None, seq_len: int, model_parameters: str,
@@ -310,6 +326,16 @@ def _check(model: Any, inputs, *, gpus: str | None, cpu_ram: str | int | None, s
     if warn:
         for w in ds.warnings:
             _warn(f"memfit: {w}")
+    from memfit.core.stack.deepspeed import apply_release_defaults
+    from memfit.core.stack.resolve import resolve_stack
+
+    _, allocation = _ds_release(deepspeed_version)
+    stack = resolve_stack(inputs, framework=framework or "deepspeed")
+    if framework in (None, "deepspeed"):  # the release's own defaults (offload pin_memory), said
+        ds, ds_notes = apply_release_defaults(ds, raw, stack)
+        if warn:
+            for n in ds_notes:
+                _warn(f"memfit: {n}")
     gradient_checkpointing = inputs.gradient_checkpointing
     dtypes = [p.dtype for p in model.parameters()]
     load_dtype = _DTYPES.get(str(max(set(dtypes), key=dtypes.count)), "fp32") if dtypes else "fp32"
@@ -346,7 +372,7 @@ def _check(model: Any, inputs, *, gpus: str | None, cpu_ram: str | int | None, s
                   load=LoadSettings(dtype=load_dtype, zero_init=zero_init),
                   train=TrainSettings(seq_len=seq_len, micro_batch=micro_batch or ds.train_micro_batch_size_per_gpu,
                                       gradient_checkpointing=gradient_checkpointing, model_parameters=model_parameters),
-                  ds_version=deepspeed_version, accelerator=inputs.accelerator or "cuda",
+                  ds_version=allocation, stack=stack, accelerator=inputs.accelerator or "cuda",
                   framework=framework or "deepspeed")
     if framework not in (None, "deepspeed"):
         sc = _framework_scenario(sc, model, inputs)

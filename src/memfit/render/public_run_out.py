@@ -36,6 +36,8 @@ def render_case(c: CaseComparison, console: Console) -> None:
     console.print(Text(f"outcome {case.outcome}; memfit: {_LEVEL.get(c.level, c.level)} "
                        f"({c.gpu_ratio:.0%} of the card at its worst phase): "
                        f"{'agrees' if c.agrees else 'disagrees'}: {c.why}", style=style))
+    for n in c.stack_notes:
+        console.print(Text(f"stack: {n}", style="dim"))
     for g in case.gaps:
         console.print(Text(f"gap (what the case could not express): {g}", style="dim"))
 
@@ -51,4 +53,5 @@ def case_to_dict(c: CaseComparison) -> dict[str, Any]:
                      "error": f.error, "bound": f.measurement.bound or None, "peak_phase": f.peak_phase or None,
                      "phases": list(f.phases)} for f in c.figures],
         "gaps": list(c.case.gaps),
+        "stack_notes": list(c.stack_notes),
     }

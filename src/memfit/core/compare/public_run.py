@@ -1,7 +1,8 @@
 """A published, measured run (``core/records/public_run.py``) against memfit's plan of it.
 
 ``compare_public_run(case)`` plans the case's inline scenario (its relative paths resolve against
-the case's folder) and compares every measurement like for like: the plan figure of the same kind
+the case's folder) with the case's own ``stack:`` (``case_stack``: the releases the run used, so the
+plan follows their defaults and allocations) and compares every measurement like for like: the plan figure of the same kind
 (``KIND_FIGURE``), as its highest value over the phases the measurement's window spans. The error
 is ``(planned - measured) / measured``: negative where memfit says less than the run used. A
 ``bound: lower`` measurement (the run needed at least this much) only counts memfit's shortfall.
@@ -64,25 +65,88 @@ class CaseComparison:
     """The verdict's GPU figure over the card, at its worst phase."""
     error: str = ""
     """Why the case could not be planned (memfit's one-line refusal); then nothing else is set."""
+    stack_notes: tuple[str, ...] = ()
+    """How the case's published stack became the plan's (``case_stack``)."""
+
+
+ALIASES = {"deepspeed": ((), "deepspeed_version"), "torch": (("runtime",), "torch_version"),
+           "cuda": (("runtime",), "cuda_version"), "transformers": (("runtime",), "transformers_version"),
+           "bitsandbytes": (("runtime",), "bitsandbytes_version")}
+"""The scenario keys that give a library's version under their older names (``scenario/read.py``)."""
+
+_VERSION_TOKEN = re.compile(r"v?\d+\.\d+(?:\.\d+)?[.\-+_a-zA-Z0-9]*")
+
+
+def case_stack(case: PublicRun) -> tuple[dict, tuple[str, ...]]:
+    """The case's scenario mapping with the case's own ``stack:`` in it, and what was done, in words.
+
+    A version of the case's stack goes into the scenario's ``stack:`` (so the plan follows that
+    release's defaults and allocations: ``core/stack/``) unless the scenario's ``stack:`` names that
+    library itself (the scenario wins). The case's text is read as its first version number
+    (``4.25/4.26`` -> 4.25, ``1.12.0.dev (nightly)`` -> 1.12.0.dev, said). A scenario key that gave
+    the version under an older name (``deepspeed_version``, ``runtime.torch_version``) is replaced
+    by the stack's version, said where it named another release line. A version memfit does not
+    model (torch 1.7.1) leaves the scenario as it is, said with the release planned instead."""
+    from memfit.core.stack.releases import library, release_line
+
+    mapping = {k: (dict(v) if isinstance(v, dict) else v) for k, v in case.scenario.items()}
+    own = dict(mapping.get("stack") or {})
+    notes: list[str] = []
+    for lib, text in case.stack:
+        label = library(lib).label
+        if lib in own:
+            continue
+        m = _VERSION_TOKEN.search(text)
+        if m is None:
+            notes.append(f"{label} {text!r} (the case's stack) holds no version number; not passed to the plan")
+            continue
+        version = m.group(0)
+        if version != text:
+            notes.append(f"{label} {text!r} (the case's stack) read as {version}")
+        path, key = ALIASES.get(lib, ((), ""))
+        holder = mapping.get(path[0]) if path else mapping
+        alias = holder.get(key) if key and isinstance(holder, dict) else None
+        try:
+            line = release_line(lib, version, where=f"the case's stack.{lib}")
+        except MemfitError:
+            planned = f"; the scenario's {'.'.join((*path, key))} {alias} is planned" if alias is not None else \
+                f"; memfit's default {label} is planned"
+            notes.append(f"{label} {version} (the case's stack) is not a release memfit models{planned}")
+            continue
+        if alias is not None:
+            was = release_line(lib, str(alias), where=f"the case's scenario {'.'.join((*path, key))}")
+            del holder[key]
+            if was != line:
+                notes.append(f"{label} {version} (the case's stack) planned, not the scenario's "
+                             f"{'.'.join((*path, key))} {alias}")
+        own[lib] = version
+    if own:
+        mapping["stack"] = own
+    return mapping, tuple(notes)
 
 
 def plan_case(case: PublicRun):  # -> tuple[Scenario, Plan]
+    """The case planned with its own stack (``case_stack``)."""
     from memfit.core.plan import make_plan
     from memfit.core.scenario.build import build_scenario
     from memfit.core.scenario.read import read_scenario_mapping
 
-    sc = build_scenario(read_scenario_mapping(case.scenario, case.path.with_name(f"{case.id}.scenario.yaml")))
+    mapping, _ = case_stack(case)
+    sc = build_scenario(read_scenario_mapping(mapping, case.path.with_name(f"{case.id}.scenario.yaml")))
     return sc, make_plan(sc)
 
 
 def compare_public_run(case: PublicRun) -> CaseComparison:
+    from dataclasses import replace
+
     try:
+        _, notes = case_stack(case)
         sc, plan = plan_case(case)
     except MemfitError as exc:
         return CaseComparison(case=case, framework=str(case.scenario.get("framework", "")), figures=(),
                               level="", failed_devices=(), agrees=False, why="not planned", gpu_ratio=0.0,
                               error=str(exc))
-    return compare_plan(case, sc, plan)
+    return replace(compare_plan(case, sc, plan), stack_notes=notes)
 
 
 def compare_plan(case: PublicRun, sc, plan) -> CaseComparison:  # noqa: ANN001

@@ -49,10 +49,11 @@ def _read_files(inputs) -> list[Sourced]:
     files = []
     if inputs.training_args:
         from memfit.core.inputs.training_args import read_training_args
-        from memfit.core.stack.resolve import trainer_fsdp_version, trainer_optim_default
+        from memfit.core.stack.resolve import trainer_cpu_ram_loading, trainer_fsdp_version, trainer_optim_default
 
         files.append(read_training_args(inputs.training_args, fsdp_version_default=trainer_fsdp_version(inputs),
-                                        optim_default=trainer_optim_default(inputs)))
+                                        optim_default=trainer_optim_default(inputs),
+                                        cpu_ram_loading=trainer_cpu_ram_loading(inputs)))
     if inputs.accelerate_config:
         from memfit.core.inputs.accelerate_config import read_accelerate_config
 

@@ -89,8 +89,17 @@ def _deepspeed_config_rule(hi: Given, lo: Given) -> str | None:
     return None
 
 
+def _cpu_ram_loading_rule(hi: Given, lo: Given) -> str | None:
+    if hi.layer == "training_args" and lo.layer == "accelerate_config" and not hi.default:
+        return ("TrainingArguments.__post_init__ (with fsdp set) writes FSDP_CPU_RAM_EFFICIENT_LOADING from its "
+                "fsdp_config, default false, over what accelerate launch set from the config (transformers 4.41.0 "
+                "training_args.py:1864-1872; 5.24 line 2850)")
+    return None
+
+
 LIBRARY_RULES: Mapping[str, LibraryRule] = {
     "mixed_precision": _mixed_precision_rule,
+    "fsdp.cpu_ram_efficient_loading": _cpu_ram_loading_rule,
     "framework": _framework_rule,
     "deepspeed_config": _deepspeed_config_rule,
 }

@@ -73,11 +73,15 @@ def _kind(raw: dict[str, Any]) -> str:
 
 
 def read_training_args(path: str, *, fsdp_version_default: int = 2,
-                       optim_default: tuple[str, str] | None = None) -> Sourced:
+                       optim_default: tuple[str, str] | None = None,
+                       cpu_ram_loading: tuple[bool, str] = (True, "")) -> Sourced:
     """``fsdp_version_default``: FSDP version when ``fsdp_config`` gives none (transformers 5.x: 2;
     4.x has no version key and runs FSDP1; ``memfit.core.stack.resolve.trainer_fsdp_version``).
     ``optim_default``: ``(optim, why)``, the Trainer's default ``optim`` for the stack's transformers
-    and torch (``memfit.core.stack.resolve.trainer_optim_default``), when the file leaves it out."""
+    and torch (``memfit.core.stack.resolve.trainer_optim_default``), when the file leaves it out.
+    ``cpu_ram_loading``: ``(reads, why)``, whether the stack's TrainingArguments reads
+    ``fsdp_config.cpu_ram_efficient_loading`` (from transformers 4.41;
+    ``memfit.core.stack.resolve.trainer_cpu_ram_loading``)."""
     raw = read_mapping(path, "TrainingArguments/SFTConfig file")
     out = Sourced(layer="training_args")
     kind = _kind(raw)
@@ -138,7 +142,7 @@ def read_training_args(path: str, *, fsdp_version_default: int = 2,
             give(key, as_float(raw[key], where(key)), key)
     _sequence(raw, out, path, sft, where)
     _load_dtype(raw, out, path)
-    _framework(raw, out, path, where, fsdp_version_default)
+    _framework(raw, out, path, where, fsdp_version_default, cpu_ram_loading)
     _eval_keys(raw, out, where)
     _ddp(raw, out, path, where)
     give("dataloader_pin_memory", as_bool(raw.get("dataloader_pin_memory", True), where("dataloader_pin_memory")),
@@ -198,7 +202,8 @@ def _load_dtype(raw: dict[str, Any], out: Sourced, path: str) -> None:
             out.set("load_dtype", dtype_name(mik[k], f"{path}: model_init_kwargs.{k}"), f"{path}: model_init_kwargs.{k}")
 
 
-def _framework(raw: dict[str, Any], out: Sourced, path: str, where, fsdp_version_default: int = 2) -> None:
+def _framework(raw: dict[str, Any], out: Sourced, path: str, where, fsdp_version_default: int = 2,
+               cpu_ram_loading: tuple[bool, str] = (True, "")) -> None:
     ds = raw.get("deepspeed")
     if ds:
         out.set("framework", "deepspeed", where("deepspeed"))
@@ -220,6 +225,13 @@ def _framework(raw: dict[str, Any], out: Sourced, path: str, where, fsdp_version
         out.set("framework", "fsdp2" if version == 2 else "fsdp", where("fsdp"))
         for key, value in _fsdp_settings(fsdp, fcfg, version, path).items():
             out.set(f"fsdp.{key}", value, where("fsdp_config" if key != "sharding_strategy" else "fsdp"))
+        reads, why = cpu_ram_loading
+        if not reads:  # the launcher's value (an accelerate config's), else accelerate's false
+            if "cpu_ram_efficient_loading" in fcfg:
+                out.warnings.append(f"{where('fsdp_config.cpu_ram_efficient_loading')} is ignored: {why}")
+            out.set("fsdp.cpu_ram_efficient_loading", False, f"{path}: fsdp_config.cpu_ram_efficient_loading ({why})",
+                    default=True)
+            out.notes.append(f"fsdp cpu_ram_efficient_loading: {why}")
         if fcfg.get("activation_checkpointing") is not None and \
                 as_bool(fcfg["activation_checkpointing"], where("fsdp_config.activation_checkpointing")):
             out.set("gradient_checkpointing", True, where("fsdp_config.activation_checkpointing"))

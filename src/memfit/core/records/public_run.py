@@ -78,6 +78,11 @@ class PublicRun:
     gaps: tuple[str, ...] = ()
     """``memfit_gaps``: what the case could not express, in the collector's words."""
     outcome_evidence: str = ""
+    stack: tuple[tuple[str, str], ...] = ()
+    """The case's ``stack:`` as published, (library, text) for each library memfit versions
+    (``core/stack/releases.py:ORDER``) in the case's own words (``4.25/4.26``, ``1.12.0.dev
+    (nightly)``); its other keys (``flash_attn``, ``python``, ``inferred``, ``stated``) are not
+    versions memfit models. ``compare/public_run.py:case_stack`` turns it into the plan's stack."""
 
     @property
     def oom(self) -> bool:
@@ -134,7 +139,17 @@ def public_run_from_mapping(raw: Any, p: Path) -> PublicRun:
     return PublicRun(id=str(raw.get("id", p.stem)), path=p, url=str(src.get("url", "")), outcome=outcome,
                      measurements=tuple(out), scenario=dict(raw["scenario"]),
                      gaps=tuple(str(g) for g in gaps) if isinstance(gaps, list) else (str(gaps),),
-                     outcome_evidence=str(raw.get("outcome_evidence", "")))
+                     outcome_evidence=str(raw.get("outcome_evidence", "")), stack=_stack(raw.get("stack"), p))
+
+
+def _stack(raw: Any, p: Path) -> tuple[tuple[str, str], ...]:
+    from memfit.core.stack.releases import ORDER
+
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        raise MemfitError(f"{p}: stack must be a mapping of library: version")
+    return tuple((lib, str(raw[lib]).strip()) for lib in ORDER if raw.get(lib) is not None)
 
 
 def read_corpus(folder: str | Path) -> tuple[PublicRun, ...]:

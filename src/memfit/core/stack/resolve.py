@@ -144,6 +144,15 @@ def trainer_fsdp_version(inputs: Any) -> int:
     return 2 if line is None or at_least(line, "5.0") else 1
 
 
+def trainer_cpu_ram_loading(inputs: Any) -> tuple[bool, str]:
+    """Whether this stack's TrainingArguments reads ``fsdp_config.cpu_ram_efficient_loading``, and why
+    (``stack/transformers.py:trainer_reads_cpu_ram_efficient_loading``)."""
+    from memfit.core.stack.transformers import trainer_reads_cpu_ram_efficient_loading
+
+    line = resolve_stack(inputs, framework=getattr(inputs, "framework", None) or "fsdp").transformers
+    return trainer_reads_cpu_ram_efficient_loading(line)
+
+
 def trainer_fsdp_wrap(inputs: Any) -> tuple[str, str] | None:
     """The Trainer's auto-wrap policy for a PEFT LoRA model under FSDP: peft's
     ``fsdp_auto_wrap_policy`` from transformers 4.39 (``trainer.py:_fsdp_qlora_plugin_updates``; 5.x

@@ -18,6 +18,8 @@ Read from the released wheels' ``modeling_utils.py`` and ``training_args.py`` (4
   ``"adamw_torch"`` from 4.32 (``default_optim = "adamw_torch"``); from 4.54 ``"adamw_torch_fused"``
   when torch >= 2.8 (4.54.0 ``training_args.py``: ``if is_torch_greater_or_equal_than_2_8:
   default_optim = "adamw_torch_fused"``).
+- ``fsdp_config.cpu_ram_efficient_loading``: read by TrainingArguments from 4.41 (default false),
+  not before (``trainer_reads_cpu_ram_efficient_loading``).
 - ``gradient_checkpointing_kwargs`` (a TrainingArguments field from 4.35): left out, 4.35-4.37 call
   ``torch.utils.checkpoint`` with torch's own default (``use_reentrant=True``, with a warning),
   4.38-4.57 pass ``{"use_reentrant": True}`` (``modeling_utils.py:gradient_checkpointing_enable``),
@@ -78,6 +80,20 @@ def checkpointing_reentrant(line: str | None) -> tuple[bool, str]:
     if at_least(line, "4.38"):
         return True, f"transformers {line}: gradient_checkpointing_enable passes use_reentrant=True (4.38-4.57)"
     return True, f"transformers {line}: torch.utils.checkpoint's own default (use_reentrant=True)"
+
+
+def trainer_reads_cpu_ram_efficient_loading(line: str | None) -> tuple[bool, str]:
+    """Whether TrainingArguments reads ``fsdp_config.cpu_ram_efficient_loading`` (with ``fsdp`` set):
+    from 4.41 it does, default ``"false"``, and writes ``FSDP_CPU_RAM_EFFICIENT_LOADING`` over what
+    ``accelerate launch`` set (4.41.0 ``training_args.py`` lines 1864-1872; 5.24 the same, line
+    2847); 4.36.0 and 4.40.0 have no such key: the variable is the launcher's (an accelerate config),
+    unset under torchrun, where accelerate's plugin reads it as False."""
+    if line is None or at_least(line, "4.41"):
+        return True, (f"transformers {line or '5'}: TrainingArguments sets FSDP_CPU_RAM_EFFICIENT_LOADING from "
+                      "fsdp_config.cpu_ram_efficient_loading (default false; since 4.41)")
+    return False, (f"transformers {line}: TrainingArguments does not read fsdp_config.cpu_ram_efficient_loading "
+                   "(from 4.41 it does); FSDP_CPU_RAM_EFFICIENT_LOADING is the launcher's: an accelerate config's "
+                   "value, else unset, which accelerate reads as false")
 
 
 def fsdp_efficient_loading(line: str | None, *, quantized: bool) -> tuple[str, str]:
