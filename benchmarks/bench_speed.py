@@ -48,9 +48,10 @@ def env() -> dict[str, str]:
     return e
 
 
-def whole_process(args: list[str], n: int) -> tuple[float, float, int]:
-    """Median wall and CPU (user + sys of the child) seconds of `python -m memfit.cli ARGS`, and its rc."""
-    cmd = [sys.executable, "-m", "memfit.cli", *args]
+def whole_process(args: list[str], n: int, cmd: list[str] | None = None) -> tuple[float, float, int]:
+    """Median wall and CPU (user + sys of the child) seconds of `python -m memfit.cli ARGS` (or of
+    ``cmd``), and its rc."""
+    cmd = cmd or [sys.executable, "-m", "memfit.cli", *args]
     rc = subprocess.run(cmd, env=env(), capture_output=True).returncode  # warm-up: writes the .pyc files
     walls, cpus = [], []
     for _ in range(n):
@@ -134,6 +135,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     a = parser.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
+    wall, cpu, _ = whole_process([], a.repeat, cmd=[sys.executable, "-c", "pass"])
+    print(f"bare python -c pass (this interpreter's own start-up, site hooks included): {wall:.3f} s wall, "
+          f"{cpu:.3f} s CPU (median of {a.repeat}; {load()})")
     wall, cpu, _ = whole_process(["--help"], a.repeat)
     print(f"memfit --help: {wall:.3f} s wall, {cpu:.3f} s CPU (median of {a.repeat}; {load()})")
     for label, args in CASES.items():

@@ -115,7 +115,8 @@ class CudaCachingAllocator(ExpandableSegments):
         """``malloc``: round; search the pool; on a miss (gc, then) cudaMalloc; release oversize cached
         blocks and retry; release every unsplit cached block and retry (``num_alloc_retries``); else OOM
         (``num_ooms``, an ``oom`` trace entry)."""
-        self.process_events()
+        if self.pending and self.event_lag is not None:  # process_events' own early return, inlined
+            self.process_events()
         if orig_size < K_MIN_BLOCK:
             size = K_MIN_BLOCK
         elif self._divisions:
@@ -145,7 +146,10 @@ class CudaCachingAllocator(ExpandableSegments):
                 self.capacity, self.set_fraction = saved_cap, saved_frac
         assert block is not None
         out = self._alloc_found_block(block, pool, size, orig_size, stream)
-        self._after_malloc()
+        lag = self._lag
+        if lag:  # one malloc more behind each deferred free's stream event (process_events counts down)
+            for k in lag:
+                lag[k] -= 1
         return out
 
     def _get_free_block(self, pool: Pool, size: int, stream: int) -> Block | None:
@@ -303,11 +307,6 @@ class CudaCachingAllocator(ExpandableSegments):
             b.event_count = 1
             self.complete(b)
 
-    def _after_malloc(self) -> None:
-        if self._lag:
-            for k in self._lag:
-                self._lag[k] -= 1
-
     def _free_block(self, b: Block) -> None:
         """``free_block``: merge with free neighbours (``try_merge_blocks``), cache (``free_completed``)."""
         if self.record:
@@ -315,9 +314,9 @@ class CudaCachingAllocator(ExpandableSegments):
         pool = self.small if b.small else self.large
         size0, req = b.size, b.requested
         prev, nxt = b.prev, b.next
-        if prev is not None:
+        if prev is not None and not prev.allocated:  # _try_merge's first test, inlined
             self._try_merge(b, prev, pool)
-        if nxt is not None:
+        if nxt is not None and not nxt.allocated:
             self._try_merge(b, nxt, pool)
         self.active.pop(id(b), None)
         pool.insert(b)

@@ -95,9 +95,15 @@ class MemoryTracker:
             b = self.gpu.malloc(nbytes, stream)
             handle, block = b, b.size
         s = self.gpu.stats
-        self.oom_peak = max(self.oom_peak, s.nonreleasable_bytes.current + self.outside_gpu)
-        self.smi_peak = max(self.smi_peak, s.reserved_bytes.current + self.outside_gpu)
-        self.outside_peak = max(self.outside_peak, self.outside_gpu)
+        outside_gpu = self.outside_gpu
+        x = s.nonreleasable_bytes.current + outside_gpu
+        if x > self.oom_peak:
+            self.oom_peak = x
+        x = s.reserved_bytes.current + outside_gpu
+        if x > self.smi_peak:
+            self.smi_peak = x
+        if outside_gpu > self.outside_peak:
+            self.outside_peak = outside_gpu
         return handle, block
 
     def free_gpu(self, handle: object, *, deferred: bool = False) -> None:

@@ -145,8 +145,15 @@ class Timeline:
         if meta.rank0_only:
             self._rank0_live += nbytes
         if self.tracker is not None and dev in TRACKED:
-            self._track(key, dev, nbytes)
-        self._observe()
+            self._track(key, dev, nbytes, meta.outside_allocator)
+        if dev is Device.GPU and self._phases:  # _observe for a GPU tensor: only the GPU figure can rise
+            ph = self._phases[-1]
+            gpu = self._dev_live[dev]
+            if gpu > ph.gpu_peak:
+                ph.gpu_peak = gpu
+                self._pending_gpu = True
+        else:
+            self._observe()
 
     def alloc_many(self, key: str, sizes) -> None:  # noqa: ANN001 (an iterable of ints)
         """``alloc(key, n)`` for each size, in order (one tensor each); the phase peaks are observed once,
@@ -161,7 +168,7 @@ class Timeline:
             total += n
             self.events.append(("alloc", key, dev, n))
             if tracked:
-                self._track(key, dev, n)
+                self._track(key, dev, n, meta.outside_allocator)
         if not total:
             return
         self._live[key] = self._live.get(key, 0) + total
@@ -170,14 +177,17 @@ class Timeline:
             self._rank0_live += total
         self._observe()
 
-    def _track(self, key: str, dev: Device, nbytes: int) -> None:
+    def _track(self, key: str, dev: Device, nbytes: int, outside: bool) -> None:
         if dev is Device.GPU:
-            handle, blk = self.tracker.alloc_gpu(nbytes, outside=self._meta[key].outside_allocator,
-                                                 stream=self.streams.get(key, 0))
+            handle, blk = self.tracker.alloc_gpu(nbytes, outside=outside, stream=self.streams.get(key, 0))
         else:
             handle, blk = self.tracker.alloc_pinned(key, nbytes)
-        self._tensors.setdefault(key, []).append([nbytes, handle, blk])
-        self._block_live[key] = self._block_live.get(key, 0) + blk
+        ts = self._tensors.get(key)
+        if ts is None:
+            ts = self._tensors[key] = []
+        ts.append([nbytes, handle, blk])
+        bl = self._block_live
+        bl[key] = bl.get(key, 0) + blk
 
     def free(self, key: str, nbytes: int | None = None) -> None:
         """Free the most recent live tensor of ``nbytes`` of an item (all of it when None)."""
@@ -187,13 +197,14 @@ class Timeline:
             raise AssertionError(f"ledger bug: freeing {nbytes} B of {key} with {live} B live")
         if nbytes == 0:
             return
-        dev = self._meta[key].device
+        meta = self._meta[key]
+        dev = meta.device
         if self._pending_gpu or self._pending_host or self._pending_nvme:
             self._take_pending(dev)
         self._live[key] = live - nbytes
         self._dev_live[dev] -= nbytes
         self.events.append(("free", key, dev, nbytes))
-        if self._meta[key].rank0_only:
+        if meta.rank0_only:
             self._rank0_live -= nbytes
         if key in self._tensors:
             self._untrack(key, dev, nbytes, all_of_it=nbytes == live)
@@ -223,7 +234,7 @@ class Timeline:
             release(handle)
             self._block_live[key] -= blk
             if n > remaining:
-                self._track(key, dev, n - remaining)
+                self._track(key, dev, n - remaining, self._meta[key].outside_allocator)
                 remaining = 0
             else:
                 remaining -= n

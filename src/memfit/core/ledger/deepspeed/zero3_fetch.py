@@ -207,7 +207,8 @@ class Coordinator:
         todo = [q for q in params if status[q] == NOT_AVAILABLE]  # callers pass params sorted
         if not todo:
             return
-        self.n_available += sum(self.p[q].numel for q in todo)
+        p = self.p
+        self.n_available += sum(p[q].numel for q in todo)
         hid = self._next_handle
         self._next_handle += 1
         flats: list[int] = []
@@ -244,8 +245,9 @@ class Coordinator:
                     for b in copies:
                         sink.free(AG_STAGING, b)
         self.handles[hid] = [set(todo), flats, staging, False, todo]
+        registry = self.registry
         for q in todo:
-            self.registry[q] = hid
+            registry[q] = hid
 
     def _set_data(self, q: int, nbytes: int) -> None:
         self.sink.alloc(self.key[q], nbytes)
@@ -258,8 +260,11 @@ class Coordinator:
     def _wait(self, q: int) -> None:
         """``__inflight_param_registry.pop(param).wait()``."""
         hid = self.registry.pop(q, None)
-        if hid is None:
-            return
+        if hid is not None:
+            self._wait_handle(q, hid)
+
+    def _wait_handle(self, q: int, hid: int) -> None:
+        """``_wait`` of ``q``, popped from the registry with handle ``hid``."""
         left, flats, staging, waited, members = self.handles[hid]
         if not waited:
             self.handles[hid][3] = True
@@ -294,39 +299,49 @@ class Coordinator:
     def fetch(self, m: int, forward: bool = True) -> None:
         """``fetch_sub_module`` (``_fetch_sub_module_impl``); the first time, the module's forward
         then reads its external params (``register``, done at the next hook)."""
-        self._registering()
+        if self.pending is not None:
+            self._registering()
         params = self.modules[m]
         self._gather(params)
+        active, registry = self.active, self.registry
         for q in params:
-            self.active[q].add(m)
-            self._wait(q)
+            active[q].add(m)
+            hid = registry.pop(q, None)  # _wait(q)
+            if hid is not None:
+                self._wait_handle(q, hid)
         if not self.registered[m] and forward:
             self.pending = m  # the module's forward runs after this hook
         if self.complete:
-            not_fetched = {q for q in params if self.recent[q] < self.step_id}
+            recent, queue, step_id = self.recent, self.queue, self.step_id
+            n_queue = len(queue)
+            qpos = self.qpos
+            not_fetched = {q for q in params if recent[q] < step_id}
             discarded: set[int] = set()
-            while self.qpos < len(self.queue) and len(discarded) < len(not_fetched):
-                q, last = self.queue[self.qpos]
-                self.qpos += 1
-                self.recent[q] = last
+            while qpos < n_queue and len(discarded) < len(not_fetched):
+                q, last = queue[qpos]
+                qpos += 1
+                recent[q] = last
                 discarded.add(q)
             if self.prefetch > 0:
                 budget = min(self.max_live - self.n_available, self.prefetch)
                 chosen: list[int] = []
                 seen: set[int] = set()
                 numel = 0
-                while self.qpos < len(self.queue) and numel < budget:
-                    q, last = self.queue[self.qpos]
-                    self.qpos += 1
-                    do = self.status[q] == NOT_AVAILABLE and q not in seen
-                    self.recent[q] = max(self.recent[q], last)
+                status, p = self.status, self.p
+                while qpos < n_queue and numel < budget:
+                    q, last = queue[qpos]
+                    qpos += 1
+                    do = status[q] == NOT_AVAILABLE and q not in seen
+                    if last > recent[q]:
+                        recent[q] = last
                     if do:
                         seen.add(q)
                         chosen.append(q)
-                        numel += self.p[q].numel
+                        numel += p[q].numel
                 if chosen:
                     chosen.sort()  # all_gather_coalesced sorts by ds_id
                     self._gather(chosen)
+            self.qpos = qpos
         self.step_id += 1
         if not self.record_stats:
             return
@@ -362,7 +377,8 @@ class Coordinator:
 
     def release(self, m: int) -> None:
         """``release_sub_module``."""
-        self._registering()
+        if self.pending is not None:
+            self._registering()
         own = self.modules[m]
         if self.complete:
             # __params_to_release: walk order[step_id:] a module at a time until max_reuse_distance
@@ -371,20 +387,24 @@ class Coordinator:
             end = bisect_left(self.cum, self.cum[start] + self.reuse, lo=start) if start < len(self.order) else start
             end = min(end, len(self.order))
             to_release = []
+            p, recent, all_uses = self.p, self.recent, self.uses
             for q in own:
-                if self.p[q].persist or self.recent[q] > start:
+                if p[q].persist or recent[q] > start:
                     continue
-                uses = self.uses[q]
+                uses = all_uses[q]
                 i = bisect_left(uses, start)
                 if i < len(uses) and uses[i] < end:
                     continue  # recurs within the reuse window
                 to_release.append(q)
         else:
-            to_release = list(own)
+            to_release = own
+        active = self.active
         for q in own:
-            self.active[q].discard(m)
+            active[q].discard(m)
+        status = self.status
         for q in to_release:
-            self._release(q)
+            if status[q] == AVAILABLE and not active[q]:  # _release's test, inlined
+                self._release(q)
 
     def finish(self) -> None:
         """End of the backward (``release_backward_leftovers``) and the next ``reset_step``

@@ -481,8 +481,19 @@ class ScenarioAggregates:
         if v is not None:
             return v
         z = self.scenario.deepspeed.zero
-        flags = persistent_flags(self.numels, threshold, z.model_persistence_threshold,
-                                 inclusive=ds_version == "0.19")
+        flags, flags_id = self._persistent(threshold, ds_version)
+        # The pass depends on the threshold only through the flags it gives, and on max_live only
+        # through a prefetch's budget min(max_live - n_available, prefetch): none without a prefetch,
+        # and always the prefetch once max_live >= n_total + prefetch (n_available never exceeds
+        # n_total: each param counts once, from its gather to its release). Settings the pass cannot
+        # tell apart share one run (zero3_fetch.Coordinator.fetch).
+        live_key = 0 if prefetch <= 0 else min(max_live, self.n_total + prefetch)
+        same = ("gather=", eb, flags_id, ds_version, checkpointing, prefetch, live_key, offload_copy, complete,
+                persistent_available)
+        v = self.memo.get(same)
+        if v is not None:
+            self.memo[key] = v
+            return v
         gparams = [GParam(n, e, f) for n, e, f in zip(self.numels, eb, flags)]
         gp = gather_pass(self.layout(checkpointing), gparams, self.world, prefetch_bucket_size=prefetch,
                          max_live_parameters=max_live, max_reuse_distance=z.max_reuse_distance,
@@ -494,7 +505,19 @@ class ScenarioAggregates:
         # step._Step._persist_bytes: W = 1 gathers nothing unless the partition is offloaded
         total = sum((ceil_div(g.numel, W) * W if W > 1 or offload_copy else 0) * g.element_bytes
                     for g in gparams if g.persist)
-        v = self.memo[key] = (gp, rest, sum(gp.persist_bytes), total)
+        v = self.memo[key] = self.memo[same] = (gp, rest, sum(gp.persist_bytes), total)
+        return v
+
+    def _persistent(self, threshold: int, ds_version: str) -> tuple[list[bool], int]:
+        """``persistent_flags`` for this threshold, and a small id shared by the thresholds that give
+        the same flags."""
+        key = ("persist-flags", threshold, ds_version)
+        v = self.memo.get(key)
+        if v is None:
+            flags = persistent_flags(self.numels, threshold, self.scenario.deepspeed.zero.model_persistence_threshold,
+                                     inclusive=ds_version == "0.19")
+            ids = self.memo.setdefault(("persist-ids",), {})
+            v = self.memo[key] = (flags, ids.setdefault(tuple(flags), len(ids)))
         return v
 
     def grads(self, spec: GradSpec, ds_version: str, checkpointing: bool) -> tuple[tuple[Segment, ...], int,
