@@ -39,6 +39,7 @@ from memfit.trace.results import (
     TraceTimings,
 )
 from memfit.trace.deepspeed.zero3_linear import zero3_linear_patched
+from memfit.trace.graph_release import graph_nodes, release_nodes
 
 ProgressCallback = Callable[[str, int, int], None]
 """``progress(stage, done, total)``: stage is ``build``, ``forward`` or ``backward``."""
@@ -213,7 +214,7 @@ def trace_model(
                 loss = outputs.loss if hasattr(outputs, "loss") else outputs[0]
             _mark_outputs(tracker, outputs)
             if not options.keep_outputs:
-                del outputs  # the loop keeps only the loss
+                outputs = None  # the loop keeps only the loss
             for key, _, cat, _ in tracker.live_items():
                 if cat == tk.TEMPORARY:
                     tracker.recategorize_key(key, tk.HELD)
@@ -238,7 +239,7 @@ def trace_model(
     base = getattr(model, "base_model", None)
     inner = getattr(base, "model", None) if base is not None else None
     arch = type(model).__name__ + (f"({type(inner).__name__})" if inner is not None else "")
-    return TraceResult(
+    result = TraceResult(
         model_type=str(getattr(getattr(model, "config", None), "model_type", "")),
         architecture=arch,
         method=method,
@@ -254,6 +255,13 @@ def trace_model(
         events=_step_events(tracker.events, names),
         timings=TraceTimings(build_s=build_s, forward_s=timings[0], backward_s=timings[1]),
     )
+    # the graph (loss, kept outputs, the node last run) freed one node at a time: recursively, a deep
+    # model overflows the C stack (graph_release's docstring)
+    nodes = graph_nodes([loss, *_tensors_in(outputs)])
+    tracker._node = None
+    loss = outputs = None
+    release_nodes(nodes)
+    return result
 
 
 @contextlib.contextmanager
