@@ -73,3 +73,21 @@ def test_exact_on_a_deep_model_exits_without_a_signal(tmp_path):
         assert len(lines) == 1 and lines[0].startswith("memfit: error: "), r.stderr[-800:]
     else:
         assert json.loads(r.stdout)["phases"]
+
+
+def test_a_trace_that_would_take_the_machines_last_memory_stops_in_one_line(tmp_path, monkeypatch):
+    """memory_watch: below MIN_AVAILABLE_BYTES left (made unreachable here: every look finds too
+    little), the trace stops with one line and exit 2, not the OOM killer's signal. The same under a
+    512 KiB stack at 128 layers, stopped 100 layers in, exits 2 (observed once by hand: the partial
+    forward graph, freed with the traceback's frames, did not overflow)."""
+    from clirun import assert_one_line_error, cli
+
+    import memfit.trace.memory_watch as mw
+
+    config = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    monkeypatch.setattr(mw, "MIN_AVAILABLE_BYTES", 2**62)
+    monkeypatch.setattr(mw, "CHECK_EVERY", 4)
+    r = cli("plan", "--model", str(tmp_path / "config.json"), "--exact", "--seq-len", "32")
+    assert_one_line_error(r, "--exact stopped: this machine has", "MiB of memory left after tracing 4 of")

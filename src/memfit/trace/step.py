@@ -40,6 +40,7 @@ from memfit.trace.results import (
 )
 from memfit.trace.deepspeed.zero3_linear import zero3_linear_patched
 from memfit.trace.graph_release import graph_nodes, release_nodes
+from memfit.trace.memory_watch import MemoryWatch
 
 ProgressCallback = Callable[[str, int, int], None]
 """``progress(stage, done, total)``: stage is ``build``, ``forward`` or ``backward``."""
@@ -184,7 +185,7 @@ def trace_model(
     for t in inputs.values():
         tracker.track(t.untyped_storage(), tk.INPUT, tk.NO_MODULE)
 
-    counter = _Progress(progress, len(named))
+    counter = _Progress(progress, len(named), watch=MemoryWatch(len(named)))
     handles = []
     for idx, (_, module) in enumerate(named):
         handles.append(module.register_forward_pre_hook(_pre_hook(tracker, idx)))
@@ -322,6 +323,8 @@ def _run(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], method: str
     user's to know about (e.g. transformers drops peft's prefix cache under checkpointing)."""
     try:
         return model(**inputs)
+    except MemfitError:  # the trace's own (memory_watch), already one line for the user
+        raise
     except (RuntimeError, ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         hint = ""
@@ -342,8 +345,9 @@ def round_param(p: torch.Tensor, options: TraceOptions) -> int:
 class _Progress:
     """Calls the progress callback at most ~50 times per stage."""
 
-    def __init__(self, callback: ProgressCallback | None, total: int) -> None:
+    def __init__(self, callback: ProgressCallback | None, total: int, watch: Callable[[], None] | None = None) -> None:
         self.callback = callback
+        self.watch = watch
         self.total = max(total, 1)
         self.name = ""
         self.done = 0
@@ -356,6 +360,8 @@ class _Progress:
 
     def step(self) -> None:
         self.done += 1
+        if self.watch is not None and self.name == "forward":
+            self.watch()
         if self.callback and self.done % self._every == 0:
             self.callback(self.name, min(self.done, self.total), self.total)
 
