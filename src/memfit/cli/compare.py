@@ -58,11 +58,12 @@ def compare(
     warn_inputs(sc)
     if report is not None:
         check_report_path(report)
-    plan_result = make_plan(sc)
     if not records:
         raise MemfitError("give the records of the run to compare (a memfit.record directory, a snapshot, a "
                           "memory_stats JSON, a log or an nvidia-smi CSV) after the scenario")
-    rc = reconcile(plan_result, read_records([str(r) for r in records]), rank=rank,
+    recorded = read_records([str(r) for r in records])  # first: a record refused costs no plan
+    plan_result = make_plan(sc)
+    rc = reconcile(plan_result, recorded, rank=rank,
                    capacity_bytes=sc.hardware.gpu.total_bytes,
                    host_capacity_bytes=sc.hardware.cpu_ram_bytes // max(sc.hardware.gpus_per_node, 1))
     if report is not None:

@@ -39,6 +39,8 @@ from memfit.trace.results import (
     TraceTimings,
 )
 from memfit.trace.deepspeed.zero3_linear import zero3_linear_patched
+from memfit.trace.graph_release import graph_nodes, release_nodes
+from memfit.trace.memory_watch import MemoryWatch
 
 ProgressCallback = Callable[[str, int, int], None]
 """``progress(stage, done, total)``: stage is ``build``, ``forward`` or ``backward``."""
@@ -183,7 +185,7 @@ def trace_model(
     for t in inputs.values():
         tracker.track(t.untyped_storage(), tk.INPUT, tk.NO_MODULE)
 
-    counter = _Progress(progress, len(named))
+    counter = _Progress(progress, len(named), watch=MemoryWatch(len(named)))
     handles = []
     for idx, (_, module) in enumerate(named):
         handles.append(module.register_forward_pre_hook(_pre_hook(tracker, idx)))
@@ -213,7 +215,7 @@ def trace_model(
                 loss = outputs.loss if hasattr(outputs, "loss") else outputs[0]
             _mark_outputs(tracker, outputs)
             if not options.keep_outputs:
-                del outputs  # the loop keeps only the loss
+                outputs = None  # the loop keeps only the loss
             for key, _, cat, _ in tracker.live_items():
                 if cat == tk.TEMPORARY:
                     tracker.recategorize_key(key, tk.HELD)
@@ -238,7 +240,7 @@ def trace_model(
     base = getattr(model, "base_model", None)
     inner = getattr(base, "model", None) if base is not None else None
     arch = type(model).__name__ + (f"({type(inner).__name__})" if inner is not None else "")
-    return TraceResult(
+    result = TraceResult(
         model_type=str(getattr(getattr(model, "config", None), "model_type", "")),
         architecture=arch,
         method=method,
@@ -254,6 +256,13 @@ def trace_model(
         events=_step_events(tracker.events, names),
         timings=TraceTimings(build_s=build_s, forward_s=timings[0], backward_s=timings[1]),
     )
+    # the graph (loss, kept outputs, the node last run) freed one node at a time: recursively, a deep
+    # model overflows the C stack (graph_release's docstring)
+    nodes = graph_nodes([loss, *_tensors_in(outputs)])
+    tracker._node = None
+    loss = outputs = None
+    release_nodes(nodes)
+    return result
 
 
 @contextlib.contextmanager
@@ -314,6 +323,8 @@ def _run(model: torch.nn.Module, inputs: Mapping[str, torch.Tensor], method: str
     user's to know about (e.g. transformers drops peft's prefix cache under checkpointing)."""
     try:
         return model(**inputs)
+    except MemfitError:  # the trace's own (memory_watch), already one line for the user
+        raise
     except (RuntimeError, ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         hint = ""
@@ -334,8 +345,9 @@ def round_param(p: torch.Tensor, options: TraceOptions) -> int:
 class _Progress:
     """Calls the progress callback at most ~50 times per stage."""
 
-    def __init__(self, callback: ProgressCallback | None, total: int) -> None:
+    def __init__(self, callback: ProgressCallback | None, total: int, watch: Callable[[], None] | None = None) -> None:
         self.callback = callback
+        self.watch = watch
         self.total = max(total, 1)
         self.name = ""
         self.done = 0
@@ -348,6 +360,8 @@ class _Progress:
 
     def step(self) -> None:
         self.done += 1
+        if self.watch is not None and self.name == "forward":
+            self.watch()
         if self.callback and self.done % self._every == 0:
             self.callback(self.name, min(self.done, self.total), self.total)
 

@@ -45,6 +45,7 @@ from memfit.core.records.bounded import (
     MemoryBudgetExceeded,
     RecordError,
     check_count,
+    gc_paused,
     quote,
     record_bytes,
 )
@@ -106,9 +107,13 @@ def read_snapshot(path: str | Path, *, rank: int | None = None) -> MemorySnapsho
     """Parse the snapshot pickle at ``path`` (at most ``MAX_SNAPSHOT_BYTES``)."""
     p = Path(path)
     data = record_bytes(p, what="memory snapshot", max_bytes=MAX_SNAPSHOT_BYTES)
-    obj = load_plain_pickle(data, str(p))
-    del data  # the objects are built: the file's bytes are no longer needed
-    return parse_snapshot(obj, path=str(p), rank=rank)
+    with gc_paused():  # millions of containers built, none garbage (gc_paused says what it saves)
+        obj = load_plain_pickle(data, str(p))
+        del data  # the objects are built: the file's bytes are no longer needed
+        try:
+            return parse_snapshot(obj, path=str(p), rank=rank)
+        finally:
+            del obj  # freed before the collector is back on, which would walk them all once more
 
 
 # ------------------------------------------------------------------------------------- validation
