@@ -30,7 +30,7 @@ def test_exact_on_ddp_traces():
     """The shipped DDP example, at 64 tokens (a flag overrides the YAML) to keep the trace short: the
     JSON says the activations are traced and exact."""
     r = subprocess.run([sys.executable, "-m", "memfit.cli", "plan", str(EXAMPLES / "frameworks" / "ddp-lora-llama2-7b-2gpu.yaml"),
-                        "--exact", "--seq-len", "64", "--json"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+                        "--exact", "--seq-len", "64", "--json"], capture_output=True, text=True, cwd=ROOT, timeout=600, check=False)
     assert r.returncode == 0, r.stderr[-2000:]
     plan = json.loads(r.stdout)
     fwd = {i["key"]: i for i in next(ph for ph in plan["phases"] if ph["name"] == "forward")["items"]}

@@ -56,6 +56,8 @@ CASES = {
     "road": ("ROAD", {"group_size": 16}),
     "road-2": ("ROAD", {"group_size": 16, "variant": "road_2"}),
     "road-4": ("ROAD", {"group_size": 16, "variant": "road_4"}),
+    "c3a": ("C3A", {"block_size": 16}),
+    "shira": ("SHIRA", {"r": 8}),
 }
 
 

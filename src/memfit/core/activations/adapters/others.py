@@ -242,6 +242,30 @@ def road(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     return Saved(per_token=2 * o * a, fixed=(fixed + 2) * o * a)
 
 
-FORMULAS = {"road": road, "ia3": ia3, "loha": loha, "lokr": lokr, "oft": oft, "boft": boft, "hra": hra, "vera": vera,
+def c3a(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``BlockCircularConvolution.apply(x.to(fp32), kernel.to(fp32))`` (``tuners/c3a/utils.py``) saves both:
+    ``x`` in fp32 (the input itself when the stream is fp32) and the kernel in fp32 (a copy when the
+    adapter is 16-bit); its FFTs run inside the Function (no graph); the division by ``in`` and the
+    cast back keep nothing. Autocast does not reach into the Function (no ``custom_fwd``)."""
+    m, n, b = layer.shape("c3a_kernel")
+    kernel = m * n * b * 4 if ctx.adapter != 4 else 0
+    x = Saved(keeps_input=True) if ctx.stream == 4 else Saved(per_token=layer.in_features * 4)
+    return x + Saved(fixed=kernel)
+
+
+def shira(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``F.linear(x, W.clone() + sparse_coo(indices, w * scaling), bias)`` (``tuners/shira/layer.py``
+    ``Linear.forward``): the rebuilt ``(out, in)`` weight in the base's dtype, kept for the input's
+    gradient (its 16-bit copy under autocast), and the input; the sparse delta is kept whole by the
+    in-place add's backward: its int64 indices ``(2, n)`` and its values ``w * scaling`` (adapter dtype)."""
+    o, i = layer.out_features, layer.in_features
+    n = layer.shape("shira_weight")[0]
+    base = ctx.base or ctx.stream
+    weight = operand(o * i, base, ctx)
+    return (matmul_input(ctx.stream, True, i, ctx)
+            + Saved(fixed=weight + n * (16 + ctx.adapter), fixed_grad_only=weight))
+
+
+FORMULAS = {"road": road, "c3a": c3a, "shira": shira, "ia3": ia3, "loha": loha, "lokr": lokr, "oft": oft, "boft": boft, "hra": hra, "vera": vera,
             "fourierft": fourierft, "waveft": waveft, "miss": miss, "vblora": vblora, "ln_tuning": ln_tuning,
             "osf": osf, "trainable_tokens": trainable_tokens}
