@@ -86,6 +86,8 @@ CASES: dict[str, dict[str, list[dict]]] = {
     "TRAINABLE_TOKENS": {"llama": [{"token_indices": [1, 5, 7]}], "gpt2": [{"token_indices": [0, 3]}]},
     "C3A": {"llama": [{"block_size": 16}, {"target_modules": ALL, "block_size": 32, "block_size_pattern": {"k_proj": 16},
                                           "bias": "c3a_only"}]},
+    "DELORA": {"llama": [{}, {"target_modules": ALL, "r": 4, "rank_pattern": {"down_proj": 2}, "bias": "delora_only",
+                              "layers_to_transform": [1]}]},
     "SHIRA": {"llama": [{"r": 8}, {"target_modules": ALL, "r": 4}]},
     "ROAD": {"llama": [{"group_size": 16}, {"target_modules": ALL, "group_size": 32, "variant": "road_2"},
                        {"target_modules": ALL, "group_size": 16, "variant": "road_4"}]},
@@ -135,7 +137,7 @@ def _cases():
 NOT_PLANNED = frozenset({
     # peft 0.21.2 tuners memfit does not plan yet (issue 21 item 1, not done): each is refused in one line
     # naming it (test_unplanned_tuners_are_refused_in_one_line); planning one means removing it here
-    "ADAMSS", "BEFT", "DEFT", "DELORA", "FROD", "GLORA", "GRALORA", "HIRA", "LILY", "PEANUT", "POLY",
+    "ADAMSS", "BEFT", "DEFT", "FROD", "GLORA", "GRALORA", "HIRA", "LILY", "PEANUT", "POLY",
     "PSOFT", "PVERA", "RANDLORA", "SHADOW", "SUPERTUNING", "TINYLORA", "UNILORA", "XLORA",
 })
 

@@ -58,6 +58,8 @@ CASES = {
     "road-4": ("ROAD", {"group_size": 16, "variant": "road_4"}),
     "c3a": ("C3A", {"block_size": 16}),
     "shira": ("SHIRA", {"r": 8}),
+    "delora": ("DELORA", {"r": 4}),
+    "delora-dropout": ("DELORA", {"r": 4, "module_dropout": 0.1}),
 }
 
 
@@ -71,6 +73,9 @@ NOT_CHECKED = {
     # peft's VeRA keeps its projections as buffers, which DeepSpeed's cast leaves in fp32 (engine.py
     # _cast_module_mixed_precision: params only): F.linear(bf16 input, fp32 projection) raises
     ("vera", "bf16"), ("vera-dropout", "bf16"),
+    # peft's DeLoRA: the fp32 w_norm buffer (DeepSpeed's cast leaves it) promotes x * w_norm to fp32, and
+    # F.linear(fp32, bf16 delora_A) raises
+    ("delora", "bf16"), ("delora-dropout", "bf16"),
 }
 """(case, context) pairs not compared, each with its reason (README: what is not checked)."""
 

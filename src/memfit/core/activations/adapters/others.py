@@ -266,6 +266,24 @@ def shira(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
             + Saved(fixed=weight + n * (16 + ctx.adapter), fixed_grad_only=weight))
 
 
-FORMULAS = {"road": road, "c3a": c3a, "shira": shira, "ia3": ia3, "loha": loha, "lokr": lokr, "oft": oft, "boft": boft, "hra": hra, "vera": vera,
+def delora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``DeloraLinear.forward``: ``x_d * w_norm`` (the buffer needs no gradient: the product is kept by the
+    first ``F.linear``, not ``x``), ``h = F.linear(., A)``, ``h * scaling`` (keeps ``h`` and the ``(r,)``
+    scaling), ``F.linear(., B)`` (keeps the scaled ``h``); ``scaling = lambda / r / (|A_i| |B^j|)`` keeps
+    six ``(r,)`` vectors (the norms, their clamps, their product, the quotient) and ``lambda / r``. The
+    fp32 ``w_norm`` makes the product fp32. Under autocast each linear keeps 16-bit copies of
+    its operands (the leaves' cached casts too), and ``h * scaling`` is promoted to the scaling's dtype."""
+    i = layer.in_features
+    r = layer.shape("delora_A")[0]
+    A, AC = ctx.adapter, ctx.autocast
+    xw = 4  # x * w_norm: the buffer is fp32 (peft upcasts it with the adapters), the product promoted
+    E = AC or A  # h's dtype
+    S = max(E, A)  # h * scaling's
+    per = operand(i, xw, ctx) + r * E + operand(r, S, ctx)
+    fixed = 6 * r * A + A + ((r * i + layer.out_features * r) * AC if AC and A != AC else 0)
+    return _dropout(layer, spec.setting("module_dropout", 0.0)) + Saved(per_token=per, fixed=fixed)
+
+
+FORMULAS = {"road": road, "c3a": c3a, "shira": shira, "delora": delora, "ia3": ia3, "loha": loha, "lokr": lokr, "oft": oft, "boft": boft, "hra": hra, "vera": vera,
             "fourierft": fourierft, "waveft": waveft, "miss": miss, "vblora": vblora, "ln_tuning": ln_tuning,
             "osf": osf, "trainable_tokens": trainable_tokens}
