@@ -54,4 +54,6 @@ def linear_weight_casts(model: torch.nn.Module, autocast: str | None) -> int:
     skip = {id(m.base_layer) for m in model.modules()
             if type(m).__name__ in BASE_NOT_RUN or f"{type(m).__module__}.{type(m).__name__}" in BASE_NOT_RUN}
     return sum(m.weight.numel() * 2 for m in model.modules()
-               if isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32 and id(m) not in skip)
+               if isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32 and id(m) not in skip
+               and not hasattr(m, "base_layer"))  # a tuner layer that subclasses nn.Linear (GraLoRA's): its
+    # .weight is the base layer's, counted there

@@ -60,6 +60,9 @@ CASES = {
     "shira": ("SHIRA", {"r": 8}),
     "delora": ("DELORA", {"r": 4}),
     "delora-dropout": ("DELORA", {"r": 4, "module_dropout": 0.1}),
+    "gralora": ("GRALORA", {"r": 8}),
+    "gralora-hybrid": ("GRALORA", {"r": 8, "hybrid_r": 4}),
+    "gralora-hybrid-dropout": ("GRALORA", {"r": 8, "gralora_k": 4, "hybrid_r": 4, "gralora_dropout": 0.1}),
 }
 
 

@@ -284,6 +284,25 @@ def delora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     return _dropout(layer, spec.setting("module_dropout", 0.0)) + Saved(per_token=per, fixed=fixed)
 
 
-FORMULAS = {"road": road, "c3a": c3a, "shira": shira, "delora": delora, "ia3": ia3, "loha": loha, "lokr": lokr, "oft": oft, "boft": boft, "hra": hra, "vera": vera,
+def gralora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``GraloraLayer``'s Linear forward: ``dropout(x.to(A))`` (a copy when the dtypes differ; dropout's mask
+    and output), the two einsums (each keeps its per-token operand: that tensor, then the ``(tokens, k, r)``
+    regrouped product), the hybrid LoRA (``dropout(x.to(A))`` made again, with a mask of its own, and its
+    ``(tokens, hybrid_r)`` product). Under autocast the stacked factors (leaves) are cast for the einsums'
+    matmuls and kept."""
+    k, _, r = layer.shape("gralora_A")
+    i = layer.in_features
+    elem, is_input = adapter_input(ctx)
+    E = out_elem(ctx)
+    p = spec.setting("gralora_dropout", 0.0) or 0.0
+    path = _dropout(layer, p) + matmul_input(elem, is_input and not p > 0, i, ctx)
+    saved = path + Saved(per_token=k * r * E, fixed=(i * r + r * layer.out_features) * ctx.autocast
+                         if ctx.autocast and ctx.adapter != ctx.autocast else 0)
+    if layer.has("gralora_A_general"):
+        saved += path + Saved(per_token=layer.shape("gralora_A_general")[0] * E)
+    return saved
+
+
+FORMULAS = {"road": road, "c3a": c3a, "shira": shira, "delora": delora, "gralora": gralora, "ia3": ia3, "loha": loha, "lokr": lokr, "oft": oft, "boft": boft, "hra": hra, "vera": vera,
             "fourierft": fourierft, "waveft": waveft, "miss": miss, "vblora": vblora, "ln_tuning": ln_tuning,
             "osf": osf, "trainable_tokens": trainable_tokens}

@@ -13,7 +13,7 @@ from memfit.core.peft.inject import inject
 from memfit.core.peft.spec import PeftSpec
 from memfit.core.peft.targets import find_targets
 from memfit.core.peft.tuners.base import Tuner
-from memfit.core.peft.tuners import (adalora, adaption_prompt, c3a, delora, fourier, ia3, ln_tuning, lycoris, miss, orthogonal, osf,
+from memfit.core.peft.tuners import (adalora, adaption_prompt, c3a, delora, fourier, gralora, ia3, ln_tuning, lycoris, miss, orthogonal, osf,
                                      prompts, road, shira, trainable_tokens, vblora, vera)
 
 _ALL: tuple[Tuner, ...] = (
@@ -41,6 +41,7 @@ _ALL: tuple[Tuner, ...] = (
     c3a.TUNER,
     shira.TUNER,
     delora.TUNER,
+    gralora.TUNER,
 )
 
 TUNERS: Mapping[str, Tuner] = MappingProxyType({t.method: t for t in _ALL})
