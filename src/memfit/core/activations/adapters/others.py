@@ -303,6 +303,31 @@ def gralora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     return saved
 
 
-FORMULAS = {"road": road, "c3a": c3a, "shira": shira, "delora": delora, "gralora": gralora, "ia3": ia3, "loha": loha, "lokr": lokr, "oft": oft, "boft": boft, "hra": hra, "vera": vera,
+def randlora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``F.linear(F.linear(dropout(x.to(fp32)), first), second) * scaling`` (``RandLoraLayer``): the trained
+    ``UA = lambda * A * gamma`` ``(r * bases, min)`` (``UniqueBaseGrad``, fp32: the bases are fp32 buffers)
+    and the slice ``UB`` ``(max, bases * r)`` of the shared ``randlora_B`` (a view of the buffer). With ``in <= out``: ``x @ UA.T`` keeps ``x`` (fp32) and ``UA``
+    (for the input's gradient), ``. @ UB.T`` keeps ``UB`` only (no gradient of its own); with ``in > out``:
+    ``x @ UB`` keeps ``UB`` for the input's gradient, ``h @ UA`` keeps ``h`` ``(tokens, bases * r)`` and
+    ``UA``. Under autocast the kept operands are the linears' 16-bit copies (none is a cached leaf)."""
+    i, o = layer.in_features, layer.out_features
+    r, nb = layer.shape("randlora_lambda")
+    mn, mx = min(i, o), max(i, o)
+    AC = ctx.autocast
+    K = AC or 4  # a kept operand's bytes
+    ua = r * nb * mn * K
+    ub = mx * nb * r * AC if AC else 0  # else a view of the buffer (its last dim is whole: flatten is a view)
+    p = spec.setting("randlora_dropout", 0.0) or 0.0
+    saved = _dropout(layer, p)
+    if i <= o:
+        if AC or p > 0 or ctx.stream != 4:
+            saved += Saved(per_token=i * K)
+        else:
+            saved += Saved(keeps_input=True)
+        return saved + Saved(fixed=ub + ua, fixed_grad_only=ua)
+    return saved + Saved(per_token=nb * r * K, fixed=ub + ua, fixed_grad_only=ub + ua)
+
+
+FORMULAS = {"road": road, "c3a": c3a, "randlora": randlora, "shira": shira, "delora": delora, "gralora": gralora, "ia3": ia3, "loha": loha, "lokr": lokr, "oft": oft, "boft": boft, "hra": hra, "vera": vera,
             "fourierft": fourierft, "waveft": waveft, "miss": miss, "vblora": vblora, "ln_tuning": ln_tuning,
             "osf": osf, "trainable_tokens": trainable_tokens}

@@ -14,7 +14,7 @@ from memfit.core.peft.spec import PeftSpec
 from memfit.core.peft.targets import find_targets
 from memfit.core.peft.tuners.base import Tuner
 from memfit.core.peft.tuners import (adalora, adaption_prompt, c3a, delora, fourier, gralora, ia3, ln_tuning, lycoris, miss, orthogonal, osf,
-                                     prompts, road, shira, trainable_tokens, vblora, vera)
+                                     prompts, randlora, road, shira, trainable_tokens, vblora, vera)
 
 _ALL: tuple[Tuner, ...] = (
     ia3.TUNER,
@@ -42,6 +42,7 @@ _ALL: tuple[Tuner, ...] = (
     shira.TUNER,
     delora.TUNER,
     gralora.TUNER,
+    randlora.TUNER,
 )
 
 TUNERS: Mapping[str, Tuner] = MappingProxyType({t.method: t for t in _ALL})
