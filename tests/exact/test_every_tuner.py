@@ -84,6 +84,15 @@ CASES: dict[str, dict[str, list[dict]]] = {
     "WAVEFT": {"llama": [{"target_modules": ["q_proj", "o_proj"]}, {"target_modules": ALL, "n_frequency": 100, "use_idwt": False,
                               "n_frequency_pattern": {"o_proj": 30}}]},
     "TRAINABLE_TOKENS": {"llama": [{"token_indices": [1, 5, 7]}], "gpt2": [{"token_indices": [0, 3]}]},
+    "C3A": {"llama": [{"block_size": 16}, {"target_modules": ALL, "block_size": 32, "block_size_pattern": {"k_proj": 16},
+                                          "bias": "c3a_only"}]},
+    "DELORA": {"llama": [{}, {"target_modules": ALL, "r": 4, "rank_pattern": {"down_proj": 2}, "bias": "delora_only",
+                              "layers_to_transform": [1]}]},
+    "GRALORA": {"llama": [{"r": 8}, {"target_modules": ALL, "r": 4, "gralora_k": 4, "hybrid_r": 2, "bias": "all"}],
+                "gpt2": [{"r": 8}]},
+    "RANDLORA": {"llama": [{}, {"target_modules": ALL, "r": 8, "save_projection": False, "bias": "all"},
+                           {"target_modules": ["k_proj", "v_proj"], "r": 5, "sparse": True}], "gpt2": [{"r": 16}]},
+    "SHIRA": {"llama": [{"r": 8}, {"target_modules": ALL, "r": 4}]},
     "ROAD": {"llama": [{"group_size": 16}, {"target_modules": ALL, "group_size": 32, "variant": "road_2"},
                        {"target_modules": ALL, "group_size": 16, "variant": "road_4"}]},
 }
@@ -132,8 +141,8 @@ def _cases():
 NOT_PLANNED = frozenset({
     # peft 0.21.2 tuners memfit does not plan yet (issue 21 item 1, not done): each is refused in one line
     # naming it (test_unplanned_tuners_are_refused_in_one_line); planning one means removing it here
-    "ADAMSS", "BEFT", "C3A", "DEFT", "DELORA", "FROD", "GLORA", "GRALORA", "HIRA", "LILY", "PEANUT", "POLY",
-    "PSOFT", "PVERA", "RANDLORA", "SHADOW", "SHIRA", "SUPERTUNING", "TINYLORA", "UNILORA", "XLORA",
+    "ADAMSS", "BEFT", "DEFT", "FROD", "GLORA", "HIRA", "LILY", "PEANUT", "POLY",
+    "PSOFT", "PVERA", "SHADOW", "SUPERTUNING", "TINYLORA", "UNILORA", "XLORA",
 })
 
 

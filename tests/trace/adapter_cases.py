@@ -40,9 +40,10 @@ def planned_layer(peft_type: str, config: dict, in_f: int, out_f: int, tokens: i
     return s.per_token * tokens + s.fixed, s.keeps_input
 
 
-BASE_NOT_RUN = {"LNTuningLayer", "HRALinear"}
+BASE_NOT_RUN = {"LNTuningLayer", "HRALinear", "peft.tuners.shira.layer.Linear"}
 """Layers whose forward does not call the base ``nn.Linear`` (LN tuning runs its copy, HRA multiplies the
-weight's ``.data``): no autocast copy of its weight is made."""
+weight's ``.data``, SHiRA runs ``F.linear`` on a rebuilt weight): no autocast copy of its weight is made.
+By class name, or module and name where the name is shared (``Linear``)."""
 
 
 def linear_weight_casts(model: torch.nn.Module, autocast: str | None) -> int:
@@ -50,6 +51,9 @@ def linear_weight_casts(model: torch.nn.Module, autocast: str | None) -> int:
     here; LN tuning runs its trained copy instead of the base layer."""
     if not autocast:
         return 0
-    skip = {id(m.base_layer) for m in model.modules() if type(m).__name__ in BASE_NOT_RUN}
+    skip = {id(m.base_layer) for m in model.modules()
+            if type(m).__name__ in BASE_NOT_RUN or f"{type(m).__module__}.{type(m).__name__}" in BASE_NOT_RUN}
     return sum(m.weight.numel() * 2 for m in model.modules()
-               if isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32 and id(m) not in skip)
+               if isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32 and id(m) not in skip
+               and not hasattr(m, "base_layer"))  # a tuner layer that subclasses nn.Linear (GraLoRA's): its
+    # .weight is the base layer's, counted there

@@ -56,6 +56,15 @@ CASES = {
     "road": ("ROAD", {"group_size": 16}),
     "road-2": ("ROAD", {"group_size": 16, "variant": "road_2"}),
     "road-4": ("ROAD", {"group_size": 16, "variant": "road_4"}),
+    "c3a": ("C3A", {"block_size": 16}),
+    "shira": ("SHIRA", {"r": 8}),
+    "delora": ("DELORA", {"r": 4}),
+    "delora-dropout": ("DELORA", {"r": 4, "module_dropout": 0.1}),
+    "gralora": ("GRALORA", {"r": 8}),
+    "gralora-hybrid": ("GRALORA", {"r": 8, "hybrid_r": 4}),
+    "randlora": ("RANDLORA", {"r": 8}),
+    "randlora-dropout": ("RANDLORA", {"r": 16, "randlora_dropout": 0.1}),
+    "gralora-hybrid-dropout": ("GRALORA", {"r": 8, "gralora_k": 4, "hybrid_r": 4, "gralora_dropout": 0.1}),
 }
 
 
@@ -69,6 +78,9 @@ NOT_CHECKED = {
     # peft's VeRA keeps its projections as buffers, which DeepSpeed's cast leaves in fp32 (engine.py
     # _cast_module_mixed_precision: params only): F.linear(bf16 input, fp32 projection) raises
     ("vera", "bf16"), ("vera-dropout", "bf16"),
+    # peft's DeLoRA: the fp32 w_norm buffer (DeepSpeed's cast leaves it) promotes x * w_norm to fp32, and
+    # F.linear(fp32, bf16 delora_A) raises
+    ("delora", "bf16"), ("delora-dropout", "bf16"),
 }
 """(case, context) pairs not compared, each with its reason (README: what is not checked)."""
 

@@ -16,7 +16,7 @@ from memfit.cli.common import check_report_path, console, scenario_command, trac
 def plan(
     scenario: Optional[Path] = typer.Argument(None, help="Scenario YAML file (see examples/). Flags override it."),
     report: Optional[Path] = typer.Option(None, "--report", help="Also write a report: .html (charts, self-contained) or .md. Never overwrites a file."),
-    exact: bool = typer.Option(False, "--exact", help="Trace forward/backward from the model's code (needs torch, transformers, peft; seconds) instead of the analytic activation estimate. DeepSpeed plans only for now: a torch/DDP/FSDP/FSDP2 plan refuses it."),
+    exact: bool = typer.Option(False, "--exact", help="Trace forward/backward from the model's code (needs torch, transformers, peft; seconds) instead of the analytic activation estimate. Every framework; refused in one line where the trace cannot build the model (a bitsandbytes-quantized base)."),
     json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON (schema: docs/json-schema.md)."),
     all_items: bool = typer.Option(False, "--all-items", help="Show every phase's ledger items, not only the peaks'."),
     *,
@@ -35,20 +35,24 @@ def plan(
     if report is not None:
         check_report_path(report)  # before any work: a bad path fails fast
     traced = None
-    takes_trace = sc.framework == "deepspeed"  # the torch/DDP/FSDP/FSDP2 ledgers take no traced step yet
-    if exact and not takes_trace:
-        from memfit.errors import MemfitError
+    if exact and sc.framework != "deepspeed":
+        from memfit.trace.ledger_step import torch_trace_options
 
-        raise MemfitError(f"--exact cannot replace the activations of a {sc.framework} plan yet (only DeepSpeed "
-                          "plans take a traced step; this one would keep its analytic activations): drop --exact")
+        torch_trace_options(sc)  # refuses in one line, before tracing, what the trace cannot build
     if sc.model.source == "meta" and not exact:  # no pure builder: its activations come from a trace
         for note in sc.model.notes:
             console(stderr=True).print(f"memfit: {note}")
-        if takes_trace:
-            exact = True
-        else:
-            console(stderr=True).print(f"memfit: not traced: a {sc.framework} plan takes no traced step yet; "
-                                       "its activations are the analytic estimate from the config's shapes")
+        exact = True
+        if sc.framework != "deepspeed":
+            from memfit.errors import MemfitError
+            from memfit.trace.ledger_step import torch_trace_options
+
+            try:
+                torch_trace_options(sc)
+            except MemfitError as e:
+                exact = False
+                console(stderr=True).print(f"memfit: not traced ({e}); its activations are the analytic estimate "
+                                           "from the config's shapes")
     if exact:
         from memfit.trace.ledger_step import ledger_step
 

@@ -308,3 +308,19 @@ class TracedStep:
     """Live at the backward peak, likewise."""
     note: str
     """How it was obtained (trace options, peak module), for the plan's notes."""
+    by_module: tuple[TracedModuleBytes, ...] = ()
+    """The forward peak's activation-side bytes by the module whose code allocated them: the
+    torch/DDP/FSDP/FSDP2 ledgers book each in its stage (``ledger/pytorch/traced.py``), so they are
+    freed stage by stage in backward as the analytic ones are."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TracedModuleBytes:
+    """What one module's code had allocated and was still live at the traced forward peak."""
+
+    module: str
+    """``named_modules`` name in the traced (PEFT) model; ``""`` the root, ``<outside modules>`` none."""
+    kept_bytes: int
+    """Saved for backward, outputs, tensors held (checkpointed inputs) and the model inputs."""
+    temporary_bytes: int
+    """Temporaries alive at the peak (the loss's, at a peak in the loss)."""

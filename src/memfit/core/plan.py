@@ -29,11 +29,11 @@ def count_params(sc: Scenario) -> ParamCounts:
 
 def make_plan(sc: Scenario, traced: TracedStep | None = None) -> Plan:
     """The plan; with ``traced`` (from ``memfit.trace.ledger_step``) the forward/backward phases use
-    the traced step memory instead of the analytic estimate (DeepSpeed plans only: the torch/DDP/FSDP
-    recipes take no traced step yet, and a plan that dropped it would claim a trace it did not use)."""
-    if traced is not None and sc.framework != "deepspeed":
-        raise MemfitError(f"a traced step cannot replace the activations of a {sc.framework} plan yet "
-                          "(only DeepSpeed plans take one)")
+    the traced step memory instead of the analytic estimate (the torch/DDP/FSDP recipes book it per
+    stage from ``traced.by_module``: one without it would be dropped, so it is refused)."""
+    if traced is not None and sc.framework != "deepspeed" and not traced.by_module:
+        raise MemfitError(f"a traced step without per-module bytes cannot replace the activations of a "
+                          f"{sc.framework} plan (its layers are booked one by one)")
     timeline = build_timeline(sc, traced)
     phases = timeline.phases()
     epoch = None

@@ -152,7 +152,7 @@ def _input_saved(step: torch.nn.Module, x: torch.Tensor) -> bool:
     ptr = x.untyped_storage().data_ptr()
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        if t.untyped_storage().data_ptr() == ptr:
+        if t.layout == torch.strided and t.untyped_storage().data_ptr() == ptr:  # (SHiRA saves a sparse tensor)
             seen.append(1)
         return t
 

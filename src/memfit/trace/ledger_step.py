@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from memfit.core.catalog import resolve_model_config
-from memfit.core.ledger_types import Device, LedgerItem, TracedStep
+from memfit.core.ledger_types import Device, LedgerItem, TracedModuleBytes, TracedStep
 from memfit.core.scenario.types import Scenario
 from memfit.trace.results import TraceOptions, TracePeak, TraceResult
 
@@ -21,11 +21,41 @@ SRC = "memfit.trace (the model's own forward/backward on fake tensors)"
 
 
 def trace_options_for(sc: Scenario) -> TraceOptions:
+    if sc.framework != "deepspeed":
+        return torch_trace_options(sc)
     z = sc.deepspeed.zero
     return TraceOptions(seq_len=sc.train.seq_len, micro_batch=sc.train.micro_batch, dtype=sc.deepspeed.precision,
                         gradient_checkpointing=sc.train.gradient_checkpointing, attention=sc.train.attention,
                         zero3_linear=z.stage == 3 and z.memory_efficient_linear, task=sc.model.arch.task,
                         target_len=sc.train.target_len)
+
+
+def torch_trace_options(sc: Scenario) -> TraceOptions:
+    """The step a torch/DDP/FSDP/FSDP2 plan runs, as trace options: the base params in the dtype the
+    training loop holds them (``ledger/pytorch/params.py``; FSDP's mixed precision computes with its
+    16-bit unsharded copies), the adapters in fp32 beside a 16-bit base (peft's
+    ``autocast_adapter_dtype``), autocast as the precision mode says. Refused in one line where the
+    trace cannot build that model: a bitsandbytes-quantized base, base params in several dtypes."""
+    from memfit.core.ledger.pytorch.params import build_torch_model
+    from memfit.errors import MemfitError
+
+    if sc.quant.enabled:
+        raise MemfitError(f"--exact cannot trace a {sc.quant.method} bitsandbytes base yet (the fake-tensor trace "
+                          "builds no quantized layers): drop --exact for the analytic activations")
+    m = build_torch_model(sc)
+    base = sorted({p.dtype for p in m.params if not p.adapter})
+    if len(base) != 1:
+        raise MemfitError(f"--exact traces the base params in one dtype; this {sc.framework} plan holds them in "
+                          f"{' and '.join(base)}: drop --exact for the analytic activations")
+    dtype = base[0]
+    fsdp_mp = sc.framework in ("fsdp", "fsdp2") and sc.fsdp.mixed_precision != "none"
+    if fsdp_mp:
+        dtype = sc.fsdp.mixed_precision
+    adapter = "fp32" if dtype != "fp32" and not fsdp_mp and any(p.adapter for p in m.params) else None
+    return TraceOptions(seq_len=sc.train.seq_len, micro_batch=sc.train.micro_batch, dtype=dtype,
+                        adapter_dtype=adapter, autocast=m.precision.autocast,
+                        gradient_checkpointing=sc.train.gradient_checkpointing, attention=sc.train.attention,
+                        task=sc.model.arch.task, target_len=sc.train.target_len)
 
 
 def trace_scenario(sc: Scenario, *, progress: Callable[[str, int, int], None] | None = None) -> TraceResult:
@@ -55,8 +85,14 @@ def ledger_step(sc: Scenario, trace: TraceResult) -> TracedStep:
     target = f", target {opts.target_len}" if opts.target_len else ""
     note = (f"Forward/backward traced from the model's code ({trace.architecture}, micro-batch {opts.micro_batch} x "
             f"seq {opts.seq_len}{target}, {opts.dtype}, {opts.attention}{kernel}"
+            + (f", autocast {opts.autocast}" if opts.autocast else "")
+            + (f", adapters {opts.adapter_dtype}" if opts.adapter_dtype else "")
             + (", gradient checkpointing" if opts.gradient_checkpointing else "") + ")")
-    if sc.deepspeed.zero.stage == 3:
+    if sc.framework != "deepspeed":
+        note += ("; each module's traced activations are booked in its layer and freed layer by layer in backward"
+                 + ("; the recompute of each checkpointed block in backward stays the analytic estimate"
+                    if opts.gradient_checkpointing else ""))
+    elif sc.deepspeed.zero.stage == 3:
         from memfit.trace.deepspeed.zero3_step import zero3_step_memory
 
         z3 = zero3_step_memory(trace, sc.deepspeed, sc.world_size)
@@ -72,4 +108,20 @@ def ledger_step(sc: Scenario, trace: TraceResult) -> TracedStep:
             fwd, bwd = other(fwd), z3.items
         note += (f"; ZeRO-3 step peak in {z3.phase} at {z3.module or 'the model'} ({z3.moment}), "
                  f"{z3.peak_bytes:,} B on top of the model states")
-    return TracedStep(forward_items=fwd, backward_items=bwd, note=note)
+    return TracedStep(forward_items=fwd, backward_items=bwd, note=note, by_module=_by_module(trace.forward))
+
+
+_KEPT = ("input", "saved", "output", "held")
+
+
+def _by_module(peak: TracePeak) -> tuple[TracedModuleBytes, ...]:
+    """The peak's activation-side bytes per module (``ModuleBytes`` rows are per module and category)."""
+    kept: dict[str, int] = {}
+    temp: dict[str, int] = {}
+    for row in peak.by_module:
+        if row.category in _KEPT:
+            kept[row.module] = kept.get(row.module, 0) + row.bytes
+        elif row.category == "temporary":
+            temp[row.module] = temp.get(row.module, 0) + row.bytes
+    names = list(dict.fromkeys([*kept, *temp]))
+    return tuple(TracedModuleBytes(module=n, kept_bytes=kept.get(n, 0), temporary_bytes=temp.get(n, 0)) for n in names)

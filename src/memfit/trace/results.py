@@ -47,6 +47,9 @@ class TraceOptions:
     dtype: str = "fp16"
     """Parameter and activation dtype, as DeepSpeed casts the model: ``fp16``, ``bf16``, ``fp32``.
     The loss is computed as the model computes it (transformers' causal-LM loss upcasts logits)."""
+    adapter_dtype: str | None = None
+    """``fp32``/``fp16``/``bf16``: the PEFT-created params in this dtype instead of ``dtype`` (peft's
+    ``autocast_adapter_dtype`` keeps them fp32 beside a 16-bit base outside DeepSpeed); None: ``dtype``."""
     gradient_checkpointing: bool = False
     """``model.gradient_checkpointing_enable()`` (transformers' default: non-reentrant)."""
     attention: str = "sdpa"
@@ -93,6 +96,8 @@ class TraceOptions:
             raise MemfitError(f"attention must be one of {', '.join(IMPLEMENTATIONS)}, got {self.attention!r}")
         if self.target_len is not None and self.target_len < 1:
             raise MemfitError(f"target_len must be >= 1, got {self.target_len}")
+        if self.adapter_dtype not in (None, "fp16", "bf16", "fp32"):
+            raise MemfitError(f"adapter_dtype must be fp16, bf16, fp32 or None, got {self.adapter_dtype!r}")
         if self.autocast not in (None, "fp16", "bf16"):
             raise MemfitError(f"autocast must be fp16, bf16 or None, got {self.autocast!r}")
         if self.kernels not in ("cuda", "cpu"):

@@ -79,6 +79,8 @@ def _trace_training_step(
     model.train()
     fake_mode = FakeTensorMode()
     materialize_fake(model, fake_mode, TORCH_DTYPES[options.dtype])
+    if options.adapter_dtype is not None and options.adapter_dtype != options.dtype:
+        recast_adapters(model, fake_mode, TORCH_DTYPES[options.adapter_dtype])
     with fake_mode:
         inputs = task_inputs(model, options)
     build_s = perf_counter() - start
@@ -87,6 +89,19 @@ def _trace_training_step(
     return trace_model(
         model, inputs, options, fake_mode=fake_mode, method=peft.method, build_s=build_s, progress=progress
     )
+
+
+def recast_adapters(model: torch.nn.Module, fake_mode: Any, dtype: torch.dtype) -> None:
+    """The PEFT-created floating params (``memfit.core.peft.adapter_params``) as fresh fake tensors in
+    ``dtype``, in place."""
+    from memfit.core.peft.adapter_params import is_adapter_param
+
+    with fake_mode:
+        for name, module in model.named_modules():
+            for pname, param in list(module._parameters.items()):
+                if param is not None and param.is_floating_point() and is_adapter_param(f"{name}.{pname}"):
+                    empty = torch.empty(param.shape, dtype=dtype, device="cpu")
+                    module._parameters[pname] = torch.nn.Parameter(empty, requires_grad=param.requires_grad)
 
 
 def checkpoint_kwargs(options: TraceOptions) -> dict[str, Any]:

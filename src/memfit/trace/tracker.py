@@ -177,7 +177,12 @@ class AllocationTracker(TorchDispatchMode):
                 if isinstance(t, torch.Tensor):
                     if module is None:
                         module = self.current_module()
-                    self.track(t.untyped_storage(), TEMPORARY, module, func)
+                    for st in storages(t):
+                        self.track(st, TEMPORARY, module, func)
+        elif isinstance(out, torch.Tensor) and out.layout != torch.strided:
+            module = self.current_module()
+            for st in storages(out):
+                self.track(st, TEMPORARY, module, func)
         elif isinstance(out, torch.Tensor):
             category = TEMPORARY
             if (func is _TO_COPY and self.autocast_dtype is not None and out.dtype == self.autocast_dtype
@@ -191,8 +196,9 @@ class AllocationTracker(TorchDispatchMode):
     # ---------------------------------------------------------------- autograd hooks
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
         """``saved_tensors_hooks`` pack hook: the tensor itself (no copy), noted as saved."""
-        self.recategorize(tensor.untyped_storage(), SAVED, only_from=_REASSIGNABLE,
-                          module=self.stack[-1] if self.stack else self._node_module)
+        for st in storages(tensor):
+            self.recategorize(st, SAVED, only_from=_REASSIGNABLE,
+                              module=self.stack[-1] if self.stack else self._node_module)
         return tensor
 
     @staticmethod
@@ -218,6 +224,16 @@ class NodeTagger(TorchFunctionMode):
                     if isinstance(t, torch.Tensor):
                         tag_node(t, stack[-1])
         return out
+
+
+def storages(t: torch.Tensor) -> tuple[torch.UntypedStorage, ...]:
+    """The storages a tensor holds: its own (strided), a sparse COO tensor's indices and values (SHiRA's
+    delta weight), none for other layouts."""
+    if t.layout == torch.strided:
+        return (t.untyped_storage(),)
+    if t.layout == torch.sparse_coo:
+        return (t._indices().untyped_storage(), t._values().untyped_storage())
+    return ()
 
 
 def tag_node(tensor: torch.Tensor, module: int) -> None:

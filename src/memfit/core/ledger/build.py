@@ -20,7 +20,7 @@ def build_timeline(sc: Scenario, traced: TracedStep | None = None) -> Timeline:
     if sc.framework != "deepspeed":  # torch / ddp / fsdp / fsdp2: their own recipes (ledger/pytorch/build.py)
         from memfit.core.ledger.pytorch.build import build_torch_timeline
 
-        return build_torch_timeline(sc, tracker=memory_tracker(sc))
+        return build_torch_timeline(sc, tracker=memory_tracker(sc), traced=traced)
     from memfit.core.ledger.deepspeed.build import build_deepspeed_timeline
 
     return build_deepspeed_timeline(sc, traced, tracker=memory_tracker(sc))

@@ -242,6 +242,92 @@ def road(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     return Saved(per_token=2 * o * a, fixed=(fixed + 2) * o * a)
 
 
-FORMULAS = {"road": road, "ia3": ia3, "loha": loha, "lokr": lokr, "oft": oft, "boft": boft, "hra": hra, "vera": vera,
+def c3a(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``BlockCircularConvolution.apply(x.to(fp32), kernel.to(fp32))`` (``tuners/c3a/utils.py``) saves both:
+    ``x`` in fp32 (the input itself when the stream is fp32) and the kernel in fp32 (a copy when the
+    adapter is 16-bit); its FFTs run inside the Function (no graph); the division by ``in`` and the
+    cast back keep nothing. Autocast does not reach into the Function (no ``custom_fwd``)."""
+    m, n, b = layer.shape("c3a_kernel")
+    kernel = m * n * b * 4 if ctx.adapter != 4 else 0
+    x = Saved(keeps_input=True) if ctx.stream == 4 else Saved(per_token=layer.in_features * 4)
+    return x + Saved(fixed=kernel)
+
+
+def shira(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``F.linear(x, W.clone() + sparse_coo(indices, w * scaling), bias)`` (``tuners/shira/layer.py``
+    ``Linear.forward``): the rebuilt ``(out, in)`` weight in the base's dtype, kept for the input's
+    gradient (its 16-bit copy under autocast), and the input; the sparse delta is kept whole by the
+    in-place add's backward: its int64 indices ``(2, n)`` and its values ``w * scaling`` (adapter dtype)."""
+    o, i = layer.out_features, layer.in_features
+    n = layer.shape("shira_weight")[0]
+    base = ctx.base or ctx.stream
+    weight = operand(o * i, base, ctx)
+    return (matmul_input(ctx.stream, True, i, ctx)
+            + Saved(fixed=weight + n * (16 + ctx.adapter), fixed_grad_only=weight))
+
+
+def delora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``DeloraLinear.forward``: ``x_d * w_norm`` (the buffer needs no gradient: the product is kept by the
+    first ``F.linear``, not ``x``), ``h = F.linear(., A)``, ``h * scaling`` (keeps ``h`` and the ``(r,)``
+    scaling), ``F.linear(., B)`` (keeps the scaled ``h``); ``scaling = lambda / r / (|A_i| |B^j|)`` keeps
+    six ``(r,)`` vectors (the norms, their clamps, their product, the quotient) and ``lambda / r``. The
+    fp32 ``w_norm`` makes the product fp32. Under autocast each linear keeps 16-bit copies of
+    its operands (the leaves' cached casts too), and ``h * scaling`` is promoted to the scaling's dtype."""
+    i = layer.in_features
+    r = layer.shape("delora_A")[0]
+    A, AC = ctx.adapter, ctx.autocast
+    xw = 4  # x * w_norm: the buffer is fp32 (peft upcasts it with the adapters), the product promoted
+    E = AC or A  # h's dtype
+    S = max(E, A)  # h * scaling's
+    per = operand(i, xw, ctx) + r * E + operand(r, S, ctx)
+    fixed = 6 * r * A + A + ((r * i + layer.out_features * r) * AC if AC and A != AC else 0)
+    return _dropout(layer, spec.setting("module_dropout", 0.0)) + Saved(per_token=per, fixed=fixed)
+
+
+def gralora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``GraloraLayer``'s Linear forward: ``dropout(x.to(A))`` (a copy when the dtypes differ; dropout's mask
+    and output), the two einsums (each keeps its per-token operand: that tensor, then the ``(tokens, k, r)``
+    regrouped product), the hybrid LoRA (``dropout(x.to(A))`` made again, with a mask of its own, and its
+    ``(tokens, hybrid_r)`` product). Under autocast the stacked factors (leaves) are cast for the einsums'
+    matmuls and kept."""
+    k, _, r = layer.shape("gralora_A")
+    i = layer.in_features
+    elem, is_input = adapter_input(ctx)
+    E = out_elem(ctx)
+    p = spec.setting("gralora_dropout", 0.0) or 0.0
+    path = _dropout(layer, p) + matmul_input(elem, is_input and not p > 0, i, ctx)
+    saved = path + Saved(per_token=k * r * E, fixed=(i * r + r * layer.out_features) * ctx.autocast
+                         if ctx.autocast and ctx.adapter != ctx.autocast else 0)
+    if layer.has("gralora_A_general"):
+        saved += path + Saved(per_token=layer.shape("gralora_A_general")[0] * E)
+    return saved
+
+
+def randlora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``F.linear(F.linear(dropout(x.to(fp32)), first), second) * scaling`` (``RandLoraLayer``): the trained
+    ``UA = lambda * A * gamma`` ``(r * bases, min)`` (``UniqueBaseGrad``, fp32: the bases are fp32 buffers)
+    and the slice ``UB`` ``(max, bases * r)`` of the shared ``randlora_B`` (a view of the buffer). With ``in <= out``: ``x @ UA.T`` keeps ``x`` (fp32) and ``UA``
+    (for the input's gradient), ``. @ UB.T`` keeps ``UB`` only (no gradient of its own); with ``in > out``:
+    ``x @ UB`` keeps ``UB`` for the input's gradient, ``h @ UA`` keeps ``h`` ``(tokens, bases * r)`` and
+    ``UA``. Under autocast the kept operands are the linears' 16-bit copies (none is a cached leaf)."""
+    i, o = layer.in_features, layer.out_features
+    r, nb = layer.shape("randlora_lambda")
+    mn, mx = min(i, o), max(i, o)
+    AC = ctx.autocast
+    K = AC or 4  # a kept operand's bytes
+    ua = r * nb * mn * K
+    ub = mx * nb * r * AC if AC else 0  # else a view of the buffer (its last dim is whole: flatten is a view)
+    p = spec.setting("randlora_dropout", 0.0) or 0.0
+    saved = _dropout(layer, p)
+    if i <= o:
+        if AC or p > 0 or ctx.stream != 4:
+            saved += Saved(per_token=i * K)
+        else:
+            saved += Saved(keeps_input=True)
+        return saved + Saved(fixed=ub + ua, fixed_grad_only=ua)
+    return saved + Saved(per_token=nb * r * K, fixed=ub + ua, fixed_grad_only=ub + ua)
+
+
+FORMULAS = {"road": road, "c3a": c3a, "randlora": randlora, "shira": shira, "delora": delora, "gralora": gralora, "ia3": ia3, "loha": loha, "lokr": lokr, "oft": oft, "boft": boft, "hra": hra, "vera": vera,
             "fourierft": fourierft, "waveft": waveft, "miss": miss, "vblora": vblora, "ln_tuning": ln_tuning,
             "osf": osf, "trainable_tokens": trainable_tokens}

@@ -8,7 +8,7 @@ from memfit.core.ledger.timeline import Timeline
 from memfit.core.ledger.pytorch.params import build_torch_model
 from memfit.core.ledger.pytorch.setup import record_load, record_setup
 from memfit.core.ledger.pytorch.step import GradSink, build_step_context, record_save, record_steps
-from memfit.core.ledger_types import PhaseLedger
+from memfit.core.ledger_types import PhaseLedger, TracedStep
 from memfit.core.optimizers import resolve_optimizer
 from memfit.core.scenario.types import Scenario
 
@@ -23,9 +23,10 @@ def build_torch_ledger(sc: Scenario, timeline: Timeline | None = None,
 
 
 def build_torch_timeline(sc: Scenario, *, tracker=None, timeline: Timeline | None = None,  # noqa: ANN001
-                         model_cache: dict | None = None) -> Timeline:
+                         model_cache: dict | None = None, traced: TracedStep | None = None) -> Timeline:
     """Every recipe of the run, in the order of the real code (``tracker``: the allocator simulators
-    of ``ledger.build.memory_tracker``; ``timeline``: write into this one instead)."""
+    of ``ledger.build.memory_tracker``; ``timeline``: write into this one instead; ``traced``: the
+    step's activations from ``memfit plan --exact``'s trace, ``ledger/pytorch/traced.py``)."""
     from memfit.core.alloc.non_pytorch import record_cublas_workspace
 
     t = timeline or Timeline(ranks_per_node=sc.hardware.gpus_per_node, accelerator=sc.accelerator, tracker=tracker)
@@ -48,13 +49,13 @@ def build_torch_timeline(sc: Scenario, *, tracker=None, timeline: Timeline | Non
     elif fw in ("fsdp", "fsdp2"):
         from memfit.core.ledger.pytorch.fsdp import build_fsdp_ledger
 
-        build_fsdp_ledger(t, sc, m, opt)
+        build_fsdp_ledger(t, sc, m, opt, traced)
         return t
     else:
         where = record_load(t, sc, m)
         record_setup(t, sc, m, where, opt)
         sink = GradSink()
-    c = build_step_context(sc, m, opt, sink)
+    c = build_step_context(sc, m, opt, sink, traced)
     record_steps(t, c)
     from memfit.core.ledger.evaluation import record_evaluation
 

@@ -46,7 +46,7 @@ from memfit.core.ledger.pytorch.setup import (HOST_BUFFERS, HOST_LOADED, QUANT, 
 from memfit.core.ledger.pytorch.step import (ACT, CASTS, RECOMPUTE, GradSink, alloc_parts, build_step_context, declare_step,
                                            end_forward, forward_stage, free_parts, loss_backward_end, loss_backward_start,
                                            record_workers)
-from memfit.core.ledger_types import Device
+from memfit.core.ledger_types import Device, TracedStep
 from memfit.core.ledger.pytorch.fsdp_units import Piece, Unit, build_units, optimizer_params, shard_group_size, sharded_dims
 from memfit.core.optimizers import OptimizerModel
 from memfit.core.precision import DTYPE_BYTES
@@ -318,7 +318,8 @@ class FsdpRun:
                     self.t.alloc(UNSHARDED_GRADS, pc.shard_numel * self.S * (self.param_bytes or pc.elem))
 
 
-def build_fsdp_ledger(t: Timeline, sc: Scenario, m: TorchModel, opt: OptimizerModel) -> None:
+def build_fsdp_ledger(t: Timeline, sc: Scenario, m: TorchModel, opt: OptimizerModel,
+                      traced: TracedStep | None = None) -> None:
     run = FsdpRun(t, sc, m, opt)
     where = record_load(t, sc, m, rank0_only=run.loading in ("rank0_host", "rank0_host_quantized"),
                         quant_to_host=run.loading in ("rank0_host_quantized", "every_rank_host_quantized"))
@@ -326,7 +327,7 @@ def build_fsdp_ledger(t: Timeline, sc: Scenario, m: TorchModel, opt: OptimizerMo
     order = {p.name: k for k, p in enumerate(m.params)}
     opt_params = sorted(optimizer_params(sc, run.units, run.S), key=lambda p: order.get(p.name, len(order)))
     sink = GradSink()
-    c = build_step_context(sc, m, opt, sink)
+    c = build_step_context(sc, m, opt, sink, traced)
     c.groups = trainer_groups(opt_params, split=sc.torch.trainer_param_groups)
     declare_step(t, c)
     if run.offload:  # CPUOffloadPolicy / CPUOffload: the optimizer steps on the host shards

@@ -42,7 +42,8 @@ from memfit.core.ledger.timeline import Timeline
 from memfit.core.ledger.pytorch.optim import (declare_optimizer, record_clip_and_unscale, record_optimizer_step,
                                             trainer_groups)
 from memfit.core.ledger.pytorch.params import TorchModel, TParam, free_each
-from memfit.core.ledger_types import Device
+from memfit.core.ledger.pytorch.traced import traced_stages
+from memfit.core.ledger_types import Device, TracedStep
 from memfit.core.optimizers import OptimizerModel
 from memfit.core.precision import DTYPE_BYTES
 from memfit.core.quant import GEMM_4BIT_CUSTOM_MAX_M, BLOCKSIZE_4BIT, NESTED_BLOCKSIZE
@@ -51,6 +52,7 @@ from memfit.core.scenario.types import Scenario
 
 ACT = "step.activations"
 RECOMPUTE = "step.recompute"
+TRANSIENT = "step.traced_temporaries"
 CASTS = "amp.weight_casts"
 DEQUANT = "quant.dequantized_weight"
 LOSS = "step.loss_transients"
@@ -110,6 +112,8 @@ class _Stage:
     act_tensors: tuple[int, ...] = ()
     """``act`` as the tensors it is (``memfit.core.activations.tensors``); empty: one tensor."""
     recompute_tensors: tuple[int, ...] = ()
+    transient: int = 0
+    """Bytes alive only while the stage's forward runs (a traced step's temporaries at its peak)."""
     casts: list[tuple[int, bool, bool]] = field(default_factory=list)
     """Autocast copies made by the stage: (bytes, saved by autograd for backward, cached by autocast
     until the end of forward because the weight is a trained fp32 leaf)."""
@@ -139,6 +143,8 @@ class StepContext:
     """Element size of the residual stream (the activations' dtype)."""
     logits_bytes: int = 4
     """Element size of the logits (16-bit where the head's matmul runs in 16 bits)."""
+    traced: bool = False
+    """The stages' activations come from a traced step (``memfit plan --exact``), not the estimate."""
 
 
 def _leaf(p: TParam) -> str:
@@ -173,7 +179,11 @@ def torch_adapters(sc: Scenario, m: TorchModel) -> AdapterActivations | None:
     return replace(acts, layers=tuple(replace(layer, quantized=layer.module in modules) for layer in acts.layers))
 
 
-def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: GradSink) -> StepContext:
+def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: GradSink,
+                       traced: TracedStep | None = None) -> StepContext:
+    """The step's per-stage figures; with ``traced`` (``memfit plan --exact``) each stage's activations
+    are the trace's (``ledger/pytorch/traced.py``), the rest (casts, dequantized weights, gradients,
+    and a checkpointed block's recompute) the recipes' own."""
     pm = m.precision
     ckpt = sc.train.gradient_checkpointing
     # the activations' element size: the residual stream's dtype, i.e. the input embedding's (fp32 under
@@ -228,6 +238,16 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
                                               gradient_checkpointing=ckpt, attention=sc.train.attention,
                                               compute_bytes=C, adapters=adapters),
                   head_extra=stages[-1].act - est.head_bytes)
+    act_formula = est.formula
+    if traced is not None:
+        ts = traced_stages(traced, [p.name for p in m.params], [p.stage for p in m.params], n_st)
+        for st, kept in zip(stages, ts.kept):
+            st.act, st.act_tensors = kept, ()
+        stages[ts.temporary_stage].transient = ts.temporary
+        loss_fwd = loss_bwd = ()  # in the trace's figures
+        act_formula = (f"traced forward peak: {' + '.join(f'{n:,}' for n in ts.kept)} B kept by the {n_st} stages "
+                       f"(embeddings, blocks, head), {ts.temporary:,} B temporaries while stage {ts.temporary_stage} "
+                       "runs" + ("; recompute analytic" if ckpt else ""))
     grad_into_first = sc.peft.method == "full" or sc.peft.prompt_tokens > 0 or any(
         p.trainable and p.stage == 0 and not p.adapter for p in m.params) or ckpt
     parallel = arch.model_type in _PARALLEL
@@ -255,9 +275,10 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
         # never saved (its gradient is a sum of grad_out), though autocast caches a trained one
         is_bias = p.name.endswith(".bias")
         st.casts.append((p.numel * 2, needs_in and not is_bias, p.trainable and p.dtype == "fp32"))
-    return StepContext(sc=sc, m=m, opt=opt, sink=sink, stages=stages, act_formula=est.formula, tokens=t_tok,
+    return StepContext(sc=sc, m=m, opt=opt, sink=sink, stages=stages, act_formula=act_formula, tokens=t_tok,
                        groups=trainer_groups(m.params, split=sc.torch.trainer_param_groups),
-                       loss_forward=loss_fwd, loss_backward=loss_bwd, stream_bytes=D, logits_bytes=LD)
+                       loss_forward=loss_fwd, loss_backward=loss_bwd, stream_bytes=D, logits_bytes=LD,
+                       traced=traced is not None)
 
 
 def _split_stages(stages: list[_Stage], est, at: ActivationTensors, *, head_extra: int) -> None:  # noqa: ANN001
@@ -294,9 +315,18 @@ def declare_step(t: Timeline, c: StepContext) -> None:
               formula=f"forward {' + '.join(f'{n:,}' for n in c.loss_forward) or '0'} B; backward "
                       f"{' + '.join(f'{n:,}' for n in c.loss_backward) or '0'} B (memfit.core.activations.analytic loss_*_bytes)",
               source="transformers loss/loss_utils.py:ForCausalLMLoss (logits.float()); nll_loss / log_softmax backward")
-    t.declare(ACT, name="activations saved for backward (analytic, per layer)", device=Device.GPU,
-              category="activations", exact=False, formula=c.act_formula,
-              source="memfit.core.activations.analytic (use `memfit plan --exact` for the traced figure)")
+    if c.traced:
+        t.declare(ACT, name="activations saved for backward (traced, per layer)", device=Device.GPU,
+                  category="activations", formula=c.act_formula,
+                  source="memfit.trace (the model's own forward/backward on fake tensors), booked per stage by "
+                         "memfit.core.ledger.pytorch.traced")
+        t.declare(TRANSIENT, name="temporaries at the traced forward peak (while that stage runs)", device=Device.GPU,
+                  category="activations", formula="the trace's temporary bytes at its forward peak",
+                  source="memfit.trace (the model's own forward/backward on fake tensors)")
+    else:
+        t.declare(ACT, name="activations saved for backward (analytic, per layer)", device=Device.GPU,
+                  category="activations", exact=False, formula=c.act_formula,
+                  source="memfit.core.activations.analytic (use `memfit plan --exact` for the traced figure)")
     t.declare(RECOMPUTE, name="one block's activations recomputed in backward (gradient checkpointing)",
               device=Device.GPU, category="activations", exact=False, formula="one layer, as without checkpointing",
               source="torch/utils/checkpoint.py (non-reentrant recompute)")
@@ -359,6 +389,9 @@ def forward_stage(t: Timeline, c: StepContext, st: _Stage, block: bool) -> None:
     """One stage's forward: its activations, the dequantized weights of its quantized matmuls, its
     autocast casts (``block``: a checkpointed block, which saves nothing inside)."""
     alloc_parts(t, ACT, st.act_tensors, st.act)
+    if st.transient:
+        t.alloc(TRANSIENT, st.transient)
+        t.free(TRANSIENT, st.transient)
     if block:  # a checkpointed block still makes its activations while it runs; only its input stays
         alloc_parts(t, RECOMPUTE, st.recompute_tensors, st.recompute)
     for p in st.quant:

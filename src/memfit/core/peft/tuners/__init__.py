@@ -13,8 +13,8 @@ from memfit.core.peft.inject import inject
 from memfit.core.peft.spec import PeftSpec
 from memfit.core.peft.targets import find_targets
 from memfit.core.peft.tuners.base import Tuner
-from memfit.core.peft.tuners import (adalora, adaption_prompt, fourier, ia3, ln_tuning, lycoris, miss, orthogonal, osf,
-                                     prompts, road, trainable_tokens, vblora, vera)
+from memfit.core.peft.tuners import (adalora, adaption_prompt, c3a, delora, fourier, gralora, ia3, ln_tuning, lycoris, miss, orthogonal, osf,
+                                     prompts, randlora, road, shira, trainable_tokens, vblora, vera)
 
 _ALL: tuple[Tuner, ...] = (
     ia3.TUNER,
@@ -38,6 +38,11 @@ _ALL: tuple[Tuner, ...] = (
     fourier.WAVEFT,
     trainable_tokens.TUNER,
     road.TUNER,
+    c3a.TUNER,
+    shira.TUNER,
+    delora.TUNER,
+    gralora.TUNER,
+    randlora.TUNER,
 )
 
 TUNERS: Mapping[str, Tuner] = MappingProxyType({t.method: t for t in _ALL})
