@@ -365,7 +365,9 @@ def _head_bytes(arch: ArchSpec, c: Ctx, t_out: int, *, keep_outputs: bool) -> _H
         n += lin_in(c, t * h, "dense")  # the last layer's output: the transform dense's input
     elif L.family == "bert" and task != "token-classification" and not _roberta_head(arch) and not (
             c.amp and L.pooler and task == "sequence-classification"):
-        n += D * t * h  # the last layer's output: the head's input (the pooler's first-token view keeps it all)
+        # the last layer's output: the head's input (the pooler's first-token view keeps it all); under AMP
+        # qa_outputs saves autocast's 16-bit copy of it instead (nothing else saves the fp32 output)
+        n += (C if c.amp and task == "question-answering" else D) * t * h
     if task in _LM_TASKS:
         if L.family == "bert":  # transform: dense output, the activation's output (the LayerNorm's input,
             # autocast's fp32 copy of it under AMP), LayerNorm statistics, its output (the decoder's input)
@@ -419,10 +421,11 @@ def _head_bytes(arch: ArchSpec, c: Ctx, t_out: int, *, keep_outputs: bool) -> _H
         n += D * t * labels  # score on every position; the pooled rows are small
         return _Head(n, D * t * labels, D * t * labels)
     if task == "token-classification":
+        E = C if c.amp else D  # under AMP the classifier saves autocast's 16-bit copy of its input
         if L.classifier_dropout > 0:
-            n += t * h + D * t * h  # dropout mask and output (the classifier's input)
+            n += t * h + E * t * h  # dropout mask and output (the classifier's input)
         else:
-            n += D * t * h  # the stack's output itself
+            n += E * t * h  # the stack's output itself
         logits = D * t * labels + 4 * t * labels
         return _Head(n + logits, logits, D * t * labels, 4 * t * labels, (4 * t * labels,),
                      (4 * t * labels, 4 * t * labels), D * t * labels, _TOKEN_LOSS)
