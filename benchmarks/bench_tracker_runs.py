@@ -79,7 +79,8 @@ def memfit_peak(config: Path, peft: dict, precision: str, optim: str, b: int, s:
         out = subprocess.run([sys.executable, "-m", "memfit.cli", "plan", str(path), "--json"], capture_output=True,
                              text=True, check=True).stdout
     phases = json.loads(out)["phases"]
-    return max(p["gpu_allocated_bytes"] for p in phases if p["name"].split(".")[0].startswith(TRAINING_PHASES))
+    # phase names: forward, backward, optimizer_step, then step2.forward, ... (the last part names the phase)
+    return max(p["gpu_allocated_bytes"] for p in phases if p["name"].split(".")[-1].startswith(TRAINING_PHASES))
 
 
 def tracker_peak(config: Path, peft: dict, precision: str, optim: str, b: int, s: int, target, task) -> int:

@@ -38,7 +38,7 @@ from tests.trace.test_family_activations import CONFIGS  # noqa: E402
 TOLERANCE = 0.005
 """The README's claim. Worst observed +0.019% (T5 LoRA fp32: +376 B of 1,935,320 B; Falcon-40B-style
 LoRA -0.012%, the rest -0.001%). The tracker's forward bytes equal memfit's own trace's on every cell
-(both see the same fake tensors); fp32 LoRA on Llama is +1.668% against both (test_activation_grid.OFF)."""
+(both see the same fake tensors); fp32 LoRA on Llama is +1.668% against both (memfit.core.activations.unreached.OFF_KINDS)."""
 
 
 def _forward_bytes(config: dict, spec: PeftSpec, *, dtype: str, seq: int, b: int, attention: str, task=None) -> int:

@@ -363,8 +363,11 @@ def _head_bytes(arch: ArchSpec, c: Ctx, t_out: int, *, keep_outputs: bool) -> _H
             n += t * h if L.hidden_dropout > 0 and c.full else 0  # the decoder's embedding dropout mask
     elif L.family == "bert" and task in _LM_TASKS:
         n += lin_in(c, t * h, "dense")  # the last layer's output: the transform dense's input
-    elif L.family == "bert" and task != "token-classification":
-        n += D * t * h  # the last layer's output: the head's input (the pooler's first-token view keeps it all)
+    elif L.family == "bert" and task != "token-classification" and not _roberta_head(arch) and not (
+            c.amp and L.pooler and task == "sequence-classification"):
+        # the last layer's output: the head's input (the pooler's first-token view keeps it all); under AMP
+        # qa_outputs saves autocast's 16-bit copy of it instead (nothing else saves the fp32 output)
+        n += (C if c.amp and task == "question-answering" else D) * t * h
     if task in _LM_TASKS:
         if L.family == "bert":  # transform: dense output, the activation's output (the LayerNorm's input,
             # autocast's fp32 copy of it under AMP), LayerNorm statistics, its output (the decoder's input)
@@ -397,6 +400,18 @@ def _head_bytes(arch: ArchSpec, c: Ctx, t_out: int, *, keep_outputs: bool) -> _H
         return _Head(n + logits, logits, kept, log_softmax, fwd, bwd, grad, source)
     labels = arch.num_labels
     if task == "sequence-classification":
+        if _roberta_head(arch):
+            # RobertaClassificationHead: dropout of features[:, 0] (its mask; the first-token view is not
+            # saved, so the stack's output is freed), dense on its output (autocast's 16-bit copy under
+            # AMP), tanh's output, dropout (mask, output: out_proj's input)
+            E = C if c.amp else D
+            n += 2 * c.b * h + 3 * E * c.b * h
+            return _Head(n + D * c.b * labels + 4 * c.b * labels, D * c.b * labels, D * c.b * labels)
+        if L.pooler and c.amp:
+            # BertPooler under autocast: its dense saves a 16-bit copy of features[:, 0] (not the view, so
+            # the stack's output is freed), tanh's output; the classifier's dropout (mask, output)
+            n += 3 * C * c.b * h + (c.b * h if L.classifier_dropout > 0 else 0)
+            return _Head(n + D * c.b * labels + 4 * c.b * labels, D * c.b * labels, D * c.b * labels)
         if L.family == "bert" or L.pooler:
             n += D * c.b * h * 2  # first token (pooler input), tanh output
             return _Head(n + D * c.b * labels + 4 * c.b * labels, D * c.b * labels, D * c.b * labels)
@@ -406,16 +421,25 @@ def _head_bytes(arch: ArchSpec, c: Ctx, t_out: int, *, keep_outputs: bool) -> _H
         n += D * t * labels  # score on every position; the pooled rows are small
         return _Head(n, D * t * labels, D * t * labels)
     if task == "token-classification":
+        E = C if c.amp else D  # under AMP the classifier saves autocast's 16-bit copy of its input
         if L.classifier_dropout > 0:
-            n += t * h + D * t * h  # dropout mask and output (the classifier's input)
+            n += t * h + E * t * h  # dropout mask and output (the classifier's input)
         else:
-            n += D * t * h  # the stack's output itself
+            n += E * t * h  # the stack's output itself
         logits = D * t * labels + 4 * t * labels
         return _Head(n + logits, logits, D * t * labels, 4 * t * labels, (4 * t * labels,),
                      (4 * t * labels, 4 * t * labels), D * t * labels, _TOKEN_LOSS)
     # question answering: qa_outputs on the stack's output (counted above), start/end copies
     logits = D * t * labels + 2 * D * t
     return _Head(n + logits, logits, logits)
+
+
+def _roberta_head(arch: ArchSpec) -> bool:
+    """RoBERTa's sequence classifier (roberta/modeling_roberta.py RobertaClassificationHead): a dropout
+    before its dense, so the first token's view of the stack's output is not what the dense saves."""
+    L = arch.layout
+    return (arch.task == "sequence-classification" and L.family == "bert" and not L.pooler
+            and L.classifier_dropout > 0)
 
 
 def _ctx_copy(c: Ctx, **changes) -> Ctx:

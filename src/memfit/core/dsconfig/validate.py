@@ -337,6 +337,11 @@ def _read_precision(raw: dict, stage: int, notes: list[str], warnings: list[str]
         if "bfloat16" in raw:
             notes.append("bfloat16 is DeepSpeed's old name of the bf16 section")
     bf16 = _defaults(BF16_FIELDS) | read_section(bf16_raw, BF16_FIELDS, bf16_key)
+    autocast = raw.get("torch_autocast")
+    if isinstance(autocast, dict) and autocast.get("enabled"):
+        warnings.append("DeepSpeed config torch_autocast is enabled: DeepSpeed then runs the forward under "
+                        "torch.autocast, which memfit does not plan for DeepSpeed (its activations are counted in the "
+                        "params' dtype, without autocast's 16-bit matmul outputs and weight copies)")
 
     if fp16["enabled"] and fp16["loss_scale"] == 0:
         # DeepSpeedFP16Config._validate_dynamic_loss_scale_params

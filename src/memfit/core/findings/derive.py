@@ -6,6 +6,7 @@ numbers it quotes are the numbers the tables show.
 
 from __future__ import annotations
 
+from memfit.core.findings.activations import activation_findings
 from memfit.core.findings.deepspeed import deepspeed_findings
 from memfit.core.findings.inputs import input_file_findings, stack_findings
 from memfit.core.findings.pytorch import pytorch_findings
@@ -16,4 +17,4 @@ from memfit.core.scenario.types import Scenario
 def derive_findings(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: Verdict) -> tuple[Finding, ...]:
     """Plain-words findings: why the run fails or nearly fails, and what the numbers mean."""
     own = deepspeed_findings(sc, phases, verdict) if sc.framework == "deepspeed" else pytorch_findings(sc, phases, verdict)
-    return (*own, *input_file_findings(sc), *stack_findings(sc))
+    return (*own, *activation_findings(sc), *input_file_findings(sc), *stack_findings(sc))

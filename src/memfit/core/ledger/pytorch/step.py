@@ -197,18 +197,27 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
     # 16-bit while the residual sums stay fp32)
     C = DTYPE_BYTES[pm.autocast] if pm.autocast else None
     adapters = torch_adapters(sc, m)
+    target = sc.train.target_len
     est = estimate_activation_bytes(sc.model.arch, sc.peft, seq_len=sc.train.seq_len,
                                     micro_batch=sc.train.micro_batch, dtype_bytes=D, gradient_checkpointing=ckpt,
-                                    attention=sc.train.attention, compute_bytes=C, adapters=adapters)
+                                    attention=sc.train.attention, compute_bytes=C, adapters=adapters,
+                                    target_len=target)
     n_st = m.stages
     stages = [_Stage() for _ in range(n_st)]
     blocks = n_st - 2
     arch = sc.model.arch
     t_tok = sc.train.micro_batch * (sc.train.seq_len + sc.peft.prompt_tokens)
     layer_in = D * t_tok * arch.hidden_size
+    # an encoder-decoder's blocks differ (the decoder's run at target_len tokens, with cross-attention):
+    # each block stage books its own layer's figure; elsewhere every layer but the first is alike
+    per_layer = est.per_layer_bytes() if arch.num_encoder_layers else ()
+    uneven = len(per_layer) == blocks
     stages[0].act = est.embedding_bytes
     for i in range(1, n_st - 1):
-        if ckpt:
+        if uneven:
+            stages[i].act = per_layer[i - 1]
+            stages[i].recompute = est.recompute_per_layer()[i - 1]
+        elif ckpt:
             stages[i].act = layer_in
             stages[i].recompute = est.recompute_bytes
         else:
@@ -216,7 +225,8 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
     stages[-1].act = est.head_bytes
     # the logits' own dtype: 16-bit when the head's matmul runs in 16 bits (autocast, a pure 16-bit
     # model, FSDP's param_dtype), even where the residual stream is fp32
-    tV = t_tok * arch.vocab_size
+    # the logits: one row per decoder token (an encoder-decoder's target_len)
+    tV = (sc.train.micro_batch * target if arch.num_encoder_layers and target else t_tok) * arch.vocab_size
     fsdp_mp = sc.framework in ("fsdp", "fsdp2") and sc.fsdp.mixed_precision != "none"
     head_w = next((p for p in m.params if p.stage == n_st - 1 and len(p.shape) == 2 and not p.quantized), None)
     LD = 2 if (pm.autocast or fsdp_mp or (head_w is not None and head_w.elem_bytes == 2)) else 4
@@ -231,12 +241,13 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
         # CPU the fp32 replays' backward peaks match without it (with it: +9.4%), so where it lands
         # against the other backward peaks is not settled; 16-bit checkpointed runs under-predict there
     if ckpt:
-        held = est.total_bytes - est.embedding_bytes - est.head_bytes - blocks * layer_in
+        held = est.total_bytes - est.embedding_bytes - est.head_bytes - sum(
+            stages[i].act for i in range(1, n_st - 1))
         stages[-1].act += max(held, 0)  # the eager causal mask, kept with the head
     _split_stages(stages, est, split_estimate(est, sc.model.arch, sc.peft, seq_len=sc.train.seq_len,
                                               micro_batch=sc.train.micro_batch, dtype_bytes=D,
                                               gradient_checkpointing=ckpt, attention=sc.train.attention,
-                                              compute_bytes=C, adapters=adapters),
+                                              compute_bytes=C, adapters=adapters, target_len=target),
                   head_extra=stages[-1].act - est.head_bytes)
     act_formula = est.formula
     if traced is not None:
