@@ -189,7 +189,8 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
     adapters = torch_adapters(sc, m)
     est = estimate_activation_bytes(sc.model.arch, sc.peft, seq_len=sc.train.seq_len,
                                     micro_batch=sc.train.micro_batch, dtype_bytes=D, gradient_checkpointing=ckpt,
-                                    attention=sc.train.attention, compute_bytes=C, adapters=adapters)
+                                    attention=sc.train.attention, compute_bytes=C, adapters=adapters,
+                                    kernels=sc.accelerator)
     n_st = m.stages
     stages = [_Stage() for _ in range(n_st)]
     blocks = n_st - 2
@@ -226,7 +227,7 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
     _split_stages(stages, est, split_estimate(est, sc.model.arch, sc.peft, seq_len=sc.train.seq_len,
                                               micro_batch=sc.train.micro_batch, dtype_bytes=D,
                                               gradient_checkpointing=ckpt, attention=sc.train.attention,
-                                              compute_bytes=C, adapters=adapters),
+                                              compute_bytes=C, adapters=adapters, kernels=sc.accelerator),
                   head_extra=stages[-1].act - est.head_bytes)
     grad_into_first = sc.peft.method == "full" or sc.peft.prompt_tokens > 0 or any(
         p.trainable and p.stage == 0 and not p.adapter for p in m.params) or ckpt
