@@ -36,19 +36,26 @@ activations are the CPU kernel set's (``accelerator: cpu``: sdpa's CPU flash ker
 and GQA; ``memfit.core.activations.kernels``), equal to a CPU-kernel trace of the fixture's model and
 batch to 8 B. Not modelled: the loop's scalars and the loss's copy. Worst observed -0.0212% (-2,200 B
 of 10,359,080 B, forward); 2x that."""
-TOL_ACT_REL = 0.505
-"""Forward/backward of every other case: the analytic activations of the CPU kernel set (sdpa; autocast,
-LayerNorm and dropout still as CUDA runs them, ``memfit.core.activations.kernels.CPU.unmodelled``)
-against a replay on the CPU kernels. The replays' own forward/backward are checked to a few hundred
-bytes against a CPU-kernel trace of the same step in tests/replay/test_torch_activations_vs_replay.py
-(torch and DDP, not quantized); this tolerance is what the analytic plan leaves out. Observed: AMP
-full fine-tuning -0.62% forward, -1.15% backward; pure bf16 backward -7.9% (-511,880 B, about 4 t V =
-512,000 B: ``ledger/pytorch/step.py`` does not apply the loss's backward transients); GPT-2 -11.8%
-(its dropout on the CPU kernels, sdpa's math fallback and masks in the input dtype); FSDP1
-SHARD_GRAD_OP LoRA -15.8% (its per-view gradients before the flat gradient); LoRA on a bf16 base with
-checkpointing -21.0%; QLoRA NF4, bf16 storage, paged 8-bit, checkpointing -21.76% (backward -788,676 B
-of 3,623,892 B). Worst of all: LoRA over an int8 base, AMP bf16, forward +25.16% (+1,669,928 B of
-6,636,136 B; +40.8% with the CUDA set; not located); 2x that is 50.3%."""
+TOL_ACT_TORCH_REL = 0.0121
+"""Forward/backward of the other Llama runs of plain torch or DDP on an unquantized base (16-bit, AMP,
+LoRA, checkpointing): the CPU kernel set's activations (equal to a CPU-kernel trace of the fixture's
+step to 8 B, AMP's weight casts apart), the loss's backward (nll_loss's and log_softmax's fp32
+gradients next to its saved result) and the outputs freed before backward. Not modelled: the loop's
+scalars and torch.utils.checkpoint's CPU RNG state per checkpointed block (5,056 B each,
+tests/replay/test_torch_activations_vs_replay.py). Worst observed -0.605% (LoRA on a bf16 base, AMP,
+checkpointing, forward: -21,464 B of 3,549,544 B, four RNG states and 1,240 B); every other case within
+-0.03% (AMP full -1,176 B forward, -136 B backward; pure bf16 -136 B backward); 2x that."""
+TOL_ACT_QUANT_REL = 0.558
+"""Forward/backward over a bitsandbytes-quantized base. Worst observed: LoRA over an int8 base, AMP
+bf16, backward +27.91% (+1,867,576 B of 6,691,416 B; forward +26.15%): not located (the plan's
+activations of the int8 layers are above the replay's; +40.8% forward with the CUDA kernel set); QLoRA
+NF4 AMP +1.94% forward, FP4 fp32 compute -0.04%; 2x the worst."""
+TOL_ACT_REL = 0.364
+"""Forward/backward of FSDP and the other families, unquantized. Observed: GPT-J FSDP2 LoRA with a host
+model -18.20% forward (-797,392,936 B of 4,382,482,344 B: not itemised here); FSDP1 SHARD_GRAD_OP LoRA
+-12.19% (its per-view gradients before the flat gradient); GPT-2 -11.84% (the analytic model plans
+GPT-2 with CUDA's kernels: its dropout masks, sdpa's fallback; ``kernels.CPU`` covers LayerLayout
+families); FSDP1 fp32 backward -3.55%, FSDP2 fp32 +1.31%; 2x the worst."""
 TOL_QUANT_LOAD_X = 16
 """Load of a bitsandbytes-quantized base, in units of the largest quantized weight's load-dtype
 bytes. Not modelled: the CPU backend's ``quantize_4bit`` float temporaries (the CUDA kernel has
@@ -120,7 +127,8 @@ def test_phase_peaks(path):
         print(f"{Path(path).stem} {p.phase}: plan {p.predicted_host_bytes:,} replay {p.measured_host_bytes:,} "
               f"({p.diff_bytes:+,} B, {p.rel_diff:+.2%})")
         if p.phase in STEP:
-            tol = TOL_ACT_FP32_REL if tight else TOL_ACT_REL
+            tol = (TOL_ACT_FP32_REL if tight else TOL_ACT_QUANT_REL if quantized else
+                   TOL_ACT_TORCH_REL if cfg["model_type"] == "llama" and fw in ("torch", "ddp") else TOL_ACT_REL)
             assert abs(p.rel_diff) <= tol, f"{p.phase}: {p.rel_diff:+.2%}"
         elif p.phase == "load" and quantized:
             assert abs(p.diff_bytes) <= TOL_QUANT_LOAD_X * largest_q, f"load: {p.diff_bytes:+,} B"
