@@ -35,7 +35,11 @@ cross-entropy      ``cross_entropy_loss_symint`` (aten LossNLL.cpp): ``log_softm
 Autocast (CPU: bf16 only in this model, ``torch.autocast("cpu")``'s ``KERNEL_CPU`` lists in
 aten/src/ATen/autocast_mode.cpp; the same cast cache of fp32 leaf weights, ``cached_cast``) and
 LayerNorm's statistics are not in this table yet: a CPU plan of AMP (or of a 16-bit LayerNorm model)
-uses CUDA's op lists and is labelled so (``KernelSet.unmodelled``).
+uses CUDA's op lists and is labelled so (``KernelSet.unmodelled``, in the activation formula). Checked:
+the Llama-style families (``families``) with either set equal a trace of the same kernels to 8 B
+(tests/trace/test_cpu_kernel_set.py); BERT, T5 and DeBERTa, whose dropout and LayerNorm statistics
+differ on the CPU, are 10-45% under a CPU-kernel trace with ``kernels="cpu"`` (measured, not yet
+modelled); GPT-2 and GPT-J (no ``LayerLayout``) are planned with CUDA's kernels whatever the set.
 """
 
 from __future__ import annotations
@@ -61,9 +65,10 @@ class KernelSet:
 
 CUDA = KernelSet("cuda", "torch 2.13 aten/src/ATen/native/transformers/cuda/sdp_utils.cpp select_sdp_backend", 1)
 CPU = KernelSet("cpu", "torch 2.13 aten/src/ATen/native/transformers/sdp_utils_cpp.cpp select_sdp_backend_cpp", None,
-                unmodelled=("autocast's CPU op lists (AMP plans use CUDA's)",
-                            "LayerNorm's statistics in the input dtype (CUDA: fp32)",
-                            "dropout's noise tensor outside attention (CUDA: a bool mask)"))
+                unmodelled=("autocast's op lists (the CPU's differ)",
+                            "LayerNorm's statistics (the CPU's are in the input dtype, CUDA's fp32)",
+                            "dropout outside attention (the CPU saves a noise tensor, CUDA a bool mask)",
+                            "sdpa with attention dropout in the BERT/T5/NeoX stacks (the CPU runs math)"))
 BY_NAME = {k.name: k for k in (CUDA, CPU)}
 
 

@@ -25,6 +25,7 @@ from memfit.core.activations.adapters import PRE_ATTENTION_NORMS, AdapterActivat
 from memfit.core.activations.common import CAUSAL_LM_LOSS, _lora_targets
 from memfit.core.activations.estimate import ActivationEstimate, LayerGroup
 from memfit.core.activations.families import Ctx, lin_in, llama_layer, norm_bytes
+from memfit.core.activations.kernels import BY_NAME
 from memfit.core.activations.stacks import bert_layer, neox_layer, t5_decoder_layer, t5_encoder_layer, t5_held_biases
 from memfit.core.model import ArchSpec
 from memfit.core.peft.spec import PeftSpec
@@ -151,6 +152,8 @@ def estimate_from_layout(
         parts = " + ".join(f"{g.count} x {g.bytes:,} ({g.name})" for g in groups)
         formula = (f"{arch.model_type} {arch.task} {method} {attention}: first layer {first:,}; {parts} B "
                    f"(b={b}, s={s}, h={arch.hidden_size}, {D} B){extra} + embeddings {embed:,} + head {head:,}")
+    if kernels != "cuda":  # the kernel set, and what it still plans as CUDA runs it
+        formula += f" ({kernels} kernels for sdpa; still as CUDA runs them: {'; '.join(BY_NAME[kernels].unmodelled)})"
     return ActivationEstimate(
         total_bytes=total, layer_bytes=biggest.bytes, first_layer_bytes=first, embedding_bytes=embed,
         head_bytes=head, logits_bytes=logits, recompute_bytes=recompute, formula=formula, layers=tuple(groups),
