@@ -227,7 +227,13 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
         labels = est.loss_forward_bytes - 4 * tV
         loss_fwd = ((4 * tV,) if LD != 4 else ()) + ((labels,) if labels else ())  # logits.float() copies 16-bit only
     dropped = saved = logits_grad = 0
-    if est.logits_bytes and est.loss_saved_bytes == 4 * tV and est.loss_backward_tensors == (4 * tV, 4 * tV):
+    # Checked against real runs on the CPU only (tests/replay/test_torch_plan_vs_replay.py, the live gloo
+    # worlds): the same autograd sequence runs on CUDA, but applied to CUDA plans it moves 9 published
+    # GPU runs further from their measurements (tests/core/test_public_runs.py: absolute error +0.3 to
+    # +4.7 points; plans that already over-predict elsewhere, issue 26's table), so CUDA plans keep the
+    # former accounting until those are located.
+    if (sc.accelerator == "cpu" and est.logits_bytes and est.loss_saved_bytes == 4 * tV
+            and est.loss_backward_tensors == (4 * tV, 4 * tV)):
         # ForCausalLMLoss's backward (autograd, in order): nll_loss's gradient (fp32, zeros then
         # scattered) and log_softmax's backward result (fp32) next to its saved result, the step's
         # peak in a 16-bit model; then both of those die but the result, which ToCopyBackward0 casts to
