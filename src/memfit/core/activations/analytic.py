@@ -42,6 +42,7 @@ from __future__ import annotations
 from memfit.core.activations.adapters import AdapterActivations, first_block_adapters, first_block_qk_grads
 from memfit.core.activations.common import CAUSAL_LM_LOSS, _attention_bytes, _lora_targets
 from memfit.core.activations.estimate import ActivationEstimate, LayerGroup
+from memfit.core.activations.kernels import KERNEL_SETS
 from memfit.core.families.attention import IMPLEMENTATIONS
 from memfit.core.model import ArchSpec
 from memfit.core.peft.spec import PeftSpec
@@ -70,6 +71,7 @@ def estimate_activation_bytes(
     target_len: int | None = None,
     compute_bytes: int | None = None,
     adapters: AdapterActivations | None = None,
+    kernels: str = "cuda",
 ) -> ActivationEstimate:
     """Activation bytes of one micro-batch of ``micro_batch`` x ``seq_len`` tokens (see module doc).
 
@@ -79,6 +81,9 @@ def estimate_activation_bytes(
     model's dtype); ``compute_bytes`` the matmul outputs' (autocast's 16-bit dtype under AMP on an
     fp32 model; default ``dtype_bytes``). ``adapters``: what the PEFT method's adapted layers keep
     (``memfit.core.activations.adapters``; without it, LoRA is counted from ``peft`` alone).
+    ``kernels``: the accelerator's kernel set (``memfit.core.activations.kernels``: ``cuda``, or ``cpu``
+    for ``accelerator: cpu``; the CPU's are planned for ``LayerLayout`` families, CUDA's elsewhere,
+    which the formula says).
     """
     if seq_len < 1 or micro_batch < 1 or dtype_bytes < 1:
         raise MemfitError(f"seq_len, micro_batch and dtype_bytes must be >= 1, got {seq_len}, {micro_batch}, {dtype_bytes}")
@@ -88,13 +93,16 @@ def estimate_activation_bytes(
         raise MemfitError(f"target_len must be >= 1, got {target_len}")
     if compute_bytes is not None and compute_bytes not in (2, 4):
         raise MemfitError(f"compute_bytes must be 2 or 4, got {compute_bytes}")
+    if kernels not in KERNEL_SETS:
+        raise MemfitError(f"kernels must be one of {', '.join(KERNEL_SETS)}, got {kernels!r}")
     if arch.layout is not None:
         from memfit.core.activations.layout import estimate_from_layout
 
         return estimate_from_layout(arch, peft, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes,
                                     gradient_checkpointing=gradient_checkpointing, attention=attention,
                                     keep_outputs=keep_outputs, linear_saves_frozen_inputs=linear_saves_frozen_inputs,
-                                    target_len=target_len, compute_bytes=compute_bytes, adapters=adapters)
+                                    target_len=target_len, compute_bytes=compute_bytes, adapters=adapters,
+                                    kernels=kernels)
     method = peft.method
     fam = _FAMILY.get(arch.model_type, "llama" if arch.mlp_kind == "gated" else "gpt2")
     D = dtype_bytes
@@ -155,6 +163,8 @@ def estimate_activation_bytes(
         recompute = 0
         formula = (f"{fam} {method} {attention}: first layer {first:,} + {L - 1} x {layer:,} B per layer "
                    f"(b={b}, s={s}, s_kv={skv}, h={h}, a={a}, i={i}, {D} B) + embeddings {embed:,} + head {head:,}")
+    if kernels != "cuda":
+        formula += f" (CUDA's kernels: the {kernels} kernel set is planned for LayerLayout families only)"
     V = arch.vocab_size
     return ActivationEstimate(
         total_bytes=total,

@@ -29,9 +29,10 @@ Shared pieces, each read from the modeling code:
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
+from memfit.core.activations.kernels import Sdpa, cpu_sdpa
 from memfit.core.model import ArchSpec, LayerLayout
+
+__all__ = ["Ctx", "Sdpa", "lin_in", "llama_layer", "norm_bytes", "sdpa", "sdpa_kernel_bytes"]
 
 
 class Ctx:
@@ -42,10 +43,11 @@ class Ctx:
     differ. ``trains(*names)``: whether any of these Linears keeps its input (its weight trains, or
     ZeRO-3's linear keeps it anyway). ``adapted(*names)``: whether any of these layers' outputs need a
     gradient in the first block over frozen embeddings (full training, an adapter on them, an adapted
-    norm before them). ``r``: LoRA's rank (0 without LoRA)."""
+    norm before them). ``r``: LoRA's rank (0 without LoRA). ``kernels``: the accelerator's kernel set
+    (``memfit.core.activations.kernels``: ``cuda`` or ``cpu``)."""
 
     __slots__ = ("D", "C", "amp", "b", "s", "skv", "t", "h", "a", "hq", "hkv", "kv", "i", "eager", "full", "trains",
-                 "adapted", "cache", "gqa", "attention", "r")
+                 "adapted", "cache", "gqa", "attention", "r", "kernels")
 
     def __init__(self, **kw) -> None:
         for k, v in kw.items():
@@ -88,28 +90,9 @@ def norm_bytes(style: str, c: Ctx, *, grad_in: bool, weight_trains: bool, out_ke
     return n
 
 
-class Sdpa(NamedTuple):
-    """How ``F.scaled_dot_product_attention`` runs on CUDA (``memfit.trace.cuda_kernels._cuda_sdpa``)
-    and what it keeps for backward."""
-
-    kind: str
-    """``flash``, ``efficient`` or ``math``."""
-    repeat: bool
-    """transformers repeated k and v to every query head before the call (``repeat_kv``: a mask, or head
-    widths the GQA kernels do not take; integrations/sdpa_attention.py ``use_gqa_in_sdpa``)."""
-    kernel: int
-    """Bytes the kernel keeps besides the q, k, v it is given and its output: the logsumexp and RNG
-    state (flash, efficient), the mask as an additive bias (efficient); the math kernel's own fp32
-    tensors (scaled q and k, the probabilities, its copy of v)."""
-    keeps_qkv: bool
-    """The kernel keeps the q, k and v it is given and its output (flash, efficient)."""
-    keeps_v: bool
-    """The math kernel keeps the v it is given (fp32 inputs, no repeat inside it)."""
-
-
 def sdpa(c: Ctx, *, masked: bool, heads: int, kv_heads: int, d_qk: int, d_v: int, s: int, skv: int,
          gqa_module: bool | None = None, dropout: float = 0.0, bias: int | None = None) -> Sdpa:
-    """The kernel CUDA picks for q, k, v in the compute dtype ``c.C`` (aten/src/ATen/native/transformers/
+    """The kernel CUDA (``c.kernels`` cpu: the CPU, ``kernels.cpu_sdpa``) picks for q, k, v in the compute dtype ``c.C`` (aten/src/ATen/native/transformers/
     cuda/sdp_utils.cpp ``select_sdp_backend``: flash, then memory-efficient, then math; torch 2.13)
     and its saved tensors (``Sdpa``). ``gqa_module``: the module groups query heads (transformers then
     repeats k, v or asks for ``enable_gqa``; default: ``kv_heads != heads``). ``bias``: bytes of the
@@ -126,6 +109,9 @@ def sdpa(c: Ctx, *, masked: bool, heads: int, kv_heads: int, d_qk: int, d_v: int
     repeat = grouped and not (not masked and d_qk == d_v <= 256)
     given = heads if repeat else kv_heads
     enable_gqa = grouped and not repeat
+    if c.kernels == "cpu":
+        return cpu_sdpa(K=K, b=b, heads=heads, kv_heads=kv_heads, d_qk=d_qk, d_v=d_v, s=s, skv=skv, masked=masked,
+                        repeat=repeat, enable_gqa=enable_gqa, dropout=dropout, bias=bias)
     low = K == 2
     if not masked and low and d_qk == d_v and d_qk <= 256 and d_qk % 8 == 0 and (given == heads or enable_gqa):
         return Sdpa("flash", repeat, 4 * b * heads * s + 24, True, False)
@@ -268,7 +254,8 @@ def _sdpa_attention(arch: ArchSpec, L: LayerLayout, c: Ctx, *, masked: bool) -> 
     # under AMP prefix tuning's fp32 virtual keys and values promote the cache's cat to fp32
     kd = D if c.amp and skv != c.s else kd
     vd = D if c.amp and skv != c.s else C
-    if k.kind == "flash":  # flash runs in 16 bits only: the q, k, v it keeps and its output are 16-bit
+    if k.kind == "flash" and c.kernels == "cuda":  # CUDA's flash runs in 16 bits only: the q, k, v it
+        # keeps and its output are 16-bit
         C = 2 if C == 4 else C  # (fp32 ones cast by transformers' flash integration: ``sdpa``)
     k_shared, v_shared = not (k.repeat or kd != C), not (k.repeat or vd != C)
     if k.keeps_qkv:

@@ -25,6 +25,7 @@ from memfit.core.activations.adapters import PRE_ATTENTION_NORMS, AdapterActivat
 from memfit.core.activations.common import CAUSAL_LM_LOSS, _lora_targets
 from memfit.core.activations.estimate import ActivationEstimate, LayerGroup
 from memfit.core.activations.families import Ctx, lin_in, llama_layer, norm_bytes
+from memfit.core.activations.kernels import BY_NAME
 from memfit.core.activations.stacks import bert_layer, neox_layer, t5_decoder_layer, t5_encoder_layer, t5_held_biases
 from memfit.core.model import ArchSpec
 from memfit.core.peft.spec import PeftSpec
@@ -36,6 +37,7 @@ def estimate_from_layout(
     arch: ArchSpec, peft: PeftSpec, *, seq_len: int, micro_batch: int, dtype_bytes: int,
     gradient_checkpointing: bool, attention: str, keep_outputs: bool, linear_saves_frozen_inputs: bool,
     target_len: int | None, compute_bytes: int | None = None, adapters: AdapterActivations | None = None,
+    kernels: str = "cuda",
 ) -> ActivationEstimate:
     L = arch.layout
     method = peft.method
@@ -73,7 +75,7 @@ def estimate_from_layout(
             # SequenceClassifierOutputWithPast, Seq2SeqLMOutput); transformers disables it under checkpointing
             cache=keep_outputs and not gradient_checkpointing and arch.task in ("causal-lm", "sequence-classification", "seq2seq-lm"),
             gqa=arch.num_kv_heads != arch.num_heads,
-            attention=attention, r=peft.lora_r if method == "lora" else 0)
+            attention=attention, r=peft.lora_r if method == "lora" else 0, kernels=kernels)
     grad_first = full or peft.prompt_tokens > 0
     # decoder tokens: the target's (peft 0.21's PeftModelForSeq2SeqLM.forward prepends prompt tuning's
     # virtual tokens to the encoder's inputs only, whatever num_transformer_submodules says)
@@ -150,6 +152,8 @@ def estimate_from_layout(
         parts = " + ".join(f"{g.count} x {g.bytes:,} ({g.name})" for g in groups)
         formula = (f"{arch.model_type} {arch.task} {method} {attention}: first layer {first:,}; {parts} B "
                    f"(b={b}, s={s}, h={arch.hidden_size}, {D} B){extra} + embeddings {embed:,} + head {head:,}")
+    if kernels != "cuda":  # the kernel set, and what it still plans as CUDA runs it
+        formula += f" ({kernels} kernels for sdpa; still as CUDA runs them: {'; '.join(BY_NAME[kernels].unmodelled)})"
     return ActivationEstimate(
         total_bytes=total, layer_bytes=biggest.bytes, first_layer_bytes=first, embedding_bytes=embed,
         head_bytes=head, logits_bytes=logits, recompute_bytes=recompute, formula=formula, layers=tuple(groups),

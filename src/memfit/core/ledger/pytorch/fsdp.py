@@ -43,8 +43,9 @@ from memfit.core.ledger.pytorch.optim import STATES, TEMPS, record_clip_and_unsc
 from memfit.core.ledger.pytorch.params import TorchModel, TParam, free_each
 from memfit.core.ledger.pytorch.setup import (HOST_BUFFERS, HOST_LOADED, QUANT, record_cuda_context, record_load,
                                           record_optimizer_construction)
-from memfit.core.ledger.pytorch.step import (ACT, CASTS, RECOMPUTE, GradSink, alloc_parts, build_step_context, declare_step,
-                                           end_forward, forward_stage, free_parts, loss_backward_end, loss_backward_start,
+from memfit.core.ledger.pytorch.step import (CASTS, RECOMPUTE, GradSink, alloc_parts, build_step_context, declare_step,
+                                           end_forward, forward_stage, free_parts, free_stage_act, loss_backward_end,
+                                           loss_backward_start,
                                            record_workers)
 from memfit.core.ledger_types import Device, TracedStep
 from memfit.core.ledger.pytorch.fsdp_units import Piece, Unit, build_units, optimizer_params, shard_group_size, sharded_dims
@@ -459,7 +460,7 @@ def _fsdp_backward(run: FsdpRun, c, phase: str, *, first_micro: bool) -> None:
                 if not saved:
                     t.free(CASTS, n)
         run.grads_of_stage(s)
-        free_parts(t, ACT, st.act_tensors, st.act)
+        free_stage_act(t, c, st)
         if block:
             free_parts(t, RECOMPUTE, st.recompute_tensors, st.recompute)
         free_each(t, CASTS, [n for n, saved, _ in st.casts if saved])

@@ -378,7 +378,8 @@ class ScenarioAggregates:
                                              dtype_bytes=dtype_bytes, gradient_checkpointing=checkpointing,
                                              attention=sc.train.attention, target_len=sc.train.target_len,
                                              linear_saves_frozen_inputs=linear_saves_frozen_inputs,
-                                             adapters=self.adapter_activations(dtype_bytes)).total_bytes
+                                             adapters=self.adapter_activations(dtype_bytes),
+                                             kernels=sc.accelerator).total_bytes
         return self._cached(("act", micro_batch, dtype_bytes, checkpointing, linear_saves_frozen_inputs), build)
 
     def zero1_outside_numel(self, ds_version: str, partition: int) -> int:
@@ -424,7 +425,7 @@ class ScenarioAggregates:
                                         dtype_bytes=dtype_bytes, gradient_checkpointing=checkpointing,
                                         attention=sc.train.attention, target_len=sc.train.target_len,
                                         linear_saves_frozen_inputs=linear_saves_frozen_inputs,
-                                        adapters=self.adapter_activations(dtype_bytes))
+                                        adapters=self.adapter_activations(dtype_bytes), kernels=sc.accelerator)
         lay = self.layout(checkpointing)
         plan = ActivationPlan(est, lay.blocks, lay.n_segments, dtype_bytes, checkpointing,
                               arch.num_layers + arch.num_encoder_layers)
