@@ -46,7 +46,7 @@ from memfit.core.ledger.pytorch.traced import traced_stages
 from memfit.core.ledger_types import Device, TracedStep
 from memfit.core.optimizers import OptimizerModel
 from memfit.core.precision import DTYPE_BYTES
-from memfit.core.quant import GEMM_4BIT_CUSTOM_MAX_M, BLOCKSIZE_4BIT, NESTED_BLOCKSIZE
+from memfit.core.quant import GEMM_4BIT_CUSTOM_MAX_M, BLOCKSIZE_4BIT
 from memfit.core.quant_kernels import bnb_release
 from memfit.core.scenario.types import Scenario
 
