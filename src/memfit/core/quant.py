@@ -4,7 +4,10 @@ Which layers: ``transformers/integrations/bitsandbytes.py:replace_with_bnb_linea
 every ``nn.Linear`` (exactly that type) and GPT-2's ``Conv1D`` whose name ``should_convert_module``
 does not skip; the default skips (``quantizers/base.py:get_keys_to_not_convert``) are the output
 embeddings (``lm_head``), tied weights and the module of the model's last parameter. Biases and every
-other parameter stay in the load dtype.
+other parameter stay in the load dtype, a mixture-of-experts block's fused 3-D expert params
+(``gate_up_proj``, ``down_proj``) and its router (``MOE_ROUTERS``) too. Releases before 5.0 built each
+expert as ``nn.Linear`` (Mixtral's ``block_sparse_moe.experts.N.w1/w2/w3`` and ``gate``), which they
+quantized: not modelled (memfit's shapes are 5.x's fused ones; ``quant_notes`` says so).
 
 4-bit (``Linear4bit``/``Params4bit``; ``bitsandbytes/functional.py:quantize_4bit``, CUDA kernel
 ``backends/cuda/ops.py``, bitsandbytes 0.50.2), for a weight of ``n`` elements:
@@ -39,6 +42,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from memfit.core.frameworks.pytorch import QuantSettings
+from memfit.core.stack.releases import at_least
 
 BLOCKSIZE_4BIT = 64
 """bitsandbytes/functional.py:quantize_4bit: ``blocksize=64`` (also what Params4bit uses)."""
@@ -130,6 +134,20 @@ def should_convert(module: str, patterns: tuple[str, ...]) -> bool:
     return not any(re.match(rf"(?:{key}){boundary}", module) or module.endswith(key) for key in patterns)
 
 
+MOE_ROUTERS = ("mlp.gate", "feed_forward.router")
+"""The routers beside fused experts (``memfit.core.families.moe``): in transformers 5.24 none is an
+``nn.Linear`` (``MixtralTopKRouter``, ``Qwen2MoeTopKRouter``, ``Qwen3MoeTopKRouter``,
+``DeepseekV3TopkRouter`` are plain modules with a ``weight``; ``Llama4Router`` subclasses
+``nn.Linear``, and ``replace_with_bnb_linear`` takes exactly ``type(module) is nn.Linear``), so they
+stay in the load dtype like the fused 3-D expert params."""
+
+
+def is_moe_router(module: str, modules: set[str]) -> bool:
+    """``module`` is a router of a fused-experts block (a sibling ``experts`` module exists)."""
+    parent, _, leaf = module.rpartition(".")
+    return any(module.endswith(r) for r in MOE_ROUTERS) and f"{parent}.experts" in modules
+
+
 def quantized_weights(params, q: QuantSettings, model_type: str) -> dict[str, tuple[int, ...]]:  # noqa: ANN001
     return dict(_quantized_weights(tuple(params), q, model_type))
 
@@ -153,10 +171,13 @@ def _quantized_weights(params, q: QuantSettings, model_type: str) -> tuple[tuple
     base = [p for p in params if not is_adapter_param(p.name)]
     skips = q.skip_modules if q.skip_modules is not None else default_skips(
         sorted({base_module(p.name) for p in base}), base[-1].name)
+    modules = {base_module(p.name) for p in base}
     out: dict[str, tuple[int, ...]] = {}
     for p in base:
         mod, _, leaf = p.name.rpartition(".")
         kind = kinds.get(mod)
+        if is_moe_router(base_module(p.name), modules):
+            continue
         if leaf == "weight" and kind in ("linear", "conv1d") and should_convert(base_module(p.name), skips):
             out[p.name] = tuple(p.shape)[::-1] if kind == "conv1d" else tuple(p.shape)
     return tuple(out.items())
@@ -176,6 +197,12 @@ def quant_notes(sc) -> tuple[str, ...]:  # noqa: ANN001 (Scenario)
     if q.skip_modules is not None and not q.skip_modules:
         notes.append("llm_int8_skip_modules is an empty list: every Linear is quantized, the output head too "
                      "(transformers adds its default skips only when the key is absent)")
+    line = sc.versions.transformers
+    moe = any(p.name.endswith((".experts.gate_up_proj", ".experts.down_proj")) for p in sc.model.params)
+    if moe and line is not None and not at_least(line, "5.0"):
+        notes.append(f"transformers {line} builds each expert as nn.Linear (w1/w2/w3) and its router as nn.Linear, and "
+                     "bitsandbytes quantizes them all; this plan keeps 5.x's fused experts and router in the load dtype "
+                     "(not modelled per release: the experts take about a quarter of what the plan gives them)")
     if sc.framework == "deepspeed" and not (sc.load.zero_init and sc.deepspeed.zero.stage == 3):
         notes.append("4-bit base under DeepSpeed without zero.Init: from_pretrained quantizes each weight on the GPU "
                      "as it loads; the plan's load phase still stages the packed weights in host memory first")
