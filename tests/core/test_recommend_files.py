@@ -63,8 +63,13 @@ def apply_unified_diff(original: str, diff: str) -> str:
 
 
 def public_case(tmp: Path, case: str) -> Path:
-    """A public-runs case's scenario as its own file (its user files referenced where they are)."""
-    doc = yaml.safe_load((PUBLIC / f"{case}.yaml").read_text())["scenario"]
+    """A public-runs case's scenario as its own file (its user files referenced where they are), with
+    the case's own stack as ``memfit compare`` plans it (``compare/public_run.py:case_stack``)."""
+    from memfit.core.compare.public_run import case_stack
+    from memfit.core.records.public_run import public_run_from_mapping
+
+    raw = yaml.safe_load((PUBLIC / f"{case}.yaml").read_text())
+    doc, _ = case_stack(public_run_from_mapping(raw, PUBLIC / f"{case}.yaml"))
     for key in ("deepspeed", "training_args", "accelerate_config", "bnb_config"):
         if isinstance(doc.get(key), str) and not os.path.isabs(doc[key]):
             doc[key] = str((PUBLIC / doc[key]).resolve())

@@ -211,12 +211,24 @@ def _patch_batch(out: dict, base: Candidate, cand: Candidate, notes: list[str]) 
     sets; explicit values are changed."""
     if (cand.micro_batch, cand.grad_accum) == (base.micro_batch, base.grad_accum):
         return
+    if _batch_keys_absent(out):  # the Trainer writes them from its arguments (transformers < 4.6 refuses them)
+        return
     micro = out.get("train_micro_batch_size_per_gpu")
     if micro != AUTO:
         out["train_micro_batch_size_per_gpu"] = cand.micro_batch
     accum = out.get("gradient_accumulation_steps")
     if accum != AUTO and (accum is not None or cand.grad_accum != 1):
         out["gradient_accumulation_steps"] = cand.grad_accum
+
+
+BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
+def _batch_keys_absent(raw: dict[str, Any]) -> bool:
+    """A DeepSpeed config with none of the batch keys: the scenario's micro batch and accumulation
+    are the script's (a Trainer writes them into the config; DeepSpeed alone refuses such a config,
+    which the scenario's reading says), so the written config leaves them out too."""
+    return not any(k in raw for k in BATCH_KEYS)
 
 
 def _has_auto(raw: dict[str, Any], *paths: tuple[str, ...]) -> bool:
@@ -232,8 +244,8 @@ def _has_auto(raw: dict[str, Any], *paths: tuple[str, ...]) -> bool:
 def candidate_inputs(inputs: ScenarioInputs, patched: dict[str, Any], cand: Candidate) -> ScenarioInputs:
     """The user's scenario inputs with the candidate's script settings and its patched JSON; what
     the Trainer fills into an ``"auto"`` (accumulation, precision) is the candidate's."""
-    accum = cand.grad_accum if (inputs.grad_accum is not None or _has_auto(patched, ("gradient_accumulation_steps",))) \
-        else None
+    accum = cand.grad_accum if (inputs.grad_accum is not None or _has_auto(patched, ("gradient_accumulation_steps",))
+                                or (_batch_keys_absent(patched) and cand.grad_accum != 1)) else None
     precision = cand.precision if (inputs.precision is not None or _has_auto(
         patched, ("fp16", "enabled"), ("bf16", "enabled"), ("bfloat16", "enabled"))) else None
     return replace(inputs, deepspeed=None, deepspeed_inline=patched, load_dtype=cand.load_dtype,
