@@ -16,7 +16,7 @@ import pytest
 
 from memfit.core.activations.analytic import estimate_activation_bytes
 from memfit.core.ledger.pytorch.params import build_torch_model
-from memfit.core.ledger.pytorch.step import GradSink, build_step_context
+from memfit.core.ledger.pytorch.step_context import GradSink, build_step_context
 from memfit.core.optimizers import resolve_optimizer
 from memfit.core.scenario.build import build_scenario
 from memfit.core.scenario.inputs import ScenarioInputs

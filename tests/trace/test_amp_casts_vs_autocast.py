@@ -34,7 +34,7 @@ CASES = [
 
 def _ledger(cfg, extra, ckpt, tmp_path):
     from memfit.core.ledger.pytorch.params import build_torch_model
-    from memfit.core.ledger.pytorch.step import GradSink, build_step_context
+    from memfit.core.ledger.pytorch.step_context import GradSink, build_step_context
     from memfit.core.optimizers import resolve_optimizer
     from memfit.core.scenario.build import build_scenario
     from memfit.core.scenario.inputs import ScenarioInputs

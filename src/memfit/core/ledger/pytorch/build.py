@@ -7,7 +7,8 @@ from __future__ import annotations
 from memfit.core.ledger.timeline import Timeline
 from memfit.core.ledger.pytorch.params import build_torch_model
 from memfit.core.ledger.pytorch.setup import record_load, record_setup
-from memfit.core.ledger.pytorch.step import GradSink, build_step_context, record_save, record_steps
+from memfit.core.ledger.pytorch.step import record_save, record_steps
+from memfit.core.ledger.pytorch.step_context import GradSink, build_step_context
 from memfit.core.ledger_types import PhaseLedger, TracedStep
 from memfit.core.optimizers import resolve_optimizer
 from memfit.core.scenario.types import Scenario

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from memfit.core.ledger.timeline import Timeline
 from memfit.core.ledger.pytorch.params import TorchModel, TParam
-from memfit.core.ledger.pytorch.step import GRAD_TMP, GRADS, GradSink
+from memfit.core.ledger.pytorch.step_context import GRAD_TMP, GRADS, GradSink
 from memfit.core.ledger_types import Device
 from memfit.core.scenario.types import Scenario
 

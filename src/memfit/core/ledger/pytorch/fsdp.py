@@ -43,10 +43,9 @@ from memfit.core.ledger.pytorch.optim import STATES, TEMPS, record_clip_and_unsc
 from memfit.core.ledger.pytorch.params import TorchModel, TParam, free_each
 from memfit.core.ledger.pytorch.setup import (HOST_BUFFERS, HOST_LOADED, QUANT, record_cuda_context, record_load,
                                           record_optimizer_construction)
-from memfit.core.ledger.pytorch.step import (CASTS, RECOMPUTE, GradSink, alloc_parts, build_step_context, declare_step,
-                                           end_forward, forward_stage, free_parts, free_stage_act, loss_backward_end,
-                                           loss_backward_start,
-                                           record_workers)
+from memfit.core.ledger.pytorch.step import (alloc_parts, declare_step, end_forward, forward_stage, free_parts,
+                                           free_stage_act, loss_backward_end, loss_backward_start, record_workers)
+from memfit.core.ledger.pytorch.step_context import CASTS, RECOMPUTE, GradSink, build_step_context
 from memfit.core.ledger_types import Device, TracedStep
 from memfit.core.ledger.pytorch.fsdp_units import Piece, Unit, build_units, optimizer_params, shard_group_size, sharded_dims
 from memfit.core.optimizers import OptimizerModel
