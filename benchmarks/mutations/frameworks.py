@@ -10,6 +10,7 @@ DDP_, FSDP_, QNT, OPT, TOPT, TSTEP, TPAR = (
     "src/memfit/core/ledger/pytorch/ddp.py", "src/memfit/core/ledger/pytorch/fsdp.py", "src/memfit/core/quant.py",
     "src/memfit/core/optimizers.py", "src/memfit/core/ledger/pytorch/optim.py", "src/memfit/core/ledger/pytorch/step.py",
     "src/memfit/core/ledger/pytorch/params.py")
+TCTX = "src/memfit/core/ledger/pytorch/step_context.py"
 
 FRAMEWORK_MUTATIONS: tuple[Mutation, ...] = (
     # ---- DDP (torch/nn/parallel/distributed.py, reducer.cpp) -----------------------------------------------
@@ -99,17 +100,17 @@ FRAMEWORK_MUTATIONS: tuple[Mutation, ...] = (
              "        t.free(TEMPS, n)  # the sqrt dies once the division returns\n", "", OPTIM,
              "the single-tensor AdamW's exp_avg_sq.sqrt() temporary kept to the end of the step"),
     # ---- autocast's weight copies (aten/src/ATen/autocast_mode.cpp:cached_cast) ------------------------------
-    Mutation("amp-cast-4-bytes", "frameworks", TSTEP, "st.casts.append((p.numel * 2, needs_in and not is_bias,",
+    Mutation("amp-cast-4-bytes", "frameworks", TCTX, "st.casts.append((p.numel * 2, needs_in and not is_bias,",
              "st.casts.append((p.numel * 4, needs_in and not is_bias,", AMP, "autocast's 16-bit weight copies booked at 4 bytes"),
-    Mutation("amp-bias-cast-saved", "frameworks", TSTEP, "needs_in and not is_bias,", "needs_in,", AMP,
+    Mutation("amp-bias-cast-saved", "frameworks", TCTX, "needs_in and not is_bias,", "needs_in,", AMP,
              "a bias's cast kept for backward (autograd does not save it)"),
-    Mutation("amp-trained-cast-not-cached", "frameworks", TSTEP,
+    Mutation("amp-trained-cast-not-cached", "frameworks", TCTX,
              'p.trainable and p.dtype == "fp32"))\n    return StepContext(', "False))\n    return StepContext(", AMP,
              "trained fp32 weights' casts not cached for the rest of the autocast region"),
-    Mutation("amp-lora-a-own-input", "frameworks", TSTEP,
+    Mutation("amp-lora-a-own-input", "frameworks", TCTX,
              '    if ".lora_A." in mod:\n        mod = mod.split(".lora_A.", 1)[0]\n', "", AMP,
              "lora_A's cast saved as if its input needed a gradient"),
-    Mutation("amp-first-block-inputs-saved", "frameworks", TSTEP,
+    Mutation("amp-first-block-inputs-saved", "frameworks", TCTX,
              "needs_in = grad_into_first or p.stage != 1 or not (", "needs_in = True or not (", AMP,
              "the first block's input projections' casts saved though no gradient flows into their input"),
 )

@@ -18,8 +18,10 @@ INPUT_MUTATIONS: tuple[Mutation, ...] = (
              'give("micro_batch", as_int(raw.get(micro_key, 4)', INPUTS_LIBRARY,
              "TrainingArguments' per_device_train_batch_size default read as 4 (transformers 5.24: 8)"),
     Mutation("ta-bf16-no-opinion-wins", "inputs", PREC,
-             '    if hi.layer == "training_args" and lo.layer == "accelerate_config" and not hi.default:',
-             '    if hi.layer == "accelerate_config" and lo.layer == "training_args":', INPUTS_LIBRARY,
+             '    if hi.layer == "training_args" and lo.layer == "accelerate_config" and not hi.default:\n'
+             '        return ("transformers\' TrainingArguments.__post_init__ sets its mixed precision',
+             '    if hi.layer == "accelerate_config" and lo.layer == "training_args":\n'
+             '        return ("transformers\' TrainingArguments.__post_init__ sets its mixed precision', INPUTS_LIBRARY,
              "accelerate's mixed_precision taken over TrainingArguments' bf16/fp16 (transformers lets TrainingArguments win)"),
     Mutation("ta-false-bf16-overrides-accelerate", "inputs", TA,
              '        out.set("mixed_precision", "no", where("bf16"), default=True)',

@@ -12,6 +12,21 @@ from mutations.selections import PEFT_TUNERS
 T = "src/memfit/core/peft/tuners/"
 
 PEFT_TUNER_MUTATIONS: tuple[Mutation, ...] = (
+    Mutation("c3a-kernel-transposed", "peft", T + "c3a.py",
+             'AdapterTensor(f"c3a_kernel.{ADAPTER_NAME}", (layer.out_features // b, layer.in_features // b, b))',
+             'AdapterTensor(f"c3a_kernel.{ADAPTER_NAME}", (layer.in_features // b, layer.out_features // b, b))',
+             PEFT_TUNERS, "C3A's circular kernel blocks with input and output counts swapped"),
+    Mutation("delora-w-norm-by-output", "peft", T + "delora.py",
+             'AdapterTensor("delora_w_norm" + at, (layer.in_features,), buffer="fp32")',
+             'AdapterTensor("delora_w_norm" + at, (layer.out_features,), buffer="fp32")', PEFT_TUNERS,
+             "DeLoRA's weight-norm buffer sized by the output"),
+    Mutation("gralora-b-by-input", "peft", T + "gralora.py", 'AdapterTensor("gralora_B" + at, (k, r, o // k))',
+             'AdapterTensor("gralora_B" + at, (k, r, i // k))', PEFT_TUNERS, "GraLoRA's B blocks sized by the input"),
+    Mutation("randlora-gamma-transposed", "peft", T + "randlora.py", 'AdapterTensor("randlora_gamma" + at, (nb, mn))',
+             'AdapterTensor("randlora_gamma" + at, (mn, nb))', PEFT_TUNERS, "RandLoRA's gamma scales transposed"),
+    Mutation("shira-one-more-entry", "peft", T + "shira.py", 'AdapterTensor(f"shira_weight.{ADAPTER_NAME}", (n,))',
+             'AdapterTensor(f"shira_weight.{ADAPTER_NAME}", (n + 1,))', PEFT_TUNERS,
+             "SHiRA's sparse weight with one entry more than its mask selects"),
     Mutation("ia3-feedforward-as-output", "peft", T + "ia3.py",
              "shape = (1, layer.in_features) if is_feedforward(layer.module, s) else (layer.out_features, 1)",
              "shape = (layer.out_features, 1)", PEFT_TUNERS,
