@@ -59,7 +59,7 @@ def test_recommend_json():
     assert rec["phases"][0]["name"] == "load"
     assert all(p["gpu_peak_bytes"] == p["fast_gpu_peak_bytes"] for p in rec["phases"])
     assert rec["deepspeed_json"]["zero_optimization"]["stage"] == rec["settings"]["stage"]
-    assert isinstance(rec["est_step"]["total_seconds"], float)
+    assert isinstance(rec["est_step"]["total_seconds"], float)  # time-ok: the estimate's type, not a measured time
     assert rec["plan"]["verdict"]["fits"] is True and rec["plan"]["phases"][0]["items"]  # its whole ledger
 
 

@@ -188,4 +188,4 @@ def test_a_hung_child_is_killed_at_the_deadline(cpu_adam_built):
     # SIGTERM unwinds the hang at once (the runner waits at most KILL_GRACE_S for the child and
     # KILL_GRACE_S for other process groups before its SIGKILL). No upper bound on the wall time: a
     # loaded machine stretches it; the error kind above says it was the deadline that stopped it.
-    assert m.wall_s >= deadline
+    assert m.wall_s >= deadline  # time-ok: the supervisor waited at least its deadline (a lower bound a loaded machine cannot break)
