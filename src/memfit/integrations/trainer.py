@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import os
 
-# heavy side, not core: MemfitCallback subclasses TrainerCallback, so transformers is imported here; memfit.integrations
-# loads this module only on first use of MemfitCallback (its __getattr__), never at `import memfit`
-from transformers import TrainerCallback
+import functools
 
 
-class MemfitCallback(TrainerCallback):
-    """Records memory per phase into ``output_dir`` (see the module docstring)."""
+class _Recorder:
+    """The callback's behaviour; ``MemfitCallback`` is this plus transformers' ``TrainerCallback``
+    (no-op defaults for the events it does not handle), made on first use so that importing this
+    module never imports transformers."""
 
     def __init__(self, output_dir: str | os.PathLike, *, snapshot: bool = False, max_entries: int | None = None,
                  device: str | None = None, overwrite: bool = False) -> None:
@@ -97,3 +97,20 @@ class MemfitCallback(TrainerCallback):
     def _forward_end(self, module, args, output):
         if self._training(module) and self.recorder.current and self.recorder.current["label"] == "forward":
             self.recorder.mark("backward")
+
+
+@functools.cache
+def _callback_class() -> type:
+    from transformers import TrainerCallback  # heavy: imported on first use of MemfitCallback only
+
+    cls = type("MemfitCallback", (_Recorder, TrainerCallback),
+               {"__doc__": "Records memory per phase into ``output_dir`` (see the module docstring).",
+                "__module__": __name__})
+    cls.__qualname__ = "MemfitCallback"
+    return cls
+
+
+def __getattr__(name: str):
+    if name == "MemfitCallback":
+        return _callback_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
