@@ -92,7 +92,7 @@ def tracker_peak(config: Path, peft: dict, precision: str, optim: str, b: int, s
     from memfit.trace.cuda_kernels import cuda_like_kernels
     from memfit.trace.model_build import TORCH_DTYPES, apply_peft, build_meta_model, materialize_fake
     from memfit.trace.results import TraceOptions
-    from memfit.trace.step import quiet_libraries, task_inputs, unpacked_sequences
+    from memfit.trace.step import quiet_libraries, recast_adapters, task_inputs, unpacked_sequences
 
     from memfit.trace.memtracker import PeftMemTracker
 
@@ -106,6 +106,8 @@ def tracker_peak(config: Path, peft: dict, precision: str, optim: str, b: int, s
         model.train()
         fm = FakeTensorMode()
         materialize_fake(model, fm, TORCH_DTYPES[dtype] if dtype != "fp32" else None)
+        if dtype != "fp32":  # peft's get_peft_model on a 16-bit model keeps the adapters in fp32
+            recast_adapters(model, fm, torch.float32)  # (autocast_adapter_dtype=True), as memfit plans them
         opts = TraceOptions(seq_len=s, micro_batch=b, target_len=target, task=task, dtype=dtype)
         with fm:
             inputs = task_inputs(model, opts)
