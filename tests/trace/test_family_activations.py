@@ -32,9 +32,6 @@ fake kernel the trace runs saves in the input dtype: 4 B per token per LayerNorm
 agrees to <0.1%. Worst observed +0.615% (BERT token-classification, b=2 s=96: +6,908 B = 7
 LayerNorms x 192 tokens x 4 B + 8 B per token in the classification head; the causal/masked LM
 cases at most +0.31%); 2x that is 1.23%, the tolerance is below it (the issue asks for 2%)."""
-LORA_TOLERANCE = 0.0278
-"""LoRA: the analytic per-block figure keeps q/k-norm terms the frozen path drops. Worst observed
-+1.388% (Qwen3 LoRA, s=96: +19,192 B; s=48 +1.388%, Gemma 3 +1.15%); 2x that."""
 LOSS_TOLERANCE = 0.00055
 """The forward/backward peaks of a 32k-vocabulary step (the logits and the loss dominate). Worst
 observed +0.0272% (BERT without the fp32 upcast, forward, s=64 and 128: +36 B per token, the
@@ -143,7 +140,7 @@ def test_encoder_decoder_with_its_own_target_length(gc):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["qwen3", "gemma3", "llama"])
 def test_lora_on_llama_style_families(name):
-    compare(name, method="lora", tolerance=LORA_TOLERANCE)
+    compare(name, method="lora")  # worst observed -0.003% (the +1.39% q/k-norm gap is closed)
 
 
 LOSS_CONFIGS = {

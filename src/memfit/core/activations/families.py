@@ -238,10 +238,10 @@ def _attention(arch: ArchSpec, L: LayerLayout, c: Ctx, *, masked: bool, qk_norm:
         if not c.trains("o_proj"):
             n -= C * t * hq  # the merged heads are o_proj's input only
         return n
-    return n + _sdpa_attention(arch, L, c, masked=masked)
+    return n + _sdpa_attention(arch, L, c, masked=masked, grad_in=grad_in)
 
 
-def _sdpa_attention(arch: ArchSpec, L: LayerLayout, c: Ctx, *, masked: bool) -> int:
+def _sdpa_attention(arch: ArchSpec, L: LayerLayout, c: Ctx, *, masked: bool, grad_in: bool = True) -> int:
     """sdpa on the rotated q, k (in the stream's dtype ``D`` under AMP: cos/sin are made in it) and v:
     what the kernel keeps (``sdpa``), the cache's k and v (model outputs), the output o_proj reads."""
     D, C, t, b, skv, hq, hkv = c.D, c.C, c.t, c.b, c.skv, c.hq, c.hkv
@@ -265,6 +265,10 @@ def _sdpa_attention(arch: ArchSpec, L: LayerLayout, c: Ctx, *, masked: bool) -> 
     else:  # math: the output reaches o_proj as a copy (transpose().contiguous()), kept when o_proj trains
         n += C * t * hq if c.trains("o_proj") else 0
         n += C * b * skv * given if k.keeps_v and not v_shared else 0
+        if not grad_in:  # the first layer over frozen embeddings: the scores' matmul keeps the scaled q
+            # only for k's gradient and the scaled k only for q's (as the eager path above)
+            n -= 0 if c.adapted("k_proj", "qkv_proj") or skv != c.s else 4 * t * hq
+            n -= 0 if c.adapted("q_proj", "qkv_proj") else 4 * b * skv * c.a * arch.head_dim
     n += kd * b * skv * hkv if c.cache or (k.keeps_qkv and k_shared) else 0
     n += vd * b * skv * hkv if c.cache or ((k.keeps_qkv or k.keeps_v) and v_shared) else 0
     if L.fused_qkv and k.kind == "flash" and c.trains("o_proj"):

@@ -105,7 +105,11 @@ def _neox_attention(arch: ArchSpec, L: LayerLayout, c: Ctx, *, falcon: bool) -> 
     kv = hq if falcon else hkv  # the new architecture broadcasts k, v to every head first
     k = sdpa(c, masked=masked, heads=a, kv_heads=kv // arch.head_dim, d_qk=arch.head_dim, d_v=arch.head_dim,
              s=s, skv=skv, gqa_module=False)
-    n = k.kernel + kd * b * skv * kv + vd * b * skv * kv  # the cache's k and v (the kernel's, unless cast)
+    # the cache's k and v (the kernel's, unless cast); without a cache (a token classifier's outputs have
+    # none) a k or v the kernel does not keep itself (autocast cast it) is freed after the cast
+    keep_k = c.cache or not k.keeps_qkv or kd == C
+    keep_v = c.cache or not k.keeps_qkv or vd == C
+    n = k.kernel + (kd * b * skv * kv if keep_k else 0) + (vd * b * skv * kv if keep_v else 0)
     if k.keeps_qkv:
         n += C * t * hq + C * t * hq  # q (autocast's copy under AMP), the output
         n += C * b * skv * kv if kd != C else 0  # autocast's copies of k and v

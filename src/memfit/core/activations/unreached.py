@@ -69,18 +69,7 @@ class OffKind:
         return ", ".join(parts)
 
 
-def _cells(template: str, gaps: dict[str, float]) -> tuple[tuple[str, float], ...]:
-    return tuple((template.format(k), v) for k, v in gaps.items())
-
-
 OFF_KINDS: tuple[OffKind, ...] = (
-    OffKind(name="llama-fp32-lora", model_types=("llama",), precisions=("fp32",), method="lora", task="causal-lm",
-            measured=(("llama-fp32-lora", 0.01668),),
-            reason="the LoRA q/k terms the frozen fp32 path drops (test_family_activations' LORA_TOLERANCE names "
-                   "the same term in bf16 at +1.39%)"),
-    OffKind(name="qwen3-fp32-lora", model_types=("qwen3",), precisions=("fp32",), method="lora", task="causal-lm",
-            measured=(("qwen3-fp32-lora", 0.01560),),
-            reason="as llama-fp32-lora, plus its frozen q/k-norms"),
     OffKind(name="t5-fp16-full", model_types=("t5",), precisions=("fp16",), method="full", task="seq2seq-lm",
             measured=(("t5-fp16-full", -0.05722),),
             reason="not located yet; lead: pure fp16 T5 (T5LayerFF's clamp of fp16 hidden states and its isinf "
@@ -100,11 +89,6 @@ OFF_KINDS: tuple[OffKind, ...] = (
             task="seq2seq-lm", checkpointing=True,
             measured=(("mt5-bf16-lora-gcTrue", -0.04254), ("umt5-bf16-lora-gcTrue", -0.05047)),
             reason="not located yet; lead: checkpointed mT5/umT5 with LoRA: the recompute's frozen-path terms"),
-    OffKind(name="gpt_neox-amp-token-classification", model_types=("gpt_neox",), precisions=("amp-bf16", "amp-fp16"),
-            method="full", task="token-classification",
-            measured=_cells("gpt_neox-{}-full-b2-tasktoken-classification", {"amp-bf16": 0.12959, "amp-fp16": 0.12959}),
-            reason="not located yet; lead: GPT-NeoX's token classifier under AMP (no cache; the fp32 rotary q/k the "
-                   "analytic side keeps for the cache)"),
 )
 """Every kind the standing grid finds off, with the gaps measured there (rounded to 0.001 percentage points)."""
 
