@@ -64,6 +64,7 @@ CASES = {
     "gralora-hybrid": ("GRALORA", {"r": 8, "hybrid_r": 4}),
     "randlora": ("RANDLORA", {"r": 8}),
     "randlora-dropout": ("RANDLORA", {"r": 16, "randlora_dropout": 0.1}),
+    "beft": ("BEFT", {}),
     "gralora-hybrid-dropout": ("GRALORA", {"r": 8, "gralora_k": 4, "hybrid_r": 4, "gralora_dropout": 0.1}),
 }
 
