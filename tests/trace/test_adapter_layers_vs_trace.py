@@ -65,6 +65,9 @@ CASES = {
     "randlora": ("RANDLORA", {"r": 8}),
     "randlora-dropout": ("RANDLORA", {"r": 16, "randlora_dropout": 0.1}),
     "beft": ("BEFT", {}),
+    "peanut": ("PEANUT", {"r": 8}),
+    "peanut-depth": ("PEANUT", {"r": 8, "depth": 2}),
+    "peanut-gelu": ("PEANUT", {"r": 4, "depth": 1, "act_fn": "gelu"}),
     "gralora-hybrid-dropout": ("GRALORA", {"r": 8, "gralora_k": 4, "hybrid_r": 4, "gralora_dropout": 0.1}),
 }
 
@@ -82,6 +85,11 @@ NOT_CHECKED = {
     # peft's DeLoRA: the fp32 w_norm buffer (DeepSpeed's cast leaves it) promotes x * w_norm to fp32, and
     # F.linear(fp32, bf16 delora_A) raises
     ("delora", "bf16"), ("delora-dropout", "bf16"),
+    # peft's PEANuT multiplies peanut_A.weight (an nn.Linear's) outside its Linear: under autocast W.T @ A.T keeps
+    # W.T's copy only (W needs no gradient), while the ledger's amp.weight_casts (taken out of the traced figure
+    # here, linear_weight_casts) counts A's copy as every Linear weight's: the plan is above by out * r * 2 bytes
+    # per layer (measured: +638 B at 48x80 r=4, +254 B at 96x32, every token count)
+    *((c, ctx) for c in ("peanut", "peanut-depth", "peanut-gelu") for ctx in ("amp-bf16", "bf16-base+amp")),
 }
 """(case, context) pairs not compared, each with its reason (README: what is not checked)."""
 

@@ -328,12 +328,6 @@ def randlora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     return saved + Saved(per_token=nb * r * K, fixed=ub + ua, fixed_grad_only=ub + ua)
 
 
-def beft(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
-    """``(base(x) + beft_bias.flatten()).to(result dtype)`` (``tuners/beft/layer.py`` ``Linear.forward``): an add's
-    backward needs neither operand, the flatten is a view and the cast keeps nothing."""
-    return Saved()
-
-
-FORMULAS = {"beft": beft, "road": road, "c3a": c3a, "randlora": randlora, "shira": shira, "delora": delora, "gralora": gralora, "ia3": ia3, "loha": loha, "lokr": lokr, "oft": oft, "boft": boft, "hra": hra, "vera": vera,
+FORMULAS = {"road": road, "c3a": c3a, "randlora": randlora, "shira": shira, "delora": delora, "gralora": gralora, "ia3": ia3, "loha": loha, "lokr": lokr, "oft": oft, "boft": boft, "hra": hra, "vera": vera,
             "fourierft": fourierft, "waveft": waveft, "miss": miss, "vblora": vblora, "ln_tuning": ln_tuning,
             "osf": osf, "trainable_tokens": trainable_tokens}

@@ -1,0 +1,45 @@
+"""The saved tensors of tuners peft added in its latest releases (BEFT, PEANuT, ...), each read from its
+layer's ``forward`` in peft 0.21.2 (``tuners/<tuner>/layer.py``) and checked against that layer traced on
+CPU tensors (``tests/trace/test_adapter_layers_vs_trace.py``). Sizes and letters as in ``others.py``:
+``i``/``o`` the layer's in/out widths, ``A`` the adapter's element size, ``E`` a matmul's output element
+size (autocast's under AMP, else the adapter's).
+"""
+
+from __future__ import annotations
+
+from memfit.core.activations.adapters import AdaptedLayer, DtypeContext, Saved, matmul_input, out_elem
+from memfit.core.activations.adapters.others import operand
+from memfit.core.peft.spec import PeftSpec
+
+
+def beft(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``(base(x) + beft_bias.flatten()).to(result dtype)`` (``tuners/beft/layer.py`` ``Linear.forward``): an add's
+    backward needs neither operand, the flatten is a view and the cast keeps nothing."""
+    return Saved()
+
+
+def peanut(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``Linear._compute_delta_weight`` then ``matmul(x.to(delta), delta.T)`` (``tuners/peanut/layer.py``):
+    ``W.T.to(A) @ A.T`` keeps ``W.T`` for A's gradient (a copy when the base's dtype is not the adapter's, or
+    autocast's 16-bit copy); each ``(in, r)`` step of the network keeps what its nodes need: an activation
+    keeping its output (``relu``) shares it with the next linear's input, one keeping its input (``gelu``)
+    keeps the pre-activation besides; each decoder's residual sum is the next linear's input
+    (``1 + 3 depth`` tensors, or ``2 + 4 depth``); ``delta * scaling`` ``(in, out)`` is kept by the last matmul
+    for the input's gradient, with ``x`` cast to the delta's dtype. Under autocast the casts of A, B and the
+    r x r weights (each an ``nn.Linear``'s weight) are the ledger's ``amp.weight_casts``."""
+    from memfit.core.peft.tuners.peanut import SAVES_OUTPUT
+
+    i, o = layer.in_features, layer.out_features
+    r = layer.shape("peanut_A")[0]
+    depth = sum(1 for k in layer.tensors if k.startswith("peanut_encoders."))
+    A, AC = ctx.adapter, ctx.autocast
+    E = out_elem(ctx)
+    base = ctx.base or ctx.stream
+    w_t = operand(i * o, A, ctx) if base != A or (AC and A != AC) else 0
+    steps = 1 + 3 * depth if spec.setting("act_fn", "relu") in SAVES_OUTPUT else 2 + 4 * depth
+    delta = i * o * E
+    return matmul_input(E, ctx.stream == E, i, ctx) + Saved(fixed=w_t + steps * i * r * E + delta,
+                                                            fixed_grad_only=delta)
+
+
+FORMULAS = {"beft": beft, "peanut": peanut}
