@@ -94,6 +94,9 @@ CASES: dict[str, dict[str, list[dict]]] = {
                            {"target_modules": ["k_proj", "v_proj"], "r": 5, "sparse": True}], "gpt2": [{"r": 16}]},
     "SHIRA": {"llama": [{"r": 8}, {"target_modules": ALL, "r": 4}]},
     "BEFT": {"llama": [{}, {"target_modules": ALL, "modules_to_save": ["lm_head"]}]},
+    "LILY": {"llama": [{}, {"target_modules": ALL, "r": 4, "stride_A": 2, "num_B": 3},
+                       {"target_modules": "all-linear", "r": 4, "stride_A": 2},
+                       {"target_modules": r".*\.(q_proj|k_proj)", "r": 4, "stride_A": 2, "num_B": 4}]},
     "PEANUT": {"llama": [{}, {"target_modules": ALL, "r": 8, "depth": 2, "act_fn": "gelu", "layers_to_transform": [0]}]},
     "ROAD": {"llama": [{"group_size": 16}, {"target_modules": ALL, "group_size": 32, "variant": "road_2"},
                        {"target_modules": ALL, "group_size": 16, "variant": "road_4"}]},
@@ -143,7 +146,7 @@ def _cases():
 NOT_PLANNED = frozenset({
     # peft 0.21.2 tuners memfit does not plan yet (issue 21 item 1, not done): each is refused in one line
     # naming it (test_unplanned_tuners_are_refused_in_one_line); planning one means removing it here
-    "ADAMSS", "DEFT", "FROD", "GLORA", "HIRA", "LILY", "POLY",
+    "ADAMSS", "DEFT", "FROD", "GLORA", "HIRA", "POLY",
     "PSOFT", "PVERA", "SHADOW", "SUPERTUNING", "TINYLORA", "UNILORA", "XLORA",
 })
 

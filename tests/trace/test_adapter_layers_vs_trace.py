@@ -66,6 +66,8 @@ CASES = {
     "randlora-dropout": ("RANDLORA", {"r": 16, "randlora_dropout": 0.1}),
     "beft": ("BEFT", {}),
     "peanut": ("PEANUT", {"r": 8}),
+    "lily": ("LILY", {"r": 8}),
+    "lily-3b": ("LILY", {"r": 4, "num_B": 3}),
     "peanut-depth": ("PEANUT", {"r": 8, "depth": 2}),
     "peanut-gelu": ("PEANUT", {"r": 4, "depth": 1, "act_fn": "gelu"}),
     "gralora-hybrid-dropout": ("GRALORA", {"r": 8, "gralora_k": 4, "hybrid_r": 4, "gralora_dropout": 0.1}),

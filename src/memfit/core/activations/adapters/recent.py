@@ -7,7 +7,7 @@ size (autocast's under AMP, else the adapter's).
 
 from __future__ import annotations
 
-from memfit.core.activations.adapters import AdaptedLayer, DtypeContext, Saved, matmul_input, out_elem
+from memfit.core.activations.adapters import AdaptedLayer, DtypeContext, Saved, adapter_input, matmul_input, out_elem
 from memfit.core.activations.adapters.others import operand
 from memfit.core.peft.spec import PeftSpec
 
@@ -42,4 +42,17 @@ def peanut(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
                                                             fixed_grad_only=delta)
 
 
-FORMULAS = {"beft": beft, "peanut": peanut}
+def lily(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``LilyLayer``'s Linear forward (``tuners/lily/layer.py``): ``hidden = lily_A(x.to(A))`` keeps ``x`` (a copy
+    when the dtypes differ), ``router(hidden)`` and ``matmul(hidden, combined_B)`` keep ``hidden`` ``(tokens, r)``;
+    the softmax keeps its ``(tokens, num_B)`` output; the mean over the tokens keeps nothing; ``einsum('e,eio->io',
+    p, B)`` keeps the ``(num_B,)`` mixture (``B`` is a view of ``lily_B.weight``) and ``combined_B`` ``(r, out)`` is
+    kept by the last matmul for ``hidden``'s gradient."""
+    i, o = layer.in_features, layer.out_features
+    num_b, r = layer.shape("lily_router")  # the layer's own (A and B are named where they are first met)
+    elem, is_input = adapter_input(ctx)
+    E = out_elem(ctx)
+    return matmul_input(elem, is_input, i, ctx) + Saved(per_token=r * E + num_b * E, fixed=num_b * E + r * o * E)
+
+
+FORMULAS = {"beft": beft, "peanut": peanut, "lily": lily}
