@@ -23,13 +23,16 @@ CONTEXTS = {  # name: (base dtype, adapter dtype, autocast)
 _BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
-def planned_layer(peft_type: str, config: dict, in_f: int, out_f: int, tokens: int, context: str) -> tuple[int, bool]:
-    """memfit's bytes for one adapted ``proj`` layer at ``tokens`` in ``context``, and whether it keeps the input."""
+def planned_layer(peft_type: str, config: dict, in_f: int, out_f: int, tokens: int, context: str,
+                  bias: bool = False) -> tuple[int, bool]:
+    """memfit's bytes for one adapted ``proj`` layer at ``tokens`` in ``context``, and whether it keeps the input;
+    ``bias``: the base Linear has one."""
     base, adapter, autocast = CONTEXTS[context]
     arch = ArchSpec(model_type="custom", num_layers=1, hidden_size=in_f, num_heads=1, num_kv_heads=1, head_dim=in_f,
                     intermediate_size=out_f, vocab_size=1)
     shape = ModelShape(name="one-layer", architecture="Holder", arch=arch,
-                       params=(ParamSpec("proj.weight", (out_f, in_f)),))
+                       params=(ParamSpec("proj.weight", (out_f, in_f)),
+                               *((ParamSpec("proj.bias", (out_f,)),) if bias else ())))
     spec = adapter_config_spec({"peft_type": peft_type, "target_modules": ["proj"], **config})
     trained = apply_peft(shape, spec)
     acts = adapter_activations(trained, spec, adapter_bytes=_BYTES[adapter],

@@ -67,6 +67,8 @@ CASES = {
     "beft": ("BEFT", {}),
     "peanut": ("PEANUT", {"r": 8}),
     "lily": ("LILY", {"r": 8}),
+    "glora": ("GLORA", {"r": 4}),
+    "glora-vector": ("GLORA", {"r": 4, "config_A_B": "vector"}),
     "lily-3b": ("LILY", {"r": 4, "num_B": 3}),
     "peanut-depth": ("PEANUT", {"r": 8, "depth": 2}),
     "peanut-gelu": ("PEANUT", {"r": 4, "depth": 1, "act_fn": "gelu"}),
@@ -111,6 +113,31 @@ def test_adapter_layer_matches_trace(case, context):
             traced = trace_adapted_layer(peft_type, config, in_features=in_f, out_features=out_f, tokens=tokens,
                                          dtype=base, adapter_dtype=adapter, autocast=autocast, model=model)
             planned, keeps = planned_layer(peft_type, config, in_f, out_f, tokens, context)
+            measured = traced.saved_bytes - casts
+            assert keeps == traced.keeps_input, (case, context, in_f, out_f, tokens)
+            assert abs(planned - measured) <= TOLERANCE_BYTES, (case, context, in_f, out_f, tokens, planned, measured)
+
+
+BIASED = {  # tuners whose tensors depend on the base layer's bias: the same comparison on a biased Linear
+    "glora": ("GLORA", {"r": 4}),
+    "glora-vectors": ("GLORA", {"config_A_B": "constant", "config_C": "vector", "config_D_E": "vector"}),
+    "glora-c-only": ("GLORA", {"config_A_B": "none", "config_C": "lora", "config_D_E": "none"}),
+}
+
+
+@pytest.mark.parametrize("context", list(CONTEXTS))
+@pytest.mark.parametrize("case", list(BIASED))
+def test_biased_adapter_layer_matches_trace(case, context):
+    peft_type, config = BIASED[case]
+    base, adapter, autocast = CONTEXTS[context]
+    for in_f, out_f in SHAPES:
+        model = build_adapted_layer(peft_type, config, in_features=in_f, out_features=out_f, dtype=base,
+                                    adapter_dtype=adapter, bias=True)
+        casts = linear_weight_casts(model, autocast)
+        for tokens in TOKENS:
+            traced = trace_adapted_layer(peft_type, config, in_features=in_f, out_features=out_f, tokens=tokens,
+                                         dtype=base, adapter_dtype=adapter, autocast=autocast, bias=True, model=model)
+            planned, keeps = planned_layer(peft_type, config, in_f, out_f, tokens, context, bias=True)
             measured = traced.saved_bytes - casts
             assert keeps == traced.keeps_input, (case, context, in_f, out_f, tokens)
             assert abs(planned - measured) <= TOLERANCE_BYTES, (case, context, in_f, out_f, tokens, planned, measured)

@@ -55,4 +55,28 @@ def lily(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     return matmul_input(elem, is_input, i, ctx) + Saved(per_token=r * E + num_b * E, fixed=num_b * E + r * o * E)
 
 
-FORMULAS = {"beft": beft, "peanut": peanut, "lily": lily}
+def glora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``GloraLinear.forward`` (``tuners/glora/layer.py``): ``F.linear(x, W + W * A + B, bias_eff)``: the rebuilt
+    ``(out, in)`` weight in the base's dtype is kept for the input's gradient, and ``x`` for the weight's when it
+    trains (A and B not zeros buffers); ``W * A`` keeps only ``W`` (a parameter), the paths' casts to the base's
+    dtype keep nothing. Under autocast the low-rank paths' factors (leaves: cached casts) are kept by their
+    products, the rebuilt weight's 16-bit copy by ``F.linear``; with a trained C, ``W @ C`` keeps ``W``'s 16-bit copy
+    (a frozen parameter: not cached) and a low-rank C its factors' copies."""
+    i, o = layer.in_features, layer.out_features
+    A, AC = ctx.adapter, ctx.autocast
+    base = ctx.base or ctx.stream
+    weight = operand(o * i, base, ctx)
+    saved = Saved(fixed=weight, fixed_grad_only=weight)
+    if not layer.has("glora_A.default.zeros"):
+        saved += matmul_input(ctx.stream, True, i, ctx)
+    factors = AC if AC and A != AC else 0
+    for path in ("glora_A", "glora_B", "glora_C"):
+        if layer.has(f"{path}.default.Xd"):
+            (m, r), (_, n) = layer.shape(f"{path}.default.Xd"), layer.shape(f"{path}.default.Xu")
+            saved += Saved(fixed=(m * r + r * n) * factors)
+    if AC and base != AC and not layer.has("glora_C.default.zeros"):
+        saved += Saved(fixed=o * i * AC)
+    return saved
+
+
+FORMULAS = {"beft": beft, "peanut": peanut, "lily": lily, "glora": glora}
