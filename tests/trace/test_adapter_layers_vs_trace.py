@@ -67,6 +67,10 @@ CASES = {
     "beft": ("BEFT", {}),
     "peanut": ("PEANUT", {"r": 8}),
     "lily": ("LILY", {"r": 8}),
+    "deft": ("DEFT", {"r": 4}),
+    "deft-qr": ("DEFT", {"r": 4, "decomposition_method": "qr"}),
+    "deft-para": ("DEFT", {"r": 4, "para": True}),
+    "deft-dropout": ("DEFT", {"r": 4, "deft_dropout": 0.1}),
     "glora": ("GLORA", {"r": 4}),
     "glora-vector": ("GLORA", {"r": 4, "config_A_B": "vector"}),
     "lily-3b": ("LILY", {"r": 4, "num_B": 3}),
@@ -122,6 +126,7 @@ BIASED = {  # tuners whose tensors depend on the base layer's bias: the same com
     "glora": ("GLORA", {"r": 4}),
     "glora-vectors": ("GLORA", {"config_A_B": "constant", "config_C": "vector", "config_D_E": "vector"}),
     "glora-c-only": ("GLORA", {"config_A_B": "none", "config_C": "lora", "config_D_E": "none"}),
+    "deft": ("DEFT", {"r": 4}),  # the bias-free product is base(x) - bias
 }
 
 

@@ -62,6 +62,7 @@ CASES = {
     "gralora": {"peft_type": "GRALORA", "target_modules": ALL, "hybrid_r": 8},
     "randlora": {"peft_type": "RANDLORA", "target_modules": ALL},
     "beft": {"peft_type": "BEFT", "target_modules": ALL},
+    "deft": {"peft_type": "DEFT", "target_modules": ALL},
     "glora": {"peft_type": "GLORA", "target_modules": ALL},
     "lily": {"peft_type": "LILY", "target_modules": ALL, "r": 16, "stride_A": 2, "num_B": 3},
     "peanut": {"peft_type": "PEANUT", "target_modules": ALL, "r": 16, "depth": 1},

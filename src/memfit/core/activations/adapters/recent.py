@@ -8,7 +8,7 @@ size (autocast's under AMP, else the adapter's).
 from __future__ import annotations
 
 from memfit.core.activations.adapters import AdaptedLayer, DtypeContext, Saved, adapter_input, matmul_input, out_elem
-from memfit.core.activations.adapters.others import operand
+from memfit.core.activations.adapters.others import _dropout, operand
 from memfit.core.peft.spec import PeftSpec
 
 
@@ -79,4 +79,39 @@ def glora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     return saved
 
 
-FORMULAS = {"beft": beft, "peanut": peanut, "lily": lily, "glora": glora}
+def deft(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``DeftLinear.forward`` (``tuners/deft/layer.py``), in fp32 (``compute_dtype``): the base output cast to fp32
+    (minus the bias) is the bias-free product that ``@ right`` keeps ``(tokens, out)``; ``_project`` keeps
+    ``relu(P)`` (``relu``) or the QR's ``Q`` and ``R`` (``qr``); each ``(tokens, r) @ Q_P.T`` keeps its product and
+    ``Q_P`` (a copy when ``P`` is not fp32); the injection ``F.linear(dropout(x.to(fp32)), R.to(fp32) * scaling)``
+    keeps its input (``x`` itself when fp32 without dropout; dropout's mask), the scaled ``R`` ``(r, in)`` for the
+    input's gradient and its ``(tokens, r)`` product. Under autocast each matmul keeps 16-bit copies of its
+    operands instead (none cached: ``Q_P.T`` is a view, not a leaf)."""
+    i, o = layer.in_features, layer.out_features
+    r = layer.shape("deft_P")[1]
+    A, AC = ctx.adapter, ctx.autocast
+    para = not layer.has("deft_R")
+    qr = spec.setting("decomposition_method", "relu") == "qr"
+    p = spec.setting("deft_dropout", 0.0) or 0.0
+    K = AC or 4  # a kept matmul operand's bytes
+    uses = 1 if para else 2  # the products reading Q_P.T
+    saved = Saved(per_token=o * K + r * K * uses)
+    if qr:  # linalg.qr keeps Q and R; Q is both right and Q_P
+        fixed = (o * r + r * r) * 4 + (1 + uses) * o * r * AC
+    else:
+        fixed = o * r * 4 + o * r * AC  # relu(P), and right's 16-bit copy under autocast
+        if AC:  # Q_P.T's copies: a transposed view is no leaf, so autocast caches none of them
+            fixed += o * r * AC * uses
+        elif A != 4:
+            fixed += o * r * 4  # P.to(fp32)
+    saved += Saved(fixed=fixed)
+    if para:
+        return saved
+    scaled = r * i * K
+    saved += Saved(fixed=scaled, fixed_grad_only=scaled) + _dropout(layer, p)
+    if AC or p > 0 or ctx.stream != 4:
+        return saved + Saved(per_token=i * K)
+    return saved + Saved(keeps_input=True)
+
+
+FORMULAS = {"beft": beft, "peanut": peanut, "lily": lily, "glora": glora, "deft": deft}
