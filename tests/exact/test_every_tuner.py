@@ -100,6 +100,9 @@ CASES: dict[str, dict[str, list[dict]]] = {
     "DEFT": {"llama": [{}, {"target_modules": ALL, "r": 40, "para": True, "bias": "deft_only"},
                        {"target_modules": ALL, "r": 4, "decomposition_method": "qr", "deft_dropout": 0.1, "alpha": 8}],
              "gpt2": [{}]},
+    "FROD": {"llama": [{}, {"target_modules": ALL, "sparse_rate": 0.05, "save_projection": False, "bias": "all"},
+                       {"target_modules": ["q_proj", "down_proj"], "sparse_rate": 0.0, "layers_to_transform": [1]}],
+             "gpt2": [{}]},
     "GLORA": {"llama": [{}, {"target_modules": ALL, "r": 4, "config_A_B": "vector"}],
               "llama-bias": [{}, {"target_modules": ALL, "config_A_B": "constant", "config_C": "vector",
                                   "config_D_E": "vector", "bias": "glora_only"},
@@ -157,7 +160,7 @@ def _cases():
 NOT_PLANNED = frozenset({
     # peft 0.21.2 tuners memfit does not plan yet (issue 21 item 1, not done): each is refused in one line
     # naming it (test_unplanned_tuners_are_refused_in_one_line); planning one means removing it here
-    "ADAMSS", "FROD", "HIRA", "POLY",
+    "ADAMSS", "HIRA", "POLY",
     "PSOFT", "PVERA", "SHADOW", "SUPERTUNING", "TINYLORA", "UNILORA", "XLORA",
 })
 

@@ -49,13 +49,20 @@ weight's ``.data``, SHiRA runs ``F.linear`` on a rebuilt weight): no autocast co
 By class name, or module and name where the name is shared (``Linear``)."""
 
 
+def _frod_skips_base(m: torch.nn.Module) -> bool:
+    """FRoD's ``Linear.forward`` skips the base layer with one active adapter and no dropout (``skip_base_layer``)."""
+    return (f"{type(m).__module__}.{type(m).__name__}" == "peft.tuners.frod.layer.Linear"
+            and all(isinstance(d, torch.nn.Identity) for d in m.frod_dropout.values()))
+
+
 def linear_weight_casts(model: torch.nn.Module, autocast: str | None) -> int:
     """autocast's 16-bit copies of the nn.Linear weights that run (the ledger's amp.weight_casts), saved
     here; LN tuning runs its trained copy instead of the base layer."""
     if not autocast:
         return 0
     skip = {id(m.base_layer) for m in model.modules()
-            if type(m).__name__ in BASE_NOT_RUN or f"{type(m).__module__}.{type(m).__name__}" in BASE_NOT_RUN}
+            if type(m).__name__ in BASE_NOT_RUN or f"{type(m).__module__}.{type(m).__name__}" in BASE_NOT_RUN
+            or _frod_skips_base(m)}
     return sum(m.weight.numel() * 2 for m in model.modules()
                if isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32 and id(m) not in skip
                and not hasattr(m, "base_layer"))  # a tuner layer that subclasses nn.Linear (GraLoRA's): its

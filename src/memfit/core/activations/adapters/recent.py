@@ -114,4 +114,34 @@ def deft(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     return saved + Saved(keeps_input=True)
 
 
-FORMULAS = {"beft": beft, "peanut": peanut, "lily": lily, "glora": glora, "deft": deft}
+def frod(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """FRoD's ``Linear.forward`` (``tuners/frod/layer.py``), everything in the input's dtype: ``z = x @ V`` (a buffer:
+    nothing of ``x`` is kept; under autocast ``V``'s 16-bit copy), ``z @ S`` (16-bit ``z``: ``S.to_dense()`` ``(in,
+    in)``, kept by the matmul; fp32: ``torch.sparse.mm`` keeps the coalesced sparse ``S``, its int64 indices and
+    values; ``to_dense`` keeps it too), ``z * lambda`` (keeps ``z`` ``(tokens, in)`` and ``lambda``, a copy when its
+    dtype is not the input's, as the values are copied), ``F.linear(., U)`` (``U`` a buffer, its 16-bit copy under autocast). Without dropout the base layer
+    does not run; with it the base layer runs on ``x`` and ``F.linear(dropout(x), W)`` is subtracted (keeping
+    ``W``'s 16-bit copy under autocast, and dropout's mask)."""
+    i, o = layer.in_features, layer.out_features
+    D, A, AC = ctx.stream, ctx.adapter, ctx.autocast
+    base = ctx.base or ctx.stream
+    nnz = layer.shape("frod_lambda_s_values")[0]
+    z = AC or D
+    v = i * i * AC if AC and base != AC else 0  # V (the base's dtype) cast for x @ V, kept for x's gradient
+    s_dense = operand(i * i, D, ctx) if z != 4 else 0  # S.to_dense() (or its 16-bit copy), kept for z's gradient
+    grad_only = v + s_dense
+    fixed = grad_only
+    fixed += nnz * (16 + D)  # the coalesced S (int64 (2, nnz) indices, values): kept by sparse.mm or by to_dense
+    if A != D:
+        fixed += i * D + nnz * D  # lambda_l.to(x.dtype), and the values' copy the sparse tensor is built from
+    if AC and D != AC:
+        fixed += o * i * AC  # U.to(x.dtype) cast for F.linear
+    saved = Saved(per_token=i * z, fixed=fixed, fixed_grad_only=grad_only)
+    p = spec.setting("frod_dropout", 0.0) or 0.0
+    if p > 0:
+        w = o * i * AC if AC and base != AC else 0
+        saved += _dropout(layer, p) + Saved(fixed=w, fixed_grad_only=w)
+    return saved
+
+
+FORMULAS = {"beft": beft, "frod": frod, "peanut": peanut, "lily": lily, "glora": glora, "deft": deft}
