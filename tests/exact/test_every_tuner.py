@@ -108,6 +108,9 @@ CASES: dict[str, dict[str, list[dict]]] = {
                                   "config_D_E": "vector", "bias": "glora_only"},
                              {"target_modules": ["q_proj", "down_proj"], "r": 2, "config_A_B": "none", "config_C": "none",
                               "config_D_E": "none"}]},
+    "HIRA": {"llama": [{}, {"target_modules": ALL + ["embed_tokens"], "r": 4, "hira_dropout": 0.1},
+                       {"target_modules": ALL, "r": 4, "rank_pattern": {"down_proj": 2}, "exclude_modules": ["k_proj"]}],
+             "gpt2": [{}]},
     "LILY": {"llama": [{}, {"target_modules": ALL, "r": 4, "stride_A": 2, "num_B": 3},
                        {"target_modules": "all-linear", "r": 4, "stride_A": 2},
                        {"target_modules": r".*\.(q_proj|k_proj)", "r": 4, "stride_A": 2, "num_B": 4}]},
@@ -160,7 +163,7 @@ def _cases():
 NOT_PLANNED = frozenset({
     # peft 0.21.2 tuners memfit does not plan yet (issue 21 item 1, not done): each is refused in one line
     # naming it (test_unplanned_tuners_are_refused_in_one_line); planning one means removing it here
-    "ADAMSS", "HIRA", "POLY",
+    "ADAMSS", "POLY",
     "PSOFT", "PVERA", "SHADOW", "SUPERTUNING", "TINYLORA", "UNILORA", "XLORA",
 })
 

@@ -67,6 +67,8 @@ CASES = {
     "beft": ("BEFT", {}),
     "peanut": ("PEANUT", {"r": 8}),
     "lily": ("LILY", {"r": 8}),
+    "hira": ("HIRA", {"r": 4}),
+    "hira-dropout": ("HIRA", {"r": 4, "hira_dropout": 0.1}),
     "frod": ("FROD", {}),
     "frod-sparser": ("FROD", {"sparse_rate": 0.05}),
     "frod-dropout": ("FROD", {"frod_dropout": 0.1}),

@@ -64,6 +64,7 @@ CASES = {
     "beft": {"peft_type": "BEFT", "target_modules": ALL},
     "deft": {"peft_type": "DEFT", "target_modules": ALL},
     "frod": {"peft_type": "FROD", "target_modules": ALL},
+    "hira": {"peft_type": "HIRA", "target_modules": ALL, "r": 8},
     "glora": {"peft_type": "GLORA", "target_modules": ALL},
     "lily": {"peft_type": "LILY", "target_modules": ALL, "r": 16, "stride_A": 2, "num_B": 3},
     "peanut": {"peft_type": "PEANUT", "target_modules": ALL, "r": 16, "depth": 1},

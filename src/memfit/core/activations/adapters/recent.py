@@ -144,4 +144,26 @@ def frod(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     return saved
 
 
-FORMULAS = {"beft": beft, "frod": frod, "peanut": peanut, "lily": lily, "glora": glora, "deft": deft}
+def hira(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """HiRA's ``Linear.forward`` (``tuners/hira/layer.py``): ``mm(A.T, B.T)`` keeps only the parameters (under
+    autocast the 16-bit copies of the transposed views, which are no leaves: not cached); ``x.to(A)`` and its
+    dropout (mask); ``F.linear(dropout(x), W * prod.T)`` keeps its input and the modulated ``(out, in)`` weight (in
+    the promoted dtype of the base and the adapter; its 16-bit copy under autocast) for the input's gradient;
+    ``W * prod.T`` keeps ``W`` (a parameter) only. Embedding: ``F.embedding`` of the modulated weight keeps the
+    ids only; under autocast ``mm(B, A)`` keeps its factors' cached copies."""
+    i, o = layer.in_features, layer.out_features
+    A, AC = ctx.adapter, ctx.autocast
+    factors = AC if AC and A != AC else 0
+    if layer.has("hira_embedding_A"):
+        (r, n), (d, _) = layer.shape("hira_embedding_A"), layer.shape("hira_embedding_B")
+        return Saved(fixed=(r * n + d * r) * factors)
+    r = layer.shape("hira_A")[0]
+    base = ctx.base or ctx.stream
+    weight = operand(o * i, max(base, A), ctx)
+    p = spec.setting("hira_dropout", 0.0) or 0.0
+    elem, is_input = adapter_input(ctx)
+    return (_dropout(layer, p) + matmul_input(elem, is_input and not p > 0, i, ctx)
+            + Saved(fixed=weight + (r * i + o * r) * factors, fixed_grad_only=weight))
+
+
+FORMULAS = {"beft": beft, "frod": frod, "hira": hira, "peanut": peanut, "lily": lily, "glora": glora, "deft": deft}

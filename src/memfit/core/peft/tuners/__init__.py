@@ -13,7 +13,7 @@ from memfit.core.peft.inject import inject
 from memfit.core.peft.spec import PeftSpec
 from memfit.core.peft.targets import find_targets
 from memfit.core.peft.tuners.base import Tuner
-from memfit.core.peft.tuners import (adalora, adaption_prompt, beft, c3a, deft, delora, fourier, frod, glora, gralora, ia3, lily, ln_tuning, lycoris, miss, orthogonal, osf,
+from memfit.core.peft.tuners import (adalora, adaption_prompt, beft, c3a, deft, delora, fourier, frod, glora, gralora, hira, ia3, lily, ln_tuning, lycoris, miss, orthogonal, osf,
                                      peanut, prompts, randlora, road, shira, trainable_tokens, vblora, vera)
 
 _ALL: tuple[Tuner, ...] = (
@@ -49,6 +49,7 @@ _ALL: tuple[Tuner, ...] = (
     glora.TUNER,
     deft.TUNER,
     frod.TUNER,
+    hira.TUNER,
 )
 
 TUNERS: Mapping[str, Tuner] = MappingProxyType({t.method: t for t in _ALL})
