@@ -162,7 +162,9 @@ def _cases():
 
 NOT_PLANNED = frozenset({
     # peft 0.21.2 tuners memfit does not plan yet (issue 21 item 1, not done): each is refused in one line
-    # naming it (test_unplanned_tuners_are_refused_in_one_line); planning one means removing it here
+    # naming it (test_unplanned_tuners_are_refused_in_one_line); planning one means removing it here.
+    # ADAMSS cannot be planned from shapes: its per-subspace A/B shapes come from KMeans over each weight's SVD
+    # (tuners/adamss/layer.py update_layer), so its refusal says why (parse.NOT_PLANNABLE)
     "ADAMSS", "POLY",
     "PSOFT", "PVERA", "SHADOW", "SUPERTUNING", "TINYLORA", "UNILORA", "XLORA",
 })
@@ -262,3 +264,13 @@ def test_refusals_where_peft_trains_nothing(case, tmp_path):
         apply_peft(_shape_of(model), load_adapter_config(tmp_path))
     real = peft.get_peft_model(model, peft.PeftConfig.from_pretrained(str(tmp_path)))
     assert sum(p.numel() for p in real.parameters() if p.requires_grad) == peft_trainable
+
+
+def test_adamss_refusal_says_why(tmp_path):
+    """ADAMSS's shapes are data-dependent (KMeans over each weight's SVD): its refusal says so, in one line."""
+    from memfit.errors import MemfitError
+
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "ADAMSS", "task_type": "CAUSAL_LM"}))
+    with pytest.raises(MemfitError, match=r"ADAMSS: its trained subspaces' shapes come from KMeans") as err:
+        load_adapter_config(tmp_path)
+    assert "\n" not in str(err.value)
