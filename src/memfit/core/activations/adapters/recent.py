@@ -123,8 +123,10 @@ def frod(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     does not run; with it the base layer runs on ``x`` and ``F.linear(dropout(x), W)`` is subtracted (keeping
     ``W``'s 16-bit copy under autocast, and dropout's mask)."""
     i, o = layer.in_features, layer.out_features
-    D, A, AC = ctx.stream, ctx.adapter, ctx.autocast
+    # the input's dtype is the base weight's (the model's: the stream that reaches a Linear); read from the base so
+    # the weight-sized terms stay one tensor each when the ledger splits the estimate (memfit.core.activations.tensors)
     base = ctx.base or ctx.stream
+    D, A, AC = base, ctx.adapter, ctx.autocast
     nnz = layer.shape("frod_lambda_s_values")[0]
     z = AC or D
     v = i * i * AC if AC and base != AC else 0  # V (the base's dtype) cast for x @ V, kept for x's gradient
