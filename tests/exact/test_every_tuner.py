@@ -42,6 +42,9 @@ MODELS = {
     "llama": ("AutoModelForCausalLM", "LlamaConfig",
               dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=16, tie_word_embeddings=False)),
+    "llama-bias": ("AutoModelForCausalLM", "LlamaConfig",  # biased Linears (GLoRA's C, D and E need a base bias)
+                   dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, tie_word_embeddings=False, attention_bias=True, mlp_bias=True)),
     "gpt2": ("AutoModelForCausalLM", "GPT2Config", dict(vocab_size=96, n_embd=64, n_layer=2, n_head=4, n_positions=64)),
 }
 
@@ -93,6 +96,25 @@ CASES: dict[str, dict[str, list[dict]]] = {
     "RANDLORA": {"llama": [{}, {"target_modules": ALL, "r": 8, "save_projection": False, "bias": "all"},
                            {"target_modules": ["k_proj", "v_proj"], "r": 5, "sparse": True}], "gpt2": [{"r": 16}]},
     "SHIRA": {"llama": [{"r": 8}, {"target_modules": ALL, "r": 4}]},
+    "BEFT": {"llama": [{}, {"target_modules": ALL, "modules_to_save": ["lm_head"]}]},
+    "DEFT": {"llama": [{}, {"target_modules": ALL, "r": 40, "para": True, "bias": "deft_only"},
+                       {"target_modules": ALL, "r": 4, "decomposition_method": "qr", "deft_dropout": 0.1, "alpha": 8}],
+             "gpt2": [{}]},
+    "FROD": {"llama": [{}, {"target_modules": ALL, "sparse_rate": 0.05, "save_projection": False, "bias": "all"},
+                       {"target_modules": ["q_proj", "down_proj"], "sparse_rate": 0.0, "layers_to_transform": [1]}],
+             "gpt2": [{}]},
+    "GLORA": {"llama": [{}, {"target_modules": ALL, "r": 4, "config_A_B": "vector"}],
+              "llama-bias": [{}, {"target_modules": ALL, "config_A_B": "constant", "config_C": "vector",
+                                  "config_D_E": "vector", "bias": "glora_only"},
+                             {"target_modules": ["q_proj", "down_proj"], "r": 2, "config_A_B": "none", "config_C": "none",
+                              "config_D_E": "none"}]},
+    "HIRA": {"llama": [{}, {"target_modules": ALL + ["embed_tokens"], "r": 4, "hira_dropout": 0.1},
+                       {"target_modules": ALL, "r": 4, "rank_pattern": {"down_proj": 2}, "exclude_modules": ["k_proj"]}],
+             "gpt2": [{}]},
+    "LILY": {"llama": [{}, {"target_modules": ALL, "r": 4, "stride_A": 2, "num_B": 3},
+                       {"target_modules": "all-linear", "r": 4, "stride_A": 2},
+                       {"target_modules": r".*\.(q_proj|k_proj)", "r": 4, "stride_A": 2, "num_B": 4}]},
+    "PEANUT": {"llama": [{}, {"target_modules": ALL, "r": 8, "depth": 2, "act_fn": "gelu", "layers_to_transform": [0]}]},
     "ROAD": {"llama": [{"group_size": 16}, {"target_modules": ALL, "group_size": 32, "variant": "road_2"},
                        {"target_modules": ALL, "group_size": 16, "variant": "road_4"}]},
 }
@@ -140,8 +162,10 @@ def _cases():
 
 NOT_PLANNED = frozenset({
     # peft 0.21.2 tuners memfit does not plan yet (issue 21 item 1, not done): each is refused in one line
-    # naming it (test_unplanned_tuners_are_refused_in_one_line); planning one means removing it here
-    "ADAMSS", "BEFT", "DEFT", "FROD", "GLORA", "HIRA", "LILY", "PEANUT", "POLY",
+    # naming it (test_unplanned_tuners_are_refused_in_one_line); planning one means removing it here.
+    # ADAMSS cannot be planned from shapes: its per-subspace A/B shapes come from KMeans over each weight's SVD
+    # (tuners/adamss/layer.py update_layer), so its refusal says why (parse.NOT_PLANNABLE)
+    "ADAMSS", "POLY",
     "PSOFT", "PVERA", "SHADOW", "SUPERTUNING", "TINYLORA", "UNILORA", "XLORA",
 })
 
@@ -240,3 +264,13 @@ def test_refusals_where_peft_trains_nothing(case, tmp_path):
         apply_peft(_shape_of(model), load_adapter_config(tmp_path))
     real = peft.get_peft_model(model, peft.PeftConfig.from_pretrained(str(tmp_path)))
     assert sum(p.numel() for p in real.parameters() if p.requires_grad) == peft_trainable
+
+
+def test_adamss_refusal_says_why(tmp_path):
+    """ADAMSS's shapes are data-dependent (KMeans over each weight's SVD): its refusal says so, in one line."""
+    from memfit.errors import MemfitError
+
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "ADAMSS", "task_type": "CAUSAL_LM"}))
+    with pytest.raises(MemfitError, match=r"ADAMSS: its trained subspaces' shapes come from KMeans") as err:
+        load_adapter_config(tmp_path)
+    assert "\n" not in str(err.value)

@@ -23,13 +23,16 @@ CONTEXTS = {  # name: (base dtype, adapter dtype, autocast)
 _BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
-def planned_layer(peft_type: str, config: dict, in_f: int, out_f: int, tokens: int, context: str) -> tuple[int, bool]:
-    """memfit's bytes for one adapted ``proj`` layer at ``tokens`` in ``context``, and whether it keeps the input."""
+def planned_layer(peft_type: str, config: dict, in_f: int, out_f: int, tokens: int, context: str,
+                  bias: bool = False) -> tuple[int, bool]:
+    """memfit's bytes for one adapted ``proj`` layer at ``tokens`` in ``context``, and whether it keeps the input;
+    ``bias``: the base Linear has one."""
     base, adapter, autocast = CONTEXTS[context]
     arch = ArchSpec(model_type="custom", num_layers=1, hidden_size=in_f, num_heads=1, num_kv_heads=1, head_dim=in_f,
                     intermediate_size=out_f, vocab_size=1)
     shape = ModelShape(name="one-layer", architecture="Holder", arch=arch,
-                       params=(ParamSpec("proj.weight", (out_f, in_f)),))
+                       params=(ParamSpec("proj.weight", (out_f, in_f)),
+                               *((ParamSpec("proj.bias", (out_f,)),) if bias else ())))
     spec = adapter_config_spec({"peft_type": peft_type, "target_modules": ["proj"], **config})
     trained = apply_peft(shape, spec)
     acts = adapter_activations(trained, spec, adapter_bytes=_BYTES[adapter],
@@ -46,13 +49,20 @@ weight's ``.data``, SHiRA runs ``F.linear`` on a rebuilt weight): no autocast co
 By class name, or module and name where the name is shared (``Linear``)."""
 
 
+def _frod_skips_base(m: torch.nn.Module) -> bool:
+    """FRoD's ``Linear.forward`` skips the base layer with one active adapter and no dropout (``skip_base_layer``)."""
+    return (f"{type(m).__module__}.{type(m).__name__}" == "peft.tuners.frod.layer.Linear"
+            and all(isinstance(d, torch.nn.Identity) for d in m.frod_dropout.values()))
+
+
 def linear_weight_casts(model: torch.nn.Module, autocast: str | None) -> int:
     """autocast's 16-bit copies of the nn.Linear weights that run (the ledger's amp.weight_casts), saved
     here; LN tuning runs its trained copy instead of the base layer."""
     if not autocast:
         return 0
     skip = {id(m.base_layer) for m in model.modules()
-            if type(m).__name__ in BASE_NOT_RUN or f"{type(m).__module__}.{type(m).__name__}" in BASE_NOT_RUN}
+            if type(m).__name__ in BASE_NOT_RUN or f"{type(m).__module__}.{type(m).__name__}" in BASE_NOT_RUN
+            or _frod_skips_base(m)}
     return sum(m.weight.numel() * 2 for m in model.modules()
                if isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32 and id(m) not in skip
                and not hasattr(m, "base_layer"))  # a tuner layer that subclasses nn.Linear (GraLoRA's): its

@@ -61,12 +61,27 @@ CASES = {
     "shira": {"peft_type": "SHIRA", "target_modules": ALL},
     "gralora": {"peft_type": "GRALORA", "target_modules": ALL, "hybrid_r": 8},
     "randlora": {"peft_type": "RANDLORA", "target_modules": ALL},
+    "beft": {"peft_type": "BEFT", "target_modules": ALL},
+    "deft": {"peft_type": "DEFT", "target_modules": ALL},
+    "frod": {"peft_type": "FROD", "target_modules": ALL},
+    "hira": {"peft_type": "HIRA", "target_modules": ALL, "r": 8},
+    "hira-embedding": {"peft_type": "HIRA", "target_modules": [*ALL, "embed_tokens"], "r": 8},
+    "glora": {"peft_type": "GLORA", "target_modules": ALL},
+    "lily": {"peft_type": "LILY", "target_modules": ALL, "r": 16, "stride_A": 2, "num_B": 3},
+    "peanut": {"peft_type": "PEANUT", "target_modules": ALL, "r": 16, "depth": 1},
 }
 NOT_MATCHED = {  # measured, not yet explained: the plan is above the trace (issue 21 item 2, not done)
     "oft": "+0.79% (73,720 B: one (tokens, hidden) bf16 tensor more than the trace)",
     "boft": "+5.4% (589,816 B)",
     "waveft": "+1.2% (110,584 B)",
     "osf": "not traced: under DeepSpeed's params-only cast peft's OSF forward raises (bf16 vs fp32 matmul)",
+    "hira-embedding": "-3.88% (639,368 B): the adapted embedding's output needs a gradient, so the first block keeps "
+                      "what the later ones keep; the analytic model's grad_into_first (full or prompt tokens) does not "
+                      "know an adapted embedding (the Linears alone match: case hira)",
+    "frod": "-51.06% (20,152,328 B): the model is built in fp32 and DeepSpeed's cast leaves FRoD's frod_V/frod_U "
+            "buffers fp32, so every forward copies them to bf16 and keeps the copies ((in^2 + out*in) * 2 B per layer, "
+            "20,152,320 B here); the plan has them in the base's dtype, as peft builds them on a bf16 model: so built, "
+            "the trace is matched to 8 B (test_frod_matches_with_its_buffers_as_built_on_bf16)",
 }
 WORST: dict[str, float] = {}
 
@@ -81,7 +96,9 @@ def _plan(raw: dict):
     return spec, est.total_bytes
 
 
-def _traced(spec) -> int:
+def _traced(spec, bf16_buffers: tuple[str, ...] = ()) -> int:
+    """The trace's activation bytes; ``bf16_buffers``: name fragments of buffers cast to bf16 after peft built
+    them (as they are when peft builds the adapters on a bf16 model)."""
     import torch
     import transformers
 
@@ -96,6 +113,10 @@ def _traced(spec) -> int:
         model = build_peft_meta_model(model, spec)
         for p in model.parameters():  # DeepSpeed's cast: parameters only
             p.data = p.data.to(torch.bfloat16)
+        for name, b in list(model.named_buffers()):
+            if any(f in name for f in bf16_buffers):
+                owner, _, leaf = name.rpartition(".")
+                model.get_submodule(owner)._buffers[leaf] = b.to(torch.bfloat16)
         model.train()
         return trace_model(model, causal_lm_inputs(options), options, method=spec.method).activation_bytes
 
@@ -111,3 +132,10 @@ def test_tuner_activations_match_the_trace(case):
     WORST[case] = err
     print(f"{case:12s} trace {traced:>12,} B  plan {planned:>12,} B  {err:+.3%}")
     assert abs(err) <= TOLERANCE, (case, traced, planned)
+
+
+@pytest.mark.slow
+def test_frod_matches_with_its_buffers_as_built_on_bf16():
+    spec, planned = _plan(CASES["frod"])
+    traced = _traced(spec, bf16_buffers=(".frod_U.", ".frod_V."))
+    assert abs(planned - traced) / traced <= TOLERANCE, (traced, planned)

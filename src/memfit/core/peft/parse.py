@@ -249,6 +249,14 @@ def _as_peft_reads_it(raw: Mapping[str, Any], method: str) -> None:
                           "NoMatchingPeftModuleError)")
 
 
+NOT_PLANNABLE = {
+    "ADAMSS": "its trained subspaces' shapes come from KMeans over each weight's SVD (peft 0.21.2 "
+              "tuners/adamss/layer.py update_layer: clustering_Z, then min(cluster size, subspace_rank) per subspace), "
+              "known only once peft has read the weights",
+}
+"""peft tuners memfit cannot plan from the config and the model's shapes, with why."""
+
+
 def adapter_config_spec(raw: Mapping[str, Any]) -> PeftSpec:
     """A ``PeftSpec`` from an adapter config's dict: ``adapter_config.json``'s content, or a live
     peft config as ``save_pretrained`` writes it (its sets as lists: ``memfit.check`` converts them)."""
@@ -257,8 +265,9 @@ def adapter_config_spec(raw: Mapping[str, Any]) -> PeftSpec:
     if peft_type in BY_PEFT_TYPE:
         return validate_peft_spec(read_tuner(BY_PEFT_TYPE[peft_type], raw))
     if peft_type not in _PEFT_TYPES:
+        why = f" ({peft_type}: {NOT_PLANNABLE[peft_type]})" if peft_type in NOT_PLANNABLE else ""
         raise MemfitError(f"peft_type {peft_type!r} is not supported; memfit models "
-                          f"{', '.join(sorted((*_PEFT_TYPES, *BY_PEFT_TYPE)))}")
+                          f"{', '.join(sorted((*_PEFT_TYPES, *BY_PEFT_TYPE)))}{why}")
     method = _PEFT_TYPES[peft_type]
     _as_peft_reads_it(raw, method)
     options = _lora_options(raw) if method == "lora" else _prompt_learning_options(raw, method)

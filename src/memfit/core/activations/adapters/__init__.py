@@ -132,9 +132,9 @@ def out_elem(ctx: DtypeContext) -> int:
 
 
 def _formulas() -> Mapping[str, Formula]:
-    from memfit.core.activations.adapters import lora, others
+    from memfit.core.activations.adapters import lora, others, recent
 
-    return MappingProxyType({**lora.FORMULAS, **others.FORMULAS})
+    return MappingProxyType({**lora.FORMULAS, **others.FORMULAS, **recent.FORMULAS})
 
 
 FORMULAS: Mapping[str, Formula] = _formulas()

@@ -13,8 +13,8 @@ from memfit.core.peft.inject import inject
 from memfit.core.peft.spec import PeftSpec
 from memfit.core.peft.targets import find_targets
 from memfit.core.peft.tuners.base import Tuner
-from memfit.core.peft.tuners import (adalora, adaption_prompt, c3a, delora, fourier, gralora, ia3, ln_tuning, lycoris, miss, orthogonal, osf,
-                                     prompts, randlora, road, shira, trainable_tokens, vblora, vera)
+from memfit.core.peft.tuners import (adalora, adaption_prompt, beft, c3a, deft, delora, fourier, frod, glora, gralora, hira, ia3, lily, ln_tuning, lycoris, miss, orthogonal, osf,
+                                     peanut, prompts, randlora, road, shira, trainable_tokens, vblora, vera)
 
 _ALL: tuple[Tuner, ...] = (
     ia3.TUNER,
@@ -43,6 +43,13 @@ _ALL: tuple[Tuner, ...] = (
     delora.TUNER,
     gralora.TUNER,
     randlora.TUNER,
+    beft.TUNER,
+    peanut.TUNER,
+    lily.TUNER,
+    glora.TUNER,
+    deft.TUNER,
+    frod.TUNER,
+    hira.TUNER,
 )
 
 TUNERS: Mapping[str, Tuner] = MappingProxyType({t.method: t for t in _ALL})
