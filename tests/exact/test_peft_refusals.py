@@ -120,3 +120,41 @@ def test_the_issue_cases_are_refused_by_both(tmp_path):
     for name in ("lora r null", "lora r string", "lora target_modules empty", "prompt num_virtual_tokens null"):
         assert isinstance(peft_trainable(CASES[name], tmp_path), str), name
         assert memfit_trainable(CASES[name], tmp_path) == "MemfitError", name
+
+
+def test_delora_under_zero3_zero_init_is_refused_in_one_line(tmp_path):
+    """peft 0.21's DeLoRA takes each adapter's ``delora_w_norm`` as ``torch.norm(W.data, dim=0)`` when it
+    builds the layer; under ZeRO-3's zero.Init ``W.data`` is DeepSpeed's empty placeholder (its own
+    ``free_param``), so the norm is a 0-d zero and the adapter trains nothing. Both libraries are read
+    here as they run; then memfit refuses exactly that combination, and plans the same files without
+    zero.Init."""
+    import inspect
+    import subprocess
+    import sys
+
+    import peft
+    import torch
+    from deepspeed.runtime.zero import partition_parameters
+
+    free_param = inspect.getsource(partition_parameters).split("def free_param(", 1)[1].split("\ndef ", 1)[0]
+    assert "param.data = torch.empty(0, dtype=param.dtype, device=param.device)" in free_param
+    cfg = transformers.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=2)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    for name, module in model.named_modules():
+        if name.endswith("q_proj"):  # as free_param leaves a partitioned weight
+            module.weight.data = torch.empty(0, dtype=module.weight.dtype, device=module.weight.device)
+    built = peft.get_peft_model(model, peft.DeloraConfig(r=4, target_modules=["q_proj"]))
+    norms = [b for n, b in built.named_buffers() if "delora_w_norm" in n]
+    assert norms and all(b.shape == () and float(b) == 0.0 for b in norms)
+
+    (tmp_path / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "DELORA", "task_type": "CAUSAL_LM", "r": 8, "target_modules": ["q_proj", "v_proj"]}))
+    args = [sys.executable, "-m", "memfit.cli", "plan", "--model", "meta-llama/Llama-2-7b-hf", "--peft",
+            str(tmp_path / "adapter_config.json"), "--deepspeed", "examples/deepspeed/llama3_70b_zero3_bf16.json",
+            "--gpus", "2xa100-80gb"]
+    refused = subprocess.run([*args, "--zero-init"], capture_output=True, text=True)
+    assert refused.returncode == 2 and refused.stdout == ""
+    line = refused.stderr.strip()
+    assert "\n" not in line and "DeLoRA" in line and "zero.Init" in line and "tuners/delora/layer.py" in line
+    assert subprocess.run([*args, "--no-zero-init"], capture_output=True, text=True).returncode == 0

@@ -125,6 +125,14 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
         stack_notes += ds_notes
     load = LoadSettings(dtype=inputs.load_dtype or "fp32", zero_init=bool(inputs.zero_init), low_cpu_mem_usage=low_cpu,
                         checkpoint=_checkpoint_layout(inputs, source, model))
+    if spec.method == "delora" and fw.framework == "deepspeed" and ds.zero.stage == 3 and load.zero_init:
+        # peft 0.21 tuners/delora/layer.py DeloraLayer.update_layer: w_norm = torch.norm(w.data, dim=0) of
+        # the base weight, which under zero.Init is ZeRO-3's empty partitioned placeholder (not "meta")
+        raise MemfitError(
+            f"{_said(inputs, 'zero_init')}: DeLoRA under ZeRO-3's zero.Init trains nothing: peft builds each "
+            "adapter's delora_w_norm as torch.norm of the base weight (tuners/delora/layer.py update_layer), "
+            "which under zero.Init is ZeRO-3's empty placeholder, so the norm is 0 and the adapter's input is "
+            "multiplied by it; build the model without zero.Init (zero_init: false) or use ZeRO-2")
     seq_len, batch_shape = _sequence_shape(inputs, micro, hw.world_size)
     train = TrainSettings(
         seq_len=seq_len,
