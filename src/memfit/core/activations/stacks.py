@@ -188,7 +188,8 @@ def t5_encoder_layer(arch: ArchSpec, L: LayerLayout, c: Ctx, *, own_bias: bool, 
     """A T5 encoder block: self-attention with the relative position bias, then the feed-forward."""
     C, t, s, h, hq = c.C, c.t, c.s, c.h, c.hq
     n = _t5_norm(c, "q", "k", "v", grad_in=grad_in)
-    n += 3 * C * t * hq + _t5_attention(L, c, s, s, bias=True)  # q, k, v; the kernel or the scores
+    n += _t5_kept(c, grad_in, "q") + _t5_kept(c, grad_in, "k") + C * t * hq  # q, k, v
+    n += _t5_attention(L, c, s, s, bias=True)  # the kernel or the scores
     n += 8 * s * s if own_bias and c.full else 0  # this block's bucket indices (the bias embedding's input,
     # kept when the bias trains)
     n += _drop(L.hidden_dropout, t * h) + _t5_norm(c, *_ff_in(L)) + _t5_ff(arch, L, c) + _drop(L.hidden_dropout, t * h)
@@ -205,7 +206,7 @@ def t5_decoder_layer(arch: ArchSpec, L: LayerLayout, c: Ctx, *, s_enc: int, own_
     n = 2 * C * t * hq
     if self_grad:
         n += _t5_norm(c, "q", "k", "v", grad_in=grad_in)
-        n += C * t * hq + _t5_attention(L, c, s, s, bias=True)  # self: q; the kernel or the scores
+        n += _t5_kept(c, grad_in, "q") + _t5_attention(L, c, s, s, bias=True)  # self: q; the kernel or the scores
         # sdpa: the causal mask sdpa_attention merges into the bias, kept by the where when the bias trains
         n += s * s if not c.eager and c.full else 0
         n += 8 * s * s if own_bias and c.full else 0
@@ -215,6 +216,14 @@ def t5_decoder_layer(arch: ArchSpec, L: LayerLayout, c: Ctx, *, s_enc: int, own_
     n += sum(C * b * s_enc * h for name in ("k", "v") if c.amp and c.trains(name))  # the encoder output's copies
     n += _drop(L.hidden_dropout, t * h) + _t5_norm(c, *_ff_in(L)) + _t5_ff(arch, L, c) + _drop(L.hidden_dropout, t * h)
     return n
+
+
+def _t5_kept(c: Ctx, grad_in: bool, name: str) -> int:
+    """q (``name`` "q") or k ("k") of a T5 self-attention as its scores keep them: in the first block over
+    frozen embeddings (``grad_in`` false) eager's matmul keeps q only for k's gradient (an adapted k) and
+    k only for q's (the fused kernels keep both)."""
+    other = "k" if name == "q" else "q"
+    return c.C * c.t * c.hq if grad_in or not c.eager or c.adapted(other) else 0
 
 
 def _ff_in(L: LayerLayout) -> tuple[str, ...]:
@@ -238,8 +247,14 @@ def _t5_attention(L: LayerLayout, c: Ctx, s: int, skv: int, *, bias: bool) -> in
     softmax in the dtype, dropout (mask and output), the merged heads; the bias is added, not kept."""
     C, b, a, hq = c.C, c.b, c.a, c.hq
     if c.eager:
-        p = L.attention_dropout
-        return C * b * a * s * skv + (b * a * s * skv + C * b * a * s * skv if p > 0 else 0) + C * b * s * hq
+        # transformers 5.24 t5 eager_attention_forward: softmax (CUDA autocast: fp32 output, its
+        # fp32_set_opt_dtype list) keeps its output; dropout its mask; the matmul with v its input (the
+        # dropout's output, or autocast's 16-bit copy of the fp32 probabilities); the merged heads'
+        # contiguous copy is o's input only
+        p, x = L.attention_dropout, b * a * s * skv
+        soft = 4 if c.amp else C
+        n = soft * x + ((x + C * x) if p > 0 else (C * x if c.amp else 0))
+        return n + (C * b * s * hq if c.trains("o") else 0)
     n = C * b * s * hq + 4 * b * a * ((s + 31) // 32 * 32) + 16
     return n + (C * a * s * skv if bias else 0)
 

@@ -74,14 +74,6 @@ OFF_KINDS: tuple[OffKind, ...] = (
             measured=(("t5-fp16-full", -0.05722),),
             reason="not located yet; lead: pure fp16 T5 (T5LayerFF's clamp of fp16 hidden states and its isinf "
                    "checks keep tensors the analytic side does not count)"),
-    OffKind(name="t5-amp-eager", model_types=("t5",), precisions=("amp-bf16",), method="full", task="seq2seq-lm",
-            attention="eager", measured=(("t5-amp-bf16-full-attentioneager-b2", -0.07385),),
-            reason="not located yet; lead: eager T5Attention under AMP (fp32 scores from the fp32 position bias, "
-                   "softmax's copies) not modelled"),
-    OffKind(name="t5-lora-eager", model_types=("t5",), precisions=("bf16",), method="lora", task="seq2seq-lm",
-            attention="eager", measured=(("t5-bf16-lora-attentioneager-b2", 0.07362),),
-            reason="not located yet; lead: eager T5 with LoRA: the frozen path keeps less than the analytic scores "
-                   "and dropout terms"),
     OffKind(name="mt5-amp-checkpointed", model_types=("mt5",), precisions=("amp-bf16",), method="full",
             task="seq2seq-lm", checkpointing=True, measured=(("mt5-amp-bf16-full-gcTrue", 0.02922),),
             reason="not located yet; lead: checkpointed mT5 under AMP: the held inputs counted in the compute dtype"),
