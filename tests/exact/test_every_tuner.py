@@ -93,6 +93,8 @@ CASES: dict[str, dict[str, list[dict]]] = {
     "RANDLORA": {"llama": [{}, {"target_modules": ALL, "r": 8, "save_projection": False, "bias": "all"},
                            {"target_modules": ["k_proj", "v_proj"], "r": 5, "sparse": True}], "gpt2": [{"r": 16}]},
     "SHIRA": {"llama": [{"r": 8}, {"target_modules": ALL, "r": 4}]},
+    "PVERA": {"llama": [{}, {"target_modules": ALL, "r": 16, "save_projection": False, "bias": "pvera_only",
+                             "pvera_dropout": 0.1}], "gpt2": [{}]},
     "ROAD": {"llama": [{"group_size": 16}, {"target_modules": ALL, "group_size": 32, "variant": "road_2"},
                        {"target_modules": ALL, "group_size": 16, "variant": "road_4"}]},
 }
@@ -142,7 +144,7 @@ NOT_PLANNED = frozenset({
     # peft 0.21.2 tuners memfit does not plan yet (issue 21 item 1, not done): each is refused in one line
     # naming it (test_unplanned_tuners_are_refused_in_one_line); planning one means removing it here
     "ADAMSS", "BEFT", "DEFT", "FROD", "GLORA", "HIRA", "LILY", "PEANUT", "POLY",
-    "PSOFT", "PVERA", "SHADOW", "SUPERTUNING", "TINYLORA", "UNILORA", "XLORA",
+    "PSOFT", "SHADOW", "SUPERTUNING", "TINYLORA", "UNILORA", "XLORA",
 })
 
 

@@ -45,6 +45,8 @@ CASES = {
     "hra-gs": ("HRA", {"r": 4, "apply_GS": True}),
     "vera": ("VERA", {"r": 16}),
     "vera-dropout": ("VERA", {"r": 16, "vera_dropout": 0.1}),
+    "pvera": ("PVERA", {"r": 16}),
+    "pvera-dropout": ("PVERA", {"r": 8, "pvera_dropout": 0.1}),
     "fourierft": ("FOURIERFT", {"n_frequency": 100}),
     "waveft": ("WAVEFT", {"n_frequency": 100}),
     "waveft-dense": ("WAVEFT", {"n_frequency": 100, "use_idwt": False}),
@@ -78,6 +80,8 @@ NOT_CHECKED = {
     # peft's VeRA keeps its projections as buffers, which DeepSpeed's cast leaves in fp32 (engine.py
     # _cast_module_mixed_precision: params only): F.linear(bf16 input, fp32 projection) raises
     ("vera", "bf16"), ("vera-dropout", "bf16"),
+    # peft's PVeRA: the same fp32 projection buffers (tuners/pvera/model.py:_init_pvera_A_pvera_B)
+    ("pvera", "bf16"), ("pvera-dropout", "bf16"),
     # peft's DeLoRA: the fp32 w_norm buffer (DeepSpeed's cast leaves it) promotes x * w_norm to fp32, and
     # F.linear(fp32, bf16 delora_A) raises
     ("delora", "bf16"), ("delora-dropout", "bf16"),

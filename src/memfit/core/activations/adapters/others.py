@@ -150,6 +150,23 @@ def vera(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     return _dropout(layer, spec.setting("vera_dropout", 0.0)) + Saved(per_token=(r + o) * E, fixed=fixed)
 
 
+def pvera(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``mu, logvar = (lambda_d * F.linear(dropout(x), A)).chunk(2)``, ``z = mu + randn_like(std) * std`` with
+    ``std = exp(0.5 * logvar)`` (training always samples: ``PveraLayer._reparametrize``), then
+    ``lambda_b * F.linear(z, B)`` (peft 0.21.2 ``tuners/pvera/layer.py:Linear.forward``): the products with the
+    scaling vectors keep ``(tokens, 2r)`` and ``(tokens, out)`` (the linears' outputs); ``exp`` keeps ``std`` and
+    the product keeps the noise, ``(tokens, r)`` each in the promoted dtype of ``lambda_d`` and the linear's output;
+    the projections are buffers (no gradient), so the linears keep no input; dropout keeps its mask. Under
+    autocast the slices of the projections are cast and kept, as VeRA's."""
+    o, i = layer.out_features, layer.in_features
+    r = layer.shape("pvera_lambda_d")[0] // 2
+    E = out_elem(ctx)
+    S = max(E, ctx.adapter)  # lambda_d * h: fp32 when either is
+    fixed = (2 * r * i + o * r) * ctx.autocast if ctx.autocast else 0
+    return _dropout(layer, spec.setting("pvera_dropout", 0.0)) + Saved(per_token=(2 * r + o) * E + 2 * r * S,
+                                                                       fixed=fixed)
+
+
 def fourierft(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     """The delta ``ifft2(dense spectrum).real * scaling`` ``(out, in)`` (in the spectrum's dtype) and the input,
     kept by ``F.linear``."""
@@ -328,6 +345,6 @@ def randlora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     return saved + Saved(per_token=nb * r * K, fixed=ub + ua, fixed_grad_only=ub + ua)
 
 
-FORMULAS = {"road": road, "c3a": c3a, "randlora": randlora, "shira": shira, "delora": delora, "gralora": gralora, "ia3": ia3, "loha": loha, "lokr": lokr, "oft": oft, "boft": boft, "hra": hra, "vera": vera,
+FORMULAS = {"road": road, "c3a": c3a, "randlora": randlora, "shira": shira, "delora": delora, "gralora": gralora, "ia3": ia3, "loha": loha, "lokr": lokr, "oft": oft, "boft": boft, "hra": hra, "vera": vera, "pvera": pvera,
             "fourierft": fourierft, "waveft": waveft, "miss": miss, "vblora": vblora, "ln_tuning": ln_tuning,
             "osf": osf, "trainable_tokens": trainable_tokens}

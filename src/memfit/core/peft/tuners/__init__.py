@@ -43,6 +43,7 @@ _ALL: tuple[Tuner, ...] = (
     delora.TUNER,
     gralora.TUNER,
     randlora.TUNER,
+    vera.PVERA,
 )
 
 TUNERS: Mapping[str, Tuner] = MappingProxyType({t.method: t for t in _ALL})
