@@ -95,6 +95,9 @@ CASES: dict[str, dict[str, list[dict]]] = {
     "SHIRA": {"llama": [{"r": 8}, {"target_modules": ALL, "r": 4}]},
     "PVERA": {"llama": [{}, {"target_modules": ALL, "r": 16, "save_projection": False, "bias": "pvera_only",
                              "pvera_dropout": 0.1}], "gpt2": [{}]},
+    "TINYLORA": {"llama": [{}, {"target_modules": ALL, "r": 4, "u": 8, "weight_tying": 0.5, "save_projection": False},
+                            {"target_modules": ALL, "r": 40, "weight_tying": 1.0, "bias": "all"}],
+                 "gpt2": [{"target_modules": ["c_attn", "c_proj", "c_fc"], "weight_tying": 0.3}]},
     "ROAD": {"llama": [{"group_size": 16}, {"target_modules": ALL, "group_size": 32, "variant": "road_2"},
                        {"target_modules": ALL, "group_size": 16, "variant": "road_4"}]},
 }
@@ -144,7 +147,7 @@ NOT_PLANNED = frozenset({
     # peft 0.21.2 tuners memfit does not plan yet (issue 21 item 1, not done): each is refused in one line
     # naming it (test_unplanned_tuners_are_refused_in_one_line); planning one means removing it here
     "ADAMSS", "BEFT", "DEFT", "FROD", "GLORA", "HIRA", "LILY", "PEANUT", "POLY",
-    "PSOFT", "SHADOW", "SUPERTUNING", "TINYLORA", "UNILORA", "XLORA",
+    "PSOFT", "SHADOW", "SUPERTUNING", "UNILORA", "XLORA",
 })
 
 

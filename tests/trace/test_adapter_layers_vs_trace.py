@@ -47,6 +47,8 @@ CASES = {
     "vera-dropout": ("VERA", {"r": 16, "vera_dropout": 0.1}),
     "pvera": ("PVERA", {"r": 16}),
     "pvera-dropout": ("PVERA", {"r": 8, "pvera_dropout": 0.1}),
+    "tinylora": ("TINYLORA", {"r": 4}),
+    "tinylora-dropout": ("TINYLORA", {"r": 8, "u": 16, "tinylora_dropout": 0.1}),
     "fourierft": ("FOURIERFT", {"n_frequency": 100}),
     "waveft": ("WAVEFT", {"n_frequency": 100}),
     "waveft-dense": ("WAVEFT", {"n_frequency": 100, "use_idwt": False}),
@@ -82,6 +84,9 @@ NOT_CHECKED = {
     ("vera", "bf16"), ("vera-dropout", "bf16"),
     # peft's PVeRA: the same fp32 projection buffers (tuners/pvera/model.py:_init_pvera_A_pvera_B)
     ("pvera", "bf16"), ("pvera-dropout", "bf16"),
+    # peft's TinyLoRA: its SVD factors are fp32 buffers (cast_adapter_dtype upcasts them; DeepSpeed's cast leaves
+    # them), R is in v's dtype: F.linear(fp32 h, bf16 R) raises
+    ("tinylora", "bf16"), ("tinylora-dropout", "bf16"),
     # peft's DeLoRA: the fp32 w_norm buffer (DeepSpeed's cast leaves it) promotes x * w_norm to fp32, and
     # F.linear(fp32, bf16 delora_A) raises
     ("delora", "bf16"), ("delora-dropout", "bf16"),

@@ -167,6 +167,26 @@ def pvera(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
                                                                        fixed=fixed)
 
 
+def tinylora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``TinyLoraLayer.Linear.forward`` (peft 0.21.2 ``tuners/tinylora/layer.py``): ``R = einsum("i,ijk->jk", v,
+    P.to(v.dtype))`` keeps ``P`` in ``v``'s dtype (a ``(u, r, r)`` copy unless fp32; its 16-bit copy under autocast);
+    ``F.linear(dropout(x).to(A.dtype), A)`` keeps only the frozen ``A`` (a buffer; its autocast copy), for the
+    input's gradient; ``F.linear(h, R)`` keeps ``h`` ``(tokens, r)`` for ``v``'s gradient and ``R`` for ``h``'s;
+    ``F.linear(., B)`` keeps the frozen ``B`` (its autocast copy). ``A`` and ``B`` are fp32 (peft upcasts its
+    ``BufferDict`` entries with the adapters, ``cast_adapter_dtype``; DeepSpeed casts parameters only), ``R`` in
+    ``v``'s dtype (autocast's under AMP): with 16-bit ``v`` and no autocast peft's ``F.linear(h, R)`` raises."""
+    o, i = layer.out_features, layer.in_features
+    r = layer.shape("tinylora_A")[0]
+    u = layer.shape("tinylora_P")[0]
+    AC = ctx.autocast
+    rd = AC or ctx.adapter  # R's dtype
+    fixed = u * r * r * rd if rd != 4 else 0
+    grad_only = r * r * rd + r * i * AC  # R, and A's autocast copy (only F.linear(x, A)'s input needs it)
+    fixed += grad_only + o * r * AC
+    return _dropout(layer, spec.setting("tinylora_dropout", 0.0)) + Saved(per_token=r * (AC or 4), fixed=fixed,
+                                                                          fixed_grad_only=grad_only)
+
+
 def fourierft(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     """The delta ``ifft2(dense spectrum).real * scaling`` ``(out, in)`` (in the spectrum's dtype) and the input,
     kept by ``F.linear``."""
@@ -345,6 +365,6 @@ def randlora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     return saved + Saved(per_token=nb * r * K, fixed=ub + ua, fixed_grad_only=ub + ua)
 
 
-FORMULAS = {"road": road, "c3a": c3a, "randlora": randlora, "shira": shira, "delora": delora, "gralora": gralora, "ia3": ia3, "loha": loha, "lokr": lokr, "oft": oft, "boft": boft, "hra": hra, "vera": vera, "pvera": pvera,
+FORMULAS = {"road": road, "c3a": c3a, "randlora": randlora, "shira": shira, "delora": delora, "gralora": gralora, "ia3": ia3, "loha": loha, "lokr": lokr, "oft": oft, "boft": boft, "hra": hra, "vera": vera, "pvera": pvera, "tinylora": tinylora,
             "fourierft": fourierft, "waveft": waveft, "miss": miss, "vblora": vblora, "ln_tuning": ln_tuning,
             "osf": osf, "trainable_tokens": trainable_tokens}
