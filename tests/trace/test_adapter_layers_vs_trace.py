@@ -49,6 +49,8 @@ CASES = {
     "pvera-dropout": ("PVERA", {"r": 8, "pvera_dropout": 0.1}),
     "tinylora": ("TINYLORA", {"r": 4}),
     "tinylora-dropout": ("TINYLORA", {"r": 8, "u": 16, "tinylora_dropout": 0.1}),
+    "unilora": ("UNILORA", {"r": 4}),
+    "unilora-dropout": ("UNILORA", {"r": 8, "theta_d_length": 64, "unilora_dropout": 0.1}),
     "fourierft": ("FOURIERFT", {"n_frequency": 100}),
     "waveft": ("WAVEFT", {"n_frequency": 100}),
     "waveft-dense": ("WAVEFT", {"n_frequency": 100, "use_idwt": False}),
@@ -87,6 +89,9 @@ NOT_CHECKED = {
     # peft's TinyLoRA: its SVD factors are fp32 buffers (cast_adapter_dtype upcasts them; DeepSpeed's cast leaves
     # them), R is in v's dtype: F.linear(fp32 h, bf16 R) raises
     ("tinylora", "bf16"), ("tinylora-dropout", "bf16"),
+    # peft's UniLoRA: its factors are theta_d entries times fp32 scale buffers (fp32 whatever theta_d's dtype):
+    # F.linear(bf16 input, fp32 A) raises
+    ("unilora", "bf16"), ("unilora-dropout", "bf16"),
     # peft's DeLoRA: the fp32 w_norm buffer (DeepSpeed's cast leaves it) promotes x * w_norm to fp32, and
     # F.linear(fp32, bf16 delora_A) raises
     ("delora", "bf16"), ("delora-dropout", "bf16"),

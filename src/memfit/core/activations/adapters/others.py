@@ -187,6 +187,22 @@ def tinylora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
                                                                           fixed_grad_only=grad_only)
 
 
+def unilora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``UniLoraLayer.Linear.forward`` (peft 0.21.2 ``tuners/unilora/layer.py``): ``A = theta_d[indices_A] *
+    scales_A`` and ``B`` alike (the index and the product keep only the buffers), fp32 (the scales are fp32
+    buffers); then ``F.linear(F.linear(dropout(x.to(theta_d.dtype)), A), B)`` keeps the input (its copy in
+    ``theta_d``'s dtype; dropout's output and mask), ``A`` (for the input's gradient), the ``(tokens, r)`` product
+    and ``B``; under autocast the 16-bit copies of each. With a 16-bit ``theta_d`` and no autocast peft's
+    ``F.linear`` raises (bf16 input, fp32 ``A``)."""
+    o, i = layer.out_features, layer.in_features
+    r = layer.shape("unilora_indices_A")[0]
+    K = ctx.autocast or 4  # A, B, and the product's dtype
+    elem, is_input = adapter_input(ctx)
+    p = spec.setting("unilora_dropout", 0.0) or 0.0
+    path = _dropout(layer, p) + matmul_input(elem, is_input and not p > 0, i, ctx)
+    return path + Saved(per_token=r * K, fixed=(r * i + o * r) * K, fixed_grad_only=r * i * K)
+
+
 def fourierft(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     """The delta ``ifft2(dense spectrum).real * scaling`` ``(out, in)`` (in the spectrum's dtype) and the input,
     kept by ``F.linear``."""
@@ -365,6 +381,6 @@ def randlora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     return saved + Saved(per_token=nb * r * K, fixed=ub + ua, fixed_grad_only=ub + ua)
 
 
-FORMULAS = {"road": road, "c3a": c3a, "randlora": randlora, "shira": shira, "delora": delora, "gralora": gralora, "ia3": ia3, "loha": loha, "lokr": lokr, "oft": oft, "boft": boft, "hra": hra, "vera": vera, "pvera": pvera, "tinylora": tinylora,
+FORMULAS = {"road": road, "c3a": c3a, "randlora": randlora, "shira": shira, "delora": delora, "gralora": gralora, "ia3": ia3, "loha": loha, "lokr": lokr, "oft": oft, "boft": boft, "hra": hra, "vera": vera, "pvera": pvera, "tinylora": tinylora, "unilora": unilora,
             "fourierft": fourierft, "waveft": waveft, "miss": miss, "vblora": vblora, "ln_tuning": ln_tuning,
             "osf": osf, "trainable_tokens": trainable_tokens}
