@@ -40,9 +40,9 @@ def planned_layer(peft_type: str, config: dict, in_f: int, out_f: int, tokens: i
     return s.per_token * tokens + s.fixed, s.keeps_input
 
 
-BASE_NOT_RUN = {"LNTuningLayer", "HRALinear", "peft.tuners.shira.layer.Linear"}
+BASE_NOT_RUN = {"LNTuningLayer", "HRALinear", "peft.tuners.shira.layer.Linear", "peft.tuners.supertuning.layer.Linear"}
 """Layers whose forward does not call the base ``nn.Linear`` (LN tuning runs its copy, HRA multiplies the
-weight's ``.data``, SHiRA runs ``F.linear`` on a rebuilt weight): no autocast copy of its weight is made.
+weight's ``.data``, SHiRA and Super-Tuning run ``F.linear`` on a rebuilt weight): no autocast copy of its weight is made.
 By class name, or module and name where the name is shared (``Linear``)."""
 
 

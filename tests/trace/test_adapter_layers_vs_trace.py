@@ -51,6 +51,8 @@ CASES = {
     "tinylora-dropout": ("TINYLORA", {"r": 8, "u": 16, "tinylora_dropout": 0.1}),
     "unilora": ("UNILORA", {"r": 4}),
     "unilora-dropout": ("UNILORA", {"r": 8, "theta_d_length": 64, "unilora_dropout": 0.1}),
+    "supertuning": ("SUPERTUNING", {"sparsity": 0.9}),
+    "supertuning-supra-dropout": ("SUPERTUNING", {"r": 4, "lora_dropout": 0.1}),
     "fourierft": ("FOURIERFT", {"n_frequency": 100}),
     "waveft": ("WAVEFT", {"n_frequency": 100}),
     "waveft-dense": ("WAVEFT", {"n_frequency": 100, "use_idwt": False}),

@@ -319,6 +319,26 @@ def shira(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
             + Saved(fixed=weight + n * (16 + ctx.adapter), fixed_grad_only=weight))
 
 
+def supertuning(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``SupertuningLayer``'s Linear forward (peft 0.21.2 ``tuners/supertuning/layer.py``): ``W.reshape(-1)
+    .scatter_add(0, indices.to(int64), values.to(W.dtype))`` (its backward keeps the int64 copy of the indices),
+    then ``F.linear(x, W', bias)`` keeps the input and the rebuilt ``(out, in)`` weight in the base's dtype (for
+    the input's gradient; its 16-bit copy under autocast), as SHiRA's; with ``r``: ``lora_B(lora_A(dropout(x)
+    .to(A.dtype)))`` keeps the input (or its copy in the adapter's dtype; dropout's mask) and the ``(tokens, r)``
+    product, as LoRA's (the casts of ``lora_A``/``lora_B``'s weights are the ledger's)."""
+    o, i = layer.out_features, layer.in_features
+    n = layer.shape("supertuning_values")[0]
+    weight = operand(o * i, ctx.base or ctx.stream, ctx)
+    saved = matmul_input(ctx.stream, True, i, ctx) + Saved(fixed=weight + 8 * n, fixed_grad_only=weight)
+    if layer.has("supertuning_lora_A"):
+        r = layer.shape("supertuning_lora_A")[0]
+        elem, is_input = adapter_input(ctx)
+        p = spec.setting("lora_dropout", 0.0) or 0.0
+        saved += (_dropout(layer, p) + matmul_input(elem, is_input and not p > 0, i, ctx)
+                  + Saved(per_token=r * out_elem(ctx)))
+    return saved
+
+
 def delora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     """``DeloraLinear.forward``: ``x_d * w_norm`` (the buffer needs no gradient: the product is kept by the
     first ``F.linear``, not ``x``), ``h = F.linear(., A)``, ``h * scaling`` (keeps ``h`` and the ``(r,)``
@@ -381,6 +401,6 @@ def randlora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     return saved + Saved(per_token=nb * r * K, fixed=ub + ua, fixed_grad_only=ub + ua)
 
 
-FORMULAS = {"road": road, "c3a": c3a, "randlora": randlora, "shira": shira, "delora": delora, "gralora": gralora, "ia3": ia3, "loha": loha, "lokr": lokr, "oft": oft, "boft": boft, "hra": hra, "vera": vera, "pvera": pvera, "tinylora": tinylora, "unilora": unilora,
+FORMULAS = {"road": road, "c3a": c3a, "randlora": randlora, "shira": shira, "delora": delora, "gralora": gralora, "ia3": ia3, "loha": loha, "lokr": lokr, "oft": oft, "boft": boft, "hra": hra, "vera": vera, "pvera": pvera, "tinylora": tinylora, "unilora": unilora, "supertuning": supertuning,
             "fourierft": fourierft, "waveft": waveft, "miss": miss, "vblora": vblora, "ln_tuning": ln_tuning,
             "osf": osf, "trainable_tokens": trainable_tokens}

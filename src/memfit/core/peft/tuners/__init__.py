@@ -14,7 +14,7 @@ from memfit.core.peft.spec import PeftSpec
 from memfit.core.peft.targets import find_targets
 from memfit.core.peft.tuners.base import Tuner
 from memfit.core.peft.tuners import (adalora, adaption_prompt, c3a, delora, fourier, gralora, ia3, ln_tuning, lycoris, miss, orthogonal, osf,
-                                     prompts, randlora, road, shira, tinylora, trainable_tokens, unilora,
+                                     prompts, randlora, road, shira, supertuning, tinylora, trainable_tokens, unilora,
                                      vblora, vera)
 
 _ALL: tuple[Tuner, ...] = (
@@ -47,6 +47,7 @@ _ALL: tuple[Tuner, ...] = (
     vera.PVERA,
     tinylora.TUNER,
     unilora.TUNER,
+    supertuning.TUNER,
 )
 
 TUNERS: Mapping[str, Tuner] = MappingProxyType({t.method: t for t in _ALL})
