@@ -157,14 +157,15 @@ def pvera(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     scaling vectors keep ``(tokens, 2r)`` and ``(tokens, out)`` (the linears' outputs); ``exp`` keeps ``std`` and
     the product keeps the noise, ``(tokens, r)`` each in the promoted dtype of ``lambda_d`` and the linear's output;
     the projections are buffers (no gradient), so the linears keep no input; dropout keeps its mask. Under
-    autocast the slices of the projections are cast and kept, as VeRA's."""
+    autocast the slices of the projections are cast and kept, as VeRA's (``A``'s only for the input's gradient)."""
     o, i = layer.out_features, layer.in_features
     r = layer.shape("pvera_lambda_d")[0] // 2
     E = out_elem(ctx)
     S = max(E, ctx.adapter)  # lambda_d * h: fp32 when either is
-    fixed = (2 * r * i + o * r) * ctx.autocast if ctx.autocast else 0
+    a_cast = 2 * r * i * ctx.autocast  # kept by F.linear(x, A) for the input's gradient only
+    fixed = a_cast + o * r * ctx.autocast
     return _dropout(layer, spec.setting("pvera_dropout", 0.0)) + Saved(per_token=(2 * r + o) * E + 2 * r * S,
-                                                                       fixed=fixed)
+                                                                       fixed=fixed, fixed_grad_only=a_cast)
 
 
 def tinylora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
@@ -339,6 +340,47 @@ def supertuning(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved
     return saved
 
 
+def psoft(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``PsoftLayer``'s Linear forward (peft 0.21.2 ``tuners/psoft/layer.py``): ``x`` cast to the fp32 ``A``
+    (dropout on it: a mask), ``xa = x_d @ A.t()`` keeps only the frozen ``A`` (its autocast copy), for the input's
+    gradient; ``OrthLayer.forward`` builds ``R`` (``get_matrix``) and ``xa @ R.t()`` keeps ``xa`` ``(tokens, r)`` and
+    ``R`` in ``xa``'s dtype; ``(xr - xa) @ B.t()`` keeps the frozen ``B`` (its autocast copy). ``get_matrix`` with
+    ``psoft_orth``: the skew matrix from the trained triangle (``index_put`` keeps the index buffers), then
+    ``linalg.solve(I - Q, I + Q, left=False)`` in fp32 (its LU, pivots and result), or the Neumann series (the
+    skew matrix and the powers its products read); the magnitudes multiply it (each product keeps its
+    matrix operand); a 16-bit rotation is cast back after the fp32 solve."""
+    o, i = layer.out_features, layer.in_features
+    r = layer.shape("_psoft_A_cache")[0]
+    AC, Ad = ctx.autocast, ctx.adapter
+    K = AC or 4  # xa's dtype (x cast to the fp32 A; autocast's under AMP)
+    at = "psoft_R.default."
+    orth, mag_b, mag_a = layer.has(at + "rows"), layer.has(at + "vector_b"), layer.has(at + "vector_a")
+    fixed = 0
+    new = orth  # R is a new tensor (not the trained weight itself)
+    rd = Ad
+    if orth and spec.setting("use_cayley_neumann", False):
+        fixed += max(spec.setting("num_cayley_neumann_terms", 5) - 2, 0) * r * r * Ad
+    elif orth:  # linalg.solve on fp32 (as OFT's): three (r, r) tensors (the LU, the result, ...), the pivots (int32)
+        fixed += 3 * r * r * 4 + r * 4
+        rd = 4
+    if mag_b and new:  # vector_b[:, None] * R keeps R (the solve's result: kept already)
+        fixed += 0 if (orth and not spec.setting("use_cayley_neumann", False)) else r * r * rd
+    if mag_b:
+        new = True
+    if mag_a and new:  # R * vector_a[None, :] keeps R
+        fixed += r * r * rd
+    if mag_a:
+        new = True
+    if orth and rd == 4 and Ad != 4:  # cast back to the trained dtype
+        rd = Ad
+    # R in xa's dtype (the trained weight: a copy), kept by xa @ R.t() for xa's gradient (none without the input's)
+    kept_r = r * r * K if new or rd != K else 0
+    grad_only = kept_r + (r * i * AC if AC else 0)
+    fixed += grad_only + (o * r * AC if AC else 0)
+    return _dropout(layer, spec.setting("psoft_dropout", 0.0)) + Saved(per_token=r * K, fixed=fixed,
+                                                                       fixed_grad_only=grad_only)
+
+
 def delora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     """``DeloraLinear.forward``: ``x_d * w_norm`` (the buffer needs no gradient: the product is kept by the
     first ``F.linear``, not ``x``), ``h = F.linear(., A)``, ``h * scaling`` (keeps ``h`` and the ``(r,)``
@@ -401,6 +443,6 @@ def randlora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     return saved + Saved(per_token=nb * r * K, fixed=ub + ua, fixed_grad_only=ub + ua)
 
 
-FORMULAS = {"road": road, "c3a": c3a, "randlora": randlora, "shira": shira, "delora": delora, "gralora": gralora, "ia3": ia3, "loha": loha, "lokr": lokr, "oft": oft, "boft": boft, "hra": hra, "vera": vera, "pvera": pvera, "tinylora": tinylora, "unilora": unilora, "supertuning": supertuning,
+FORMULAS = {"road": road, "c3a": c3a, "randlora": randlora, "shira": shira, "delora": delora, "gralora": gralora, "ia3": ia3, "loha": loha, "lokr": lokr, "oft": oft, "boft": boft, "hra": hra, "vera": vera, "pvera": pvera, "tinylora": tinylora, "unilora": unilora, "supertuning": supertuning, "psoft": psoft,
             "fourierft": fourierft, "waveft": waveft, "miss": miss, "vblora": vblora, "ln_tuning": ln_tuning,
             "osf": osf, "trainable_tokens": trainable_tokens}

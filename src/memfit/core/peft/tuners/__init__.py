@@ -14,8 +14,8 @@ from memfit.core.peft.spec import PeftSpec
 from memfit.core.peft.targets import find_targets
 from memfit.core.peft.tuners.base import Tuner
 from memfit.core.peft.tuners import (adalora, adaption_prompt, c3a, delora, fourier, gralora, ia3, ln_tuning, lycoris, miss, orthogonal, osf,
-                                     prompts, randlora, road, shira, supertuning, tinylora, trainable_tokens, unilora,
-                                     vblora, vera)
+                                     prompts, psoft, randlora, road, shira, supertuning, tinylora, trainable_tokens,
+                                     unilora, vblora, vera)
 
 _ALL: tuple[Tuner, ...] = (
     ia3.TUNER,
@@ -48,6 +48,7 @@ _ALL: tuple[Tuner, ...] = (
     tinylora.TUNER,
     unilora.TUNER,
     supertuning.TUNER,
+    psoft.TUNER,
 )
 
 TUNERS: Mapping[str, Tuner] = MappingProxyType({t.method: t for t in _ALL})
