@@ -105,6 +105,7 @@ CASES: dict[str, dict[str, list[dict]]] = {
     "PSOFT": {"llama": [{}, {"target_modules": ALL, "r": 16, "psoft_mag_a": False, "psoft_dropout": 0.1},
                         {"target_modules": ALL, "r": 6, "psoft_orth": False, "psoft_mag_b": False,
                          "psoft_svd": "lowrank"}]},
+    "POLY": {"llama": [{}, {"target_modules": ALL, "r": 4, "n_tasks": 3, "n_skills": 2, "n_splits": 4}]},
     "ROAD": {"llama": [{"group_size": 16}, {"target_modules": ALL, "group_size": 32, "variant": "road_2"},
                        {"target_modules": ALL, "group_size": 16, "variant": "road_4"}]},
 }
@@ -153,7 +154,7 @@ def _cases():
 NOT_PLANNED = frozenset({
     # peft 0.21.2 tuners memfit does not plan yet (issue 21 item 1, not done): each is refused in one line
     # naming it (test_unplanned_tuners_are_refused_in_one_line); planning one means removing it here
-    "ADAMSS", "BEFT", "DEFT", "FROD", "GLORA", "HIRA", "LILY", "PEANUT", "POLY",
+    "ADAMSS", "BEFT", "DEFT", "FROD", "GLORA", "HIRA", "LILY", "PEANUT",
     "SHADOW", "XLORA",
 })
 

@@ -37,7 +37,7 @@ def planned_layer(peft_type: str, config: dict, in_f: int, out_f: int, tokens: i
                                upcast=_BYTES[base] == 2)  # peft built the adapters on a 16-bit base
     (layer,) = acts.layers
     s = acts.saved(layer, _BYTES[base])
-    return s.per_token * tokens + s.fixed, s.keeps_input
+    return s.bytes(tokens, 1), s.keeps_input  # one sequence: the traces' input is (1, tokens, in)
 
 
 BASE_NOT_RUN = {"LNTuningLayer", "HRALinear", "peft.tuners.shira.layer.Linear", "peft.tuners.supertuning.layer.Linear"}

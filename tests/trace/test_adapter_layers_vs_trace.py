@@ -58,6 +58,8 @@ CASES = {
     "psoft-neumann": ("PSOFT", {"r": 8, "use_cayley_neumann": True}),
     "psoft-free": ("PSOFT", {"r": 8, "psoft_orth": False}),
     "psoft-free-bare": ("PSOFT", {"r": 8, "psoft_orth": False, "psoft_mag_a": False, "psoft_mag_b": False}),
+    "poly": ("POLY", {}),
+    "poly-splits": ("POLY", {"r": 4, "n_skills": 3, "n_splits": 2, "n_tasks": 2}),
     "fourierft": ("FOURIERFT", {"n_frequency": 100}),
     "waveft": ("WAVEFT", {"n_frequency": 100}),
     "waveft-dense": ("WAVEFT", {"n_frequency": 100, "use_idwt": False}),
@@ -116,6 +118,8 @@ def test_adapter_layer_matches_trace(case, context):
     for in_f, out_f in SHAPES:
         model = build_adapted_layer(peft_type, config, in_features=in_f, out_features=out_f, dtype=base,
                                     adapter_dtype=adapter)
+        if peft_type == "POLY":  # PolyModel.forward(task_ids=...) sets them on every layer by these hooks
+            model.base_model._register_pre_hooks(torch.zeros(1, dtype=torch.long))
         casts = linear_weight_casts(model, autocast)
         for tokens in TOKENS:
             traced = trace_adapted_layer(peft_type, config, in_features=in_f, out_features=out_f, tokens=tokens,

@@ -381,6 +381,26 @@ def psoft(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
                                                                        fixed_grad_only=grad_only)
 
 
+def poly(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``PolyLayer``'s Linear forward (peft 0.21.2 ``tuners/poly/layer.py``, ``router.py:PolyRouter.forward``): the
+    router's per-sample mixing weights (a relaxed Bernoulli sample of the task's logits, normalized), then
+    ``A = einsum(w, lora_A).reshape(bs, in, r)`` and ``B`` alike, one ``(in, r)`` and one ``(r, out)`` factor per
+    sample; ``x.to(A.dtype).bmm(A).bmm(B)`` keeps the input (its copy in ``A``'s dtype), ``A`` (for the input's
+    gradient), the ``(tokens, r)`` product and ``B``. Under autocast the einsums' matmuls keep the casts of the
+    stacked factors (leaves: cached)."""
+    o, i = layer.out_features, layer.in_features
+    q, k, _, r = layer.shape("poly_lora_A")
+    AC = ctx.autocast
+    E = AC or ctx.adapter  # the mixed factors' dtype
+    elem, is_input = E, ctx.stream == E
+    fixed = k * (i * r + r * o) * AC if AC else 0
+    router = (6 * q * k + q) * ctx.adapter  # the relaxed Bernoulli sample's and the normalization's tensors (the
+    # int64 task ids the index keeps are the model's input, shared by every layer)
+    return matmul_input(elem, is_input, i, ctx) + Saved(per_token=r * E, fixed=fixed,
+                                                        per_sample=(i * r + r * o) * E + router,
+                                                        sample_grad_only=i * r * E)
+
+
 def delora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     """``DeloraLinear.forward``: ``x_d * w_norm`` (the buffer needs no gradient: the product is kept by the
     first ``F.linear``, not ``x``), ``h = F.linear(., A)``, ``h * scaling`` (keeps ``h`` and the ``(r,)``
@@ -443,6 +463,6 @@ def randlora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     return saved + Saved(per_token=nb * r * K, fixed=ub + ua, fixed_grad_only=ub + ua)
 
 
-FORMULAS = {"road": road, "c3a": c3a, "randlora": randlora, "shira": shira, "delora": delora, "gralora": gralora, "ia3": ia3, "loha": loha, "lokr": lokr, "oft": oft, "boft": boft, "hra": hra, "vera": vera, "pvera": pvera, "tinylora": tinylora, "unilora": unilora, "supertuning": supertuning, "psoft": psoft,
+FORMULAS = {"road": road, "c3a": c3a, "randlora": randlora, "shira": shira, "delora": delora, "gralora": gralora, "ia3": ia3, "loha": loha, "lokr": lokr, "oft": oft, "boft": boft, "hra": hra, "vera": vera, "pvera": pvera, "tinylora": tinylora, "unilora": unilora, "supertuning": supertuning, "psoft": psoft, "poly": poly,
             "fourierft": fourierft, "waveft": waveft, "miss": miss, "vblora": vblora, "ln_tuning": ln_tuning,
             "osf": osf, "trainable_tokens": trainable_tokens}

@@ -14,7 +14,7 @@ from memfit.core.peft.spec import PeftSpec
 from memfit.core.peft.targets import find_targets
 from memfit.core.peft.tuners.base import Tuner
 from memfit.core.peft.tuners import (adalora, adaption_prompt, c3a, delora, fourier, gralora, ia3, ln_tuning, lycoris, miss, orthogonal, osf,
-                                     prompts, psoft, randlora, road, shira, supertuning, tinylora, trainable_tokens,
+                                     poly, prompts, psoft, randlora, road, shira, supertuning, tinylora, trainable_tokens,
                                      unilora, vblora, vera)
 
 _ALL: tuple[Tuner, ...] = (
@@ -49,6 +49,7 @@ _ALL: tuple[Tuner, ...] = (
     unilora.TUNER,
     supertuning.TUNER,
     psoft.TUNER,
+    poly.TUNER,
 )
 
 TUNERS: Mapping[str, Tuner] = MappingProxyType({t.method: t for t in _ALL})
