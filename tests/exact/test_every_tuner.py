@@ -155,7 +155,14 @@ NOT_PLANNED = frozenset({
     # peft 0.21.2 tuners memfit does not plan yet (issue 21 item 1, not done): each is refused in one line
     # naming it (test_unplanned_tuners_are_refused_in_one_line); planning one means removing it here
     "ADAMSS", "BEFT", "DEFT", "FROD", "GLORA", "HIRA", "LILY", "PEANUT",
-    "SHADOW", "XLORA",
+    # SHADOW: a second transformer (the shadow backbone, built from the base config or loaded from shadow_model)
+    # rides the decoder loop, and its auxiliary loss runs the LM head again (a second logits tensor): memfit builds
+    # neither the backbone's parameters nor its activations yet
+    "SHADOW",
+    # XLORA: its LoRA experts are other checkpoints named by path or hub id (config.adapters, loaded when peft
+    # builds it: their sizes are in files memfit is not given), and its forward runs the model twice (a no-grad
+    # scaling pass, then the scaled one)
+    "XLORA",
 })
 
 
