@@ -355,23 +355,20 @@ def psoft(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     K = AC or 4  # xa's dtype (x cast to the fp32 A; autocast's under AMP)
     at = "psoft_R.default."
     orth, mag_b, mag_a = layer.has(at + "rows"), layer.has(at + "vector_b"), layer.has(at + "vector_a")
-    fixed = 0
-    new = orth  # R is a new tensor (not the trained weight itself)
-    rd = Ad
-    if orth and spec.setting("use_cayley_neumann", False):
-        fixed += max(spec.setting("num_cayley_neumann_terms", 5) - 2, 0) * r * r * Ad
-    elif orth:  # linalg.solve on fp32 (as OFT's): three (r, r) tensors (the LU, the result, ...), the pivots (int32)
-        fixed += 3 * r * r * 4 + r * 4
-        rd = 4
-    if mag_b and new:  # vector_b[:, None] * R keeps R (the solve's result: kept already)
-        fixed += 0 if (orth and not spec.setting("use_cayley_neumann", False)) else r * r * rd
-    if mag_b:
-        new = True
-    if mag_a and new:  # R * vector_a[None, :] keeps R
+    solve = orth and not spec.setting("use_cayley_neumann", False)
+    rd = 4 if solve else Ad  # R's dtype while the magnitudes multiply it
+    if solve:  # linalg.solve on fp32 (as OFT's): three (r, r) tensors (the LU, the result, ...), the pivots (int32)
+        fixed = 3 * r * r * 4 + r * 4
+    elif orth:  # the skew matrix and the powers the series' products read
+        fixed = max(spec.setting("num_cayley_neumann_terms", 5) - 2, 0) * r * r * Ad
+    else:
+        fixed = 0
+    if mag_b and orth and not solve:  # vector_b[:, None] * R keeps the series' R (the solve keeps its result already)
         fixed += r * r * rd
-    if mag_a:
-        new = True
-    if orth and rd == 4 and Ad != 4:  # cast back to the trained dtype
+    if mag_a and (orth or mag_b):  # R * vector_a[None, :] keeps R (the trained weight itself costs nothing)
+        fixed += r * r * rd
+    new = orth or mag_b or mag_a  # R is a new tensor, not the trained weight
+    if solve:  # cast back to the trained dtype
         rd = Ad
     # R in xa's dtype (the trained weight: a copy), kept by xa @ R.t() for xa's gradient (none without the input's)
     kept_r = r * r * K if new or rd != K else 0
