@@ -115,6 +115,19 @@ CASES: dict[str, dict[str, list[dict]]] = {
                        {"target_modules": "all-linear", "r": 4, "stride_A": 2},
                        {"target_modules": r".*\.(q_proj|k_proj)", "r": 4, "stride_A": 2, "num_B": 4}]},
     "PEANUT": {"llama": [{}, {"target_modules": ALL, "r": 8, "depth": 2, "act_fn": "gelu", "layers_to_transform": [0]}]},
+    "PVERA": {"llama": [{}, {"target_modules": ALL, "r": 16, "save_projection": False, "bias": "pvera_only",
+                             "pvera_dropout": 0.1}], "gpt2": [{}]},
+    "TINYLORA": {"llama": [{}, {"target_modules": ALL, "r": 4, "u": 8, "weight_tying": 0.5, "save_projection": False},
+                            {"target_modules": ALL, "r": 40, "weight_tying": 1.0, "bias": "all"}],
+                 "gpt2": [{"target_modules": ["c_attn", "c_proj", "c_fc"], "weight_tying": 0.3}]},
+    "UNILORA": {"llama": [{}, {"target_modules": ALL, "r": 6, "theta_d_length": 100, "save_indices": True,
+                               "bias": "unilora_only", "unilora_dropout": 0.1}], "gpt2": [{"r": 2}]},
+    "SUPERTUNING": {"llama": [{}, {"target_modules": ALL, "sparsity": 0.9, "r": 4, "lora_dropout": 0.1,
+                                   "save_precomputed_indices": False, "select_top": False}]},
+    "PSOFT": {"llama": [{}, {"target_modules": ALL, "r": 16, "psoft_mag_a": False, "psoft_dropout": 0.1},
+                        {"target_modules": ALL, "r": 6, "psoft_orth": False, "psoft_mag_b": False,
+                         "psoft_svd": "lowrank"}]},
+    "POLY": {"llama": [{}, {"target_modules": ALL, "r": 4, "n_tasks": 3, "n_skills": 2, "n_splits": 4}]},
     "ROAD": {"llama": [{"group_size": 16}, {"target_modules": ALL, "group_size": 32, "variant": "road_2"},
                        {"target_modules": ALL, "group_size": 16, "variant": "road_4"}]},
 }
@@ -165,8 +178,15 @@ NOT_PLANNED = frozenset({
     # naming it (test_unplanned_tuners_are_refused_in_one_line); planning one means removing it here.
     # ADAMSS cannot be planned from shapes: its per-subspace A/B shapes come from KMeans over each weight's SVD
     # (tuners/adamss/layer.py update_layer), so its refusal says why (parse.NOT_PLANNABLE)
-    "ADAMSS", "POLY",
-    "PSOFT", "PVERA", "SHADOW", "SUPERTUNING", "TINYLORA", "UNILORA", "XLORA",
+    "ADAMSS",
+    # SHADOW: a second transformer (the shadow backbone, built from the base config or loaded from shadow_model)
+    # rides the decoder loop, and its auxiliary loss runs the LM head again (a second logits tensor): memfit builds
+    # neither the backbone's parameters nor its activations yet
+    "SHADOW",
+    # XLORA: its LoRA experts are other checkpoints named by path or hub id (config.adapters, loaded when peft
+    # builds it: their sizes are in files memfit is not given), and its forward runs the model twice (a no-grad
+    # scaling pass, then the scaled one)
+    "XLORA",
 })
 
 

@@ -40,12 +40,12 @@ def planned_layer(peft_type: str, config: dict, in_f: int, out_f: int, tokens: i
                                upcast=_BYTES[base] == 2)  # peft built the adapters on a 16-bit base
     (layer,) = acts.layers
     s = acts.saved(layer, _BYTES[base])
-    return s.per_token * tokens + s.fixed, s.keeps_input
+    return s.bytes(tokens, 1), s.keeps_input  # one sequence: the traces' input is (1, tokens, in)
 
 
-BASE_NOT_RUN = {"LNTuningLayer", "HRALinear", "peft.tuners.shira.layer.Linear"}
+BASE_NOT_RUN = {"LNTuningLayer", "HRALinear", "peft.tuners.shira.layer.Linear", "peft.tuners.supertuning.layer.Linear"}
 """Layers whose forward does not call the base ``nn.Linear`` (LN tuning runs its copy, HRA multiplies the
-weight's ``.data``, SHiRA runs ``F.linear`` on a rebuilt weight): no autocast copy of its weight is made.
+weight's ``.data``, SHiRA and Super-Tuning run ``F.linear`` on a rebuilt weight): no autocast copy of its weight is made.
 By class name, or module and name where the name is shared (``Linear``)."""
 
 

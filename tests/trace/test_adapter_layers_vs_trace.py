@@ -45,6 +45,21 @@ CASES = {
     "hra-gs": ("HRA", {"r": 4, "apply_GS": True}),
     "vera": ("VERA", {"r": 16}),
     "vera-dropout": ("VERA", {"r": 16, "vera_dropout": 0.1}),
+    "pvera": ("PVERA", {"r": 16}),
+    "pvera-dropout": ("PVERA", {"r": 8, "pvera_dropout": 0.1}),
+    "tinylora": ("TINYLORA", {"r": 4}),
+    "tinylora-dropout": ("TINYLORA", {"r": 8, "u": 16, "tinylora_dropout": 0.1}),
+    "unilora": ("UNILORA", {"r": 4}),
+    "unilora-dropout": ("UNILORA", {"r": 8, "theta_d_length": 64, "unilora_dropout": 0.1}),
+    "supertuning": ("SUPERTUNING", {"sparsity": 0.9}),
+    "supertuning-supra-dropout": ("SUPERTUNING", {"r": 4, "lora_dropout": 0.1}),
+    "psoft": ("PSOFT", {"r": 8}),
+    "psoft-dropout-mag-b": ("PSOFT", {"r": 8, "psoft_mag_a": False, "psoft_dropout": 0.1}),
+    "psoft-neumann": ("PSOFT", {"r": 8, "use_cayley_neumann": True}),
+    "psoft-free": ("PSOFT", {"r": 8, "psoft_orth": False}),
+    "psoft-free-bare": ("PSOFT", {"r": 8, "psoft_orth": False, "psoft_mag_a": False, "psoft_mag_b": False}),
+    "poly": ("POLY", {}),
+    "poly-splits": ("POLY", {"r": 4, "n_skills": 3, "n_splits": 2, "n_tasks": 2}),
     "fourierft": ("FOURIERFT", {"n_frequency": 100}),
     "waveft": ("WAVEFT", {"n_frequency": 100}),
     "waveft-dense": ("WAVEFT", {"n_frequency": 100, "use_idwt": False}),
@@ -95,6 +110,14 @@ NOT_CHECKED = {
     # peft's VeRA keeps its projections as buffers, which DeepSpeed's cast leaves in fp32 (engine.py
     # _cast_module_mixed_precision: params only): F.linear(bf16 input, fp32 projection) raises
     ("vera", "bf16"), ("vera-dropout", "bf16"),
+    # peft's PVeRA: the same fp32 projection buffers (tuners/pvera/model.py:_init_pvera_A_pvera_B)
+    ("pvera", "bf16"), ("pvera-dropout", "bf16"),
+    # peft's TinyLoRA: its SVD factors are fp32 buffers (cast_adapter_dtype upcasts them; DeepSpeed's cast leaves
+    # them), R is in v's dtype: F.linear(fp32 h, bf16 R) raises
+    ("tinylora", "bf16"), ("tinylora-dropout", "bf16"),
+    # peft's UniLoRA: its factors are theta_d entries times fp32 scale buffers (fp32 whatever theta_d's dtype):
+    # F.linear(bf16 input, fp32 A) raises
+    ("unilora", "bf16"), ("unilora-dropout", "bf16"),
     # peft's DeLoRA: the fp32 w_norm buffer (DeepSpeed's cast leaves it) promotes x * w_norm to fp32, and
     # F.linear(fp32, bf16 delora_A) raises
     ("delora", "bf16"), ("delora-dropout", "bf16"),
@@ -117,6 +140,8 @@ def test_adapter_layer_matches_trace(case, context):
     for in_f, out_f in SHAPES:
         model = build_adapted_layer(peft_type, config, in_features=in_f, out_features=out_f, dtype=base,
                                     adapter_dtype=adapter)
+        if peft_type == "POLY":  # PolyModel.forward(task_ids=...) sets them on every layer by these hooks
+            model.base_model._register_pre_hooks(torch.zeros(1, dtype=torch.long))
         casts = linear_weight_casts(model, autocast)
         for tokens in TOKENS:
             traced = trace_adapted_layer(peft_type, config, in_features=in_f, out_features=out_f, tokens=tokens,

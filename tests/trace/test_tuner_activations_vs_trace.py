@@ -11,7 +11,9 @@ on both), 96 tokens, the tuners on every Linear of each block where they take a 
 and DeLoRA are not in the list: with DeepSpeed's cast their fp32 buffers (VeRA's projections, DeLoRA's
 w_norm) meet bf16 tensors and peft's forward raises (see tests/trace/test_adapter_layers_vs_trace.py). OSF is skipped for the same kind of
 reason (its frozen factors and trained parts end up in different dtypes and peft's matmul raises;
-its layer is traced in one dtype by that test).
+its layer is traced in one dtype by that test). PVeRA, TinyLoRA and UniLoRA raise the same way under the cast
+(``NOT_MATCHED``): they are traced as fp32 models instead (``FP32_CASES``). Poly mixes its factors per sample:
+it is traced at two sequences too.
 Tolerance: 0.5%, what README.md states for the analytic model against the trace (the adapters' own
 tensors are exact per layer: tests/trace/test_adapter_layers_vs_trace.py); worst seen below.
 """
@@ -69,6 +71,14 @@ CASES = {
     "glora": {"peft_type": "GLORA", "target_modules": ALL},
     "lily": {"peft_type": "LILY", "target_modules": ALL, "r": 16, "stride_A": 2, "num_B": 3},
     "peanut": {"peft_type": "PEANUT", "target_modules": ALL, "r": 16, "depth": 1},
+    "pvera": {"peft_type": "PVERA", "target_modules": ALL},
+    "tinylora": {"peft_type": "TINYLORA", "target_modules": ALL},
+    "unilora": {"peft_type": "UNILORA", "target_modules": ALL},
+    "supertuning": {"peft_type": "SUPERTUNING", "target_modules": ALL},
+    "supertuning-supra": {"peft_type": "SUPERTUNING", "target_modules": ALL, "sparsity": 0.95, "r": 8},
+    "psoft": {"peft_type": "PSOFT", "target_modules": ALL},
+    "psoft-neumann": {"peft_type": "PSOFT", "target_modules": ALL, "r": 16, "use_cayley_neumann": True},
+    "poly": {"peft_type": "POLY", "target_modules": ALL, "n_splits": 2},
 }
 NOT_MATCHED = {  # measured, not yet explained: the plan is above the trace (issue 21 item 2, not done)
     "oft": "+0.79% (73,720 B: one (tokens, hidden) bf16 tensor more than the trace)",
@@ -82,41 +92,53 @@ NOT_MATCHED = {  # measured, not yet explained: the plan is above the trace (iss
             "buffers fp32, so every forward copies them to bf16 and keeps the copies ((in^2 + out*in) * 2 B per layer, "
             "20,152,320 B here); the plan has them in the base's dtype, as peft builds them on a bf16 model: so built, "
             "the trace is matched to 8 B (test_frod_matches_with_its_buffers_as_built_on_bf16)",
+    "pvera": "not traced: under DeepSpeed's params-only cast peft's PVeRA forward raises (bf16 input vs its fp32 "
+             "projection buffers, as VeRA's; its layer is traced in the other contexts; the model in fp32: "
+             "FP32_CASES)",
+    "tinylora": "not traced: under DeepSpeed's params-only cast peft's TinyLoRA forward raises (its fp32 SVD buffers "
+                "vs the bf16 R; its layer is traced in the other contexts; the model in fp32: FP32_CASES)",
+    "unilora": "not traced: under DeepSpeed's params-only cast peft's UniLoRA forward raises (bf16 input vs its fp32 "
+               "factors, theta_d times fp32 scale buffers; its layer is traced in the other contexts; the model in "
+               "fp32: FP32_CASES)",
 }
 WORST: dict[str, float] = {}
 
 
-def _plan(raw: dict):
+def _plan(raw: dict, elem: int = 2, micro_batch: int = 1):
     source = ModelConfigSource(name="llama-384", config=CONFIG, path=None, origin="local")
     spec = adapter_config_spec({"task_type": "CAUSAL_LM", **raw})
     shape = apply_peft(build_model_shape(source), spec)
-    acts = adapter_activations(shape, spec, adapter_bytes=2, base_bytes=2)
-    est = estimate_activation_bytes(shape.arch, spec, seq_len=SEQ, micro_batch=1, dtype_bytes=2, attention="eager",
-                                    adapters=acts)
+    acts = adapter_activations(shape, spec, adapter_bytes=elem, base_bytes=elem)
+    est = estimate_activation_bytes(shape.arch, spec, seq_len=SEQ, micro_batch=micro_batch, dtype_bytes=elem,
+                                    attention="eager", adapters=acts)
     return spec, est.total_bytes
 
 
-def _traced(spec, bf16_buffers: tuple[str, ...] = ()) -> int:
-    """The trace's activation bytes; ``bf16_buffers``: name fragments of buffers cast to bf16 after peft built
-    them (as they are when peft builds the adapters on a bf16 model)."""
+def _traced(spec, dtype: str = "bf16", micro_batch: int = 1, bf16_buffers: tuple[str, ...] = ()) -> int:
+    """``dtype`` bf16: DeepSpeed's params-only cast of an fp32 build; fp32: the build as it is.
+    ``bf16_buffers``: name fragments of buffers cast to bf16 after peft built them (as they are when peft
+    builds the adapters on a bf16 model)."""
     import torch
     import transformers
 
     from memfit.exact.peft_build import build_peft_meta_model
     from memfit.trace.step import causal_lm_inputs, quiet_libraries, trace_model
 
-    options = TraceOptions(seq_len=SEQ, micro_batch=1, dtype="bf16", attention="eager", granularity_bytes=1)
+    options = TraceOptions(seq_len=SEQ, micro_batch=micro_batch, dtype=dtype, attention="eager", granularity_bytes=1)
     with quiet_libraries():
         torch.manual_seed(0)
         hf = transformers.LlamaConfig(**{k: v for k, v in CONFIG.items() if k not in ("model_type", "architectures")})
         model = transformers.AutoModelForCausalLM.from_config(hf, attn_implementation="eager", dtype=torch.float32)
         model = build_peft_meta_model(model, spec)
-        for p in model.parameters():  # DeepSpeed's cast: parameters only
-            p.data = p.data.to(torch.bfloat16)
+        if dtype == "bf16":
+            for p in model.parameters():  # DeepSpeed's cast: parameters only
+                p.data = p.data.to(torch.bfloat16)
         for name, b in list(model.named_buffers()):
             if any(f in name for f in bf16_buffers):
                 owner, _, leaf = name.rpartition(".")
                 model.get_submodule(owner)._buffers[leaf] = b.to(torch.bfloat16)
+        if spec.method == "poly":  # PolyModel.forward(task_ids=...) sets them on every layer by these hooks
+            model.base_model._register_pre_hooks(torch.zeros(micro_batch, dtype=torch.long))
         model.train()
         return trace_model(model, causal_lm_inputs(options), options, method=spec.method).activation_bytes
 
@@ -139,3 +161,28 @@ def test_frod_matches_with_its_buffers_as_built_on_bf16():
     spec, planned = _plan(CASES["frod"])
     traced = _traced(spec, bf16_buffers=(".frod_U.", ".frod_V."))
     assert abs(planned - traced) / traced <= TOLERANCE, (traced, planned)
+FP32_CASES = ("pvera", "tinylora", "unilora")
+"""Tuners whose forward raises under DeepSpeed's params-only cast (``NOT_MATCHED``): the same model traced in
+fp32 instead (no cast: buffers and parameters in one dtype), which still pins the first block's inputs that need
+no gradient and the whole-model sum."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", FP32_CASES)
+def test_tuner_activations_match_the_trace_in_fp32(case):
+    spec, planned = _plan(CASES[case], elem=4)
+    traced = _traced(spec, dtype="fp32")
+    err = (planned - traced) / traced
+    print(f"{case:12s} fp32 trace {traced:>12,} B  plan {planned:>12,} B  {err:+.3%}")
+    assert abs(err) <= TOLERANCE, (case, traced, planned)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["poly"])
+def test_per_sample_activations_match_the_trace_at_two_sequences(case):
+    """Poly mixes its factors per sample (``Saved.per_sample``): the layer traces run one sequence, this one two."""
+    spec, planned = _plan(CASES[case], micro_batch=2)
+    traced = _traced(spec, micro_batch=2)
+    err = (planned - traced) / traced
+    print(f"{case:12s} 2 sequences: trace {traced:>12,} B  plan {planned:>12,} B  {err:+.3%}")
+    assert abs(err) <= TOLERANCE, (case, traced, planned)

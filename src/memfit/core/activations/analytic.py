@@ -126,7 +126,7 @@ def estimate_activation_bytes(
         """The input of a Linear among ``names`` is kept: its weight trains (or ZeRO-3 keeps it)."""
         return full or frozen_saves or any(n in targets for n in names)
 
-    lora_r = (max(adapters.block_bytes(t, D), default=0) if adapters is not None else
+    lora_r = (max(adapters.block_bytes(t, D, samples=b), default=0) if adapters is not None else
               sum(1 for _ in targets) * D * t * peft.lora_r if method == "lora" else 0)
     grad_into_first = full or peft.prompt_tokens > 0
     qk_grads = first_block_qk_grads(adapters, targets, peft)  # first layer, frozen embeddings
@@ -139,7 +139,8 @@ def estimate_activation_bytes(
                          qk_grads=qk_grads)
     router = t * arch.num_experts * 4 if arch.num_experts > 1 else 0
     layer += lora_r + router
-    first += (first_block_adapters(adapters, arch, t, D, grad_into_first) if adapters is not None else lora_r) + router
+    first += (first_block_adapters(adapters, arch, t, D, grad_into_first, samples=b) if adapters is not None
+              else lora_r) + router
     # checkpointing calls enable_input_require_grads(): the embedding output becomes a leaf that
     # requires grad (its AccumulateGrad node holds it until backward)
     embed_grad = grad_into_first or gradient_checkpointing
@@ -149,7 +150,7 @@ def estimate_activation_bytes(
     logits = (D * t * arch.vocab_size if keep_outputs else 0) + 4 * t * arch.vocab_size
     head = logits + _head_bytes(fam, D=D, t=t, h=h, lm_head_trains=full)
     if adapters is not None:  # adapted (or quantized) embeddings and heads, outside the blocks
-        before, after = adapters.outside_bytes(t, D)
+        before, after = adapters.outside_bytes(t, D, samples=b)
         embed, head = embed + before, head + after
     L = arch.num_layers + arch.num_encoder_layers
     if gradient_checkpointing:

@@ -80,9 +80,9 @@ def estimate_from_layout(
     # decoder tokens: the target's (peft 0.21's PeftModelForSeq2SeqLM.forward prepends prompt tuning's
     # virtual tokens to the encoder's inputs only, whatever num_transformer_submodules says)
     s_dec = target_len or seq_len
-    lora = (max(adapters.block_bytes(t, D), default=0) if adapters is not None else
+    lora = (max(adapters.block_bytes(t, D, samples=b), default=0) if adapters is not None else
             len(targets) * C * t * peft.lora_r if method == "lora" else 0)  # each lora_A's output
-    lora_first = first_block_adapters(adapters, arch, t, D, grad_first) if adapters is not None else lora
+    lora_first = first_block_adapters(adapters, arch, t, D, grad_first, samples=b) if adapters is not None else lora
     fused = attention != "eager" and attention != "sdpa"  # flash/flex take windows without a mask
 
     groups: list[LayerGroup] = []
@@ -113,7 +113,7 @@ def estimate_from_layout(
         first = bert_layer(arch, L, c, grad_in=grad_first) + lora_first
     elif L.family == "t5":
         if adapters is not None:  # decoder blocks at target length (cross-attention's k, v over the encoder's)
-            lora_first, lora, dec_adapters = _t5_adapter_bytes(adapters, arch, D, t, b * s_dec, grad_first)
+            lora_first, lora, dec_adapters = _t5_adapter_bytes(adapters, arch, D, t, b * s_dec, grad_first, b)
         else:
             dec_adapters = None
         groups, first, extra = _t5_groups(arch, c, s_dec, lora, grad_first=grad_first, lora_first=lora_first,
@@ -128,7 +128,7 @@ def estimate_from_layout(
                      keep_outputs=keep_outputs)
     head, logits = hd.head, hd.logits
     if adapters is not None:  # adapted (or quantized) embeddings and heads, outside the blocks
-        before, after = adapters.outside_bytes(t, D)
+        before, after = adapters.outside_bytes(t, D, samples=b)
         embed, head = embed + before, head + after
     layers_total = sum(g.count * g.bytes for g in groups) - (groups[0].bytes - first if groups else 0)
     n_layers = sum(g.count for g in groups)
@@ -216,13 +216,13 @@ def _kind_name(kind: str) -> str:
 
 
 def _t5_adapter_bytes(adapters: AdapterActivations, arch: ArchSpec, D: int, t_enc: int, t_dec: int,
-                      grad_first: bool) -> tuple[int, int, int]:
-    """The adapters' (and quantized matmuls') bytes of an encoder-decoder: (first encoder block, largest
-    encoder block, largest decoder block), decoder layers at the target's tokens except the
+                      grad_first: bool, b: int) -> tuple[int, int, int]:
+    """The adapters' (and quantized matmuls') bytes of an encoder-decoder, ``b`` sequences: (first encoder block,
+    largest encoder block, largest decoder block), decoder layers at the target's tokens except the
     cross-attention's k and v, which read the encoder's output."""
     n_enc = arch.num_encoder_layers if arch.num_encoder_layers else arch.num_layers
-    per_enc = adapters.block_bytes(t_enc, D)[:n_enc]
-    first = first_block_adapters(adapters, arch, t_enc, D, grad_first)
+    per_enc = adapters.block_bytes(t_enc, D, samples=b)[:n_enc]
+    first = first_block_adapters(adapters, arch, t_enc, D, grad_first, samples=b)
     dec = [0] * max(adapters.blocks - n_enc, 0)
     rows = [(x.module, x.block, adapters.saved(x, D)) for x in adapters.layers]
     if adapters.quantized is not None:
@@ -230,7 +230,7 @@ def _t5_adapter_bytes(adapters: AdapterActivations, arch: ArchSpec, D: int, t_en
     for module, block, saved in rows:
         if n_enc <= block < adapters.blocks:
             tokens = t_enc if re.search(r"EncDecAttention\.[kv]$", module) else t_dec
-            dec[block - n_enc] += saved.per_token * tokens + saved.fixed
+            dec[block - n_enc] += saved.bytes(tokens, b)
     return first, max(per_enc, default=0), max(dec, default=0)
 
 

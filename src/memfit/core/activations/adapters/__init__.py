@@ -102,9 +102,23 @@ class Saved:
     """Part of ``fixed`` kept only when the layer's input requires grad (a rebuilt weight that a matmul keeps
     for the input's gradient)."""
 
+    per_sample: int = 0
+    """Bytes per sample of the micro-batch (weights mixed per sample: Poly's routed factors)."""
+    sample_grad_only: int = 0
+    """Part of ``per_sample`` kept only when the layer's input requires grad."""
+
     def __add__(self, other: "Saved") -> "Saved":
         return Saved(self.per_token + other.per_token, self.fixed + other.fixed, self.keeps_input or other.keeps_input,
-                     self.grad_only + other.grad_only, self.fixed_grad_only + other.fixed_grad_only)
+                     self.grad_only + other.grad_only, self.fixed_grad_only + other.fixed_grad_only,
+                     self.per_sample + other.per_sample, self.sample_grad_only + other.sample_grad_only)
+
+    def bytes(self, tokens: int, samples: int) -> int:
+        """The bytes kept for a micro-batch of ``samples`` sequences, ``tokens`` tokens in all."""
+        return self.per_token * tokens + self.fixed + self.per_sample * samples
+
+    def grad_only_bytes(self, tokens: int, samples: int) -> int:
+        """The part of ``bytes`` kept only when the layer's input requires grad."""
+        return self.grad_only * tokens + self.fixed_grad_only + self.sample_grad_only * samples
 
 
 Formula = Callable[[AdaptedLayer, PeftSpec, DtypeContext], Saved]
@@ -219,26 +233,27 @@ class AdapterActivations:
         block's input does not)."""
         return frozenset(layer.leaf for layer in self.layers if layer.block == 0)
 
-    def block_bytes(self, tokens: int, stream_bytes: int, *, first_input_frozen: frozenset[str] = frozenset()
-                    ) -> tuple[int, ...]:
-        """Bytes the adapters (and quantized matmuls) keep in each block, in order (``blocks`` entries).
+    def block_bytes(self, tokens: int, stream_bytes: int, *, samples: int,
+                    first_input_frozen: frozenset[str] = frozenset()) -> tuple[int, ...]:
+        """Bytes the adapters (and quantized matmuls) keep in each block, in order (``blocks`` entries), for a
+        micro-batch of ``samples`` sequences of ``tokens`` tokens in all.
         ``first_input_frozen``: leaf names of the first block's layers whose input needs no gradient (they
         read the output of a frozen embedding): their ``grad_only`` and ``fixed_grad_only`` bytes are not kept there."""
         out = [0] * self.blocks
         for leaf, block, s in self._all(stream_bytes):
             if 0 <= block < self.blocks:
-                out[block] += s.per_token * tokens + s.fixed
+                out[block] += s.bytes(tokens, samples)
                 if block == 0 and leaf in first_input_frozen:
-                    out[block] -= s.grad_only * tokens + s.fixed_grad_only
+                    out[block] -= s.grad_only_bytes(tokens, samples)
         return tuple(out)
 
-    def outside_bytes(self, tokens: int, stream_bytes: int) -> tuple[int, int]:
+    def outside_bytes(self, tokens: int, stream_bytes: int, *, samples: int) -> tuple[int, int]:
         """(before the blocks, after them): adapted or quantized embeddings and heads."""
         before = after = 0
         for _, block, s in self._all(stream_bytes):
             if 0 <= block < self.blocks:
                 continue
-            n = s.per_token * tokens + s.fixed
+            n = s.bytes(tokens, samples)
             if block < 0:
                 before += n
             else:
@@ -346,7 +361,7 @@ def quantized_layers(shape: ModelShape, modules: set[str]) -> tuple[QuantizedLay
 
 
 def first_block_adapters(adapters: AdapterActivations, arch, tokens: int, stream_bytes: int,  # noqa: ANN001
-                         grad_into_first: bool) -> int:
+                         grad_into_first: bool, *, samples: int) -> int:
     """The first block's adapter bytes: without a gradient into it (frozen embeddings, no checkpointing)
     the layers reading the block input keep no dropout mask (``BLOCK_INPUT_LAYERS``; with a parallel
     residual also the MLP's input layers)."""
@@ -355,7 +370,7 @@ def first_block_adapters(adapters: AdapterActivations, arch, tokens: int, stream
         frozen = BLOCK_INPUT_LAYERS
         if arch.layout is not None and arch.layout.parallel or arch.model_type in ("gptj", "gpt_neox", "falcon", "phi"):
             frozen = frozen | PARALLEL_MLP_INPUT_LAYERS
-    per = adapters.block_bytes(tokens, stream_bytes, first_input_frozen=frozen)
+    per = adapters.block_bytes(tokens, stream_bytes, samples=samples, first_input_frozen=frozen)
     return per[0] if per else 0
 
 

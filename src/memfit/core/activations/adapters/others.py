@@ -150,6 +150,60 @@ def vera(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     return _dropout(layer, spec.setting("vera_dropout", 0.0)) + Saved(per_token=(r + o) * E, fixed=fixed)
 
 
+def pvera(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``mu, logvar = (lambda_d * F.linear(dropout(x), A)).chunk(2)``, ``z = mu + randn_like(std) * std`` with
+    ``std = exp(0.5 * logvar)`` (training always samples: ``PveraLayer._reparametrize``), then
+    ``lambda_b * F.linear(z, B)`` (peft 0.21.2 ``tuners/pvera/layer.py:Linear.forward``): the products with the
+    scaling vectors keep ``(tokens, 2r)`` and ``(tokens, out)`` (the linears' outputs); ``exp`` keeps ``std`` and
+    the product keeps the noise, ``(tokens, r)`` each in the promoted dtype of ``lambda_d`` and the linear's output;
+    the projections are buffers (no gradient), so the linears keep no input; dropout keeps its mask. Under
+    autocast the slices of the projections are cast and kept, as VeRA's (``A``'s only for the input's gradient)."""
+    o, i = layer.out_features, layer.in_features
+    r = layer.shape("pvera_lambda_d")[0] // 2
+    E = out_elem(ctx)
+    S = max(E, ctx.adapter)  # lambda_d * h: fp32 when either is
+    a_cast = 2 * r * i * ctx.autocast  # kept by F.linear(x, A) for the input's gradient only
+    fixed = a_cast + o * r * ctx.autocast
+    return _dropout(layer, spec.setting("pvera_dropout", 0.0)) + Saved(per_token=(2 * r + o) * E + 2 * r * S,
+                                                                       fixed=fixed, fixed_grad_only=a_cast)
+
+
+def tinylora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``TinyLoraLayer.Linear.forward`` (peft 0.21.2 ``tuners/tinylora/layer.py``): ``R = einsum("i,ijk->jk", v,
+    P.to(v.dtype))`` keeps ``P`` in ``v``'s dtype (a ``(u, r, r)`` copy unless fp32; its 16-bit copy under autocast);
+    ``F.linear(dropout(x).to(A.dtype), A)`` keeps only the frozen ``A`` (a buffer; its autocast copy), for the
+    input's gradient; ``F.linear(h, R)`` keeps ``h`` ``(tokens, r)`` for ``v``'s gradient and ``R`` for ``h``'s;
+    ``F.linear(., B)`` keeps the frozen ``B`` (its autocast copy). ``A`` and ``B`` are fp32 (peft upcasts its
+    ``BufferDict`` entries with the adapters, ``cast_adapter_dtype``; DeepSpeed casts parameters only), ``R`` in
+    ``v``'s dtype (autocast's under AMP): with 16-bit ``v`` and no autocast peft's ``F.linear(h, R)`` raises."""
+    o, i = layer.out_features, layer.in_features
+    r = layer.shape("tinylora_A")[0]
+    u = layer.shape("tinylora_P")[0]
+    AC = ctx.autocast
+    rd = AC or ctx.adapter  # R's dtype
+    fixed = u * r * r * rd if rd != 4 else 0
+    grad_only = r * r * rd + r * i * AC  # R, and A's autocast copy (only F.linear(x, A)'s input needs it)
+    fixed += grad_only + o * r * AC
+    return _dropout(layer, spec.setting("tinylora_dropout", 0.0)) + Saved(per_token=r * (AC or 4), fixed=fixed,
+                                                                          fixed_grad_only=grad_only)
+
+
+def unilora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``UniLoraLayer.Linear.forward`` (peft 0.21.2 ``tuners/unilora/layer.py``): ``A = theta_d[indices_A] *
+    scales_A`` and ``B`` alike (the index and the product keep only the buffers), fp32 (the scales are fp32
+    buffers); then ``F.linear(F.linear(dropout(x.to(theta_d.dtype)), A), B)`` keeps the input (its copy in
+    ``theta_d``'s dtype; dropout's output and mask), ``A`` (for the input's gradient), the ``(tokens, r)`` product
+    and ``B``; under autocast the 16-bit copies of each. With a 16-bit ``theta_d`` and no autocast peft's
+    ``F.linear`` raises (bf16 input, fp32 ``A``)."""
+    o, i = layer.out_features, layer.in_features
+    r = layer.shape("unilora_indices_A")[0]
+    K = ctx.autocast or 4  # A, B, and the product's dtype
+    elem, is_input = adapter_input(ctx)
+    p = spec.setting("unilora_dropout", 0.0) or 0.0
+    path = _dropout(layer, p) + matmul_input(elem, is_input and not p > 0, i, ctx)
+    return path + Saved(per_token=r * K, fixed=(r * i + o * r) * K, fixed_grad_only=r * i * K)
+
+
 def fourierft(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     """The delta ``ifft2(dense spectrum).real * scaling`` ``(out, in)`` (in the spectrum's dtype) and the input,
     kept by ``F.linear``."""
@@ -266,6 +320,84 @@ def shira(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
             + Saved(fixed=weight + n * (16 + ctx.adapter), fixed_grad_only=weight))
 
 
+def supertuning(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``SupertuningLayer``'s Linear forward (peft 0.21.2 ``tuners/supertuning/layer.py``): ``W.reshape(-1)
+    .scatter_add(0, indices.to(int64), values.to(W.dtype))`` (its backward keeps the int64 copy of the indices),
+    then ``F.linear(x, W', bias)`` keeps the input and the rebuilt ``(out, in)`` weight in the base's dtype (for
+    the input's gradient; its 16-bit copy under autocast), as SHiRA's; with ``r``: ``lora_B(lora_A(dropout(x)
+    .to(A.dtype)))`` keeps the input (or its copy in the adapter's dtype; dropout's mask) and the ``(tokens, r)``
+    product, as LoRA's (the casts of ``lora_A``/``lora_B``'s weights are the ledger's)."""
+    o, i = layer.out_features, layer.in_features
+    n = layer.shape("supertuning_values")[0]
+    weight = operand(o * i, ctx.base or ctx.stream, ctx)
+    saved = matmul_input(ctx.stream, True, i, ctx) + Saved(fixed=weight + 8 * n, fixed_grad_only=weight)
+    if layer.has("supertuning_lora_A"):
+        r = layer.shape("supertuning_lora_A")[0]
+        elem, is_input = adapter_input(ctx)
+        p = spec.setting("lora_dropout", 0.0) or 0.0
+        saved += (_dropout(layer, p) + matmul_input(elem, is_input and not p > 0, i, ctx)
+                  + Saved(per_token=r * out_elem(ctx)))
+    return saved
+
+
+def psoft(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``PsoftLayer``'s Linear forward (peft 0.21.2 ``tuners/psoft/layer.py``): ``x`` cast to the fp32 ``A``
+    (dropout on it: a mask), ``xa = x_d @ A.t()`` keeps only the frozen ``A`` (its autocast copy), for the input's
+    gradient; ``OrthLayer.forward`` builds ``R`` (``get_matrix``) and ``xa @ R.t()`` keeps ``xa`` ``(tokens, r)`` and
+    ``R`` in ``xa``'s dtype; ``(xr - xa) @ B.t()`` keeps the frozen ``B`` (its autocast copy). ``get_matrix`` with
+    ``psoft_orth``: the skew matrix from the trained triangle (``index_put`` keeps the index buffers), then
+    ``linalg.solve(I - Q, I + Q, left=False)`` in fp32 (its LU, pivots and result), or the Neumann series (the
+    skew matrix and the powers its products read); the magnitudes multiply it (each product keeps its
+    matrix operand); a 16-bit rotation is cast back after the fp32 solve."""
+    o, i = layer.out_features, layer.in_features
+    r = layer.shape("_psoft_A_cache")[0]
+    AC, Ad = ctx.autocast, ctx.adapter
+    K = AC or 4  # xa's dtype (x cast to the fp32 A; autocast's under AMP)
+    at = "psoft_R.default."
+    orth, mag_b, mag_a = layer.has(at + "rows"), layer.has(at + "vector_b"), layer.has(at + "vector_a")
+    solve = orth and not spec.setting("use_cayley_neumann", False)
+    rd = 4 if solve else Ad  # R's dtype while the magnitudes multiply it
+    if solve:  # linalg.solve on fp32 (as OFT's): three (r, r) tensors (the LU, the result, ...), the pivots (int32)
+        fixed = 3 * r * r * 4 + r * 4
+    elif orth:  # the skew matrix and the powers the series' products read
+        fixed = max(spec.setting("num_cayley_neumann_terms", 5) - 2, 0) * r * r * Ad
+    else:
+        fixed = 0
+    if mag_b and orth and not solve:  # vector_b[:, None] * R keeps the series' R (the solve keeps its result already)
+        fixed += r * r * rd
+    if mag_a and (orth or mag_b):  # R * vector_a[None, :] keeps R (the trained weight itself costs nothing)
+        fixed += r * r * rd
+    new = orth or mag_b or mag_a  # R is a new tensor, not the trained weight
+    if solve:  # cast back to the trained dtype
+        rd = Ad
+    # R in xa's dtype (the trained weight: a copy), kept by xa @ R.t() for xa's gradient (none without the input's)
+    kept_r = r * r * K if new or rd != K else 0
+    grad_only = kept_r + (r * i * AC if AC else 0)
+    fixed += grad_only + (o * r * AC if AC else 0)
+    return _dropout(layer, spec.setting("psoft_dropout", 0.0)) + Saved(per_token=r * K, fixed=fixed,
+                                                                       fixed_grad_only=grad_only)
+
+
+def poly(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``PolyLayer``'s Linear forward (peft 0.21.2 ``tuners/poly/layer.py``, ``router.py:PolyRouter.forward``): the
+    router's per-sample mixing weights (a relaxed Bernoulli sample of the task's logits, normalized), then
+    ``A = einsum(w, lora_A).reshape(bs, in, r)`` and ``B`` alike, one ``(in, r)`` and one ``(r, out)`` factor per
+    sample; ``x.to(A.dtype).bmm(A).bmm(B)`` keeps the input (its copy in ``A``'s dtype), ``A`` (for the input's
+    gradient), the ``(tokens, r)`` product and ``B``. Under autocast the einsums' matmuls keep the casts of the
+    stacked factors (leaves: cached)."""
+    o, i = layer.out_features, layer.in_features
+    q, k, _, r = layer.shape("poly_lora_A")
+    AC = ctx.autocast
+    E = AC or ctx.adapter  # the mixed factors' dtype
+    elem, is_input = E, ctx.stream == E
+    fixed = k * (i * r + r * o) * AC if AC else 0
+    router = (6 * q * k + q) * ctx.adapter  # the relaxed Bernoulli sample's and the normalization's tensors (the
+    # int64 task ids the index keeps are the model's input, shared by every layer)
+    return matmul_input(elem, is_input, i, ctx) + Saved(per_token=r * E, fixed=fixed,
+                                                        per_sample=(i * r + r * o) * E + router,
+                                                        sample_grad_only=i * r * E)
+
+
 def delora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     """``DeloraLinear.forward``: ``x_d * w_norm`` (the buffer needs no gradient: the product is kept by the
     first ``F.linear``, not ``x``), ``h = F.linear(., A)``, ``h * scaling`` (keeps ``h`` and the ``(r,)``
@@ -328,6 +460,6 @@ def randlora(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     return saved + Saved(per_token=nb * r * K, fixed=ub + ua, fixed_grad_only=ub + ua)
 
 
-FORMULAS = {"road": road, "c3a": c3a, "randlora": randlora, "shira": shira, "delora": delora, "gralora": gralora, "ia3": ia3, "loha": loha, "lokr": lokr, "oft": oft, "boft": boft, "hra": hra, "vera": vera,
+FORMULAS = {"road": road, "c3a": c3a, "randlora": randlora, "shira": shira, "delora": delora, "gralora": gralora, "ia3": ia3, "loha": loha, "lokr": lokr, "oft": oft, "boft": boft, "hra": hra, "vera": vera, "pvera": pvera, "tinylora": tinylora, "unilora": unilora, "supertuning": supertuning, "psoft": psoft, "poly": poly,
             "fourierft": fourierft, "waveft": waveft, "miss": miss, "vblora": vblora, "ln_tuning": ln_tuning,
             "osf": osf, "trainable_tokens": trainable_tokens}
