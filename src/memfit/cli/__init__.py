@@ -1,17 +1,56 @@
 """The ``memfit`` command line: one module per command (its options and help beside its handler),
-``common`` for what they share, ``app`` for the Typer application they register with. Heavy imports
-stay inside the handlers, so ``memfit --help`` and ``memfit plan`` start fast."""
+``common`` for what they share, ``application`` for the Typer application they register with. Heavy
+imports stay inside the handlers, so ``memfit --help`` and ``memfit plan`` start fast, and ``main``
+imports only the module of the command that runs (every module for ``memfit --help``, no command, or
+a name that is no command, so that the help and the errors list every command).
+
+``memfit.cli.app`` is the whole application, every command registered (a test's ``CliRunner``)."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 
-# registers the commands, in the order --help lists them
-from memfit.cli import plan, trace, replay, recommend, diagnose, compare, catalog  # noqa: F401, I001
-from memfit.cli.app import app
 from memfit.errors import MemfitError
 
-__all__ = ["app", "main"]
+__all__ = ["COMMANDS", "app", "main", "register_commands"]
+
+COMMANDS = {"plan": "plan", "trace": "trace", "replay": "replay", "recommend": "recommend", "diagnose": "diagnose",
+            "compare": "compare", "models": "catalog", "zero-paper": "catalog"}
+"""Each command and the module that registers it, in the order ``memfit --help`` lists them."""
+
+_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
+_GLOBAL_FLAGS = ("--verbose",)
+"""The application's own options that take no value and can come before the command (``--version``
+and ``--help`` print and exit: every command is registered for them)."""
+
+
+def register_commands(names=None):
+    """The Typer application with the commands ``names`` registered (every command when None), in
+    ``COMMANDS``' order whatever order their modules were imported in."""
+    from memfit.cli.application import app
+
+    for module in _MODULES if names is None else dict.fromkeys(COMMANDS[n] for n in names):
+        importlib.import_module(f"memfit.cli.{module}")
+    order = {f"memfit.cli.{m}": i for i, m in enumerate(_MODULES)}
+    app.registered_commands.sort(key=lambda info: order.get(getattr(info.callback, "__module__", ""), len(order)))
+    return app
+
+
+def __getattr__(name: str):
+    if name == "app":
+        return register_commands()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def command_to_run(argv: list[str]) -> str | None:
+    """The command ``argv`` (the arguments after ``memfit``) names, or None where it names none of
+    ``COMMANDS`` (no command, ``--help``, ``--version``, an unknown option or a misspelt name)."""
+    for arg in argv:
+        if arg in _GLOBAL_FLAGS:
+            continue
+        return arg if arg in COMMANDS else None
+    return None
 
 
 def _forbid_blank_values(command) -> None:
@@ -40,10 +79,11 @@ def main() -> None:
     """Entry point: bad input becomes one line on stderr and exit status 2, never a traceback."""
     import typer.main
 
-    from memfit.cli.app import VERBOSE
+    from memfit.cli.application import VERBOSE
     from memfit.cli.noise import LibraryNoise
 
-    command = typer.main.get_command(app)
+    name = command_to_run(sys.argv[1:])
+    command = typer.main.get_command(register_commands(None if name is None else [name]))
     _forbid_blank_values(command)
     noise = LibraryNoise.install()
     try:
