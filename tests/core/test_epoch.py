@@ -73,6 +73,46 @@ def test_the_template_is_the_recipes_step_at_other_lengths(name):
             assert list(sizes) == [o[2] for o in r.ops], f"{name} at {x} tokens"
 
 
+def _fraction_coeffs(ls, sizes):
+    """The fit the long way round: each Lagrange basis polynomial in Fractions, each coefficient reduced,
+    over the lcm of their denominators."""
+    from fractions import Fraction
+    from math import lcm
+
+    if len(set(sizes)) == 1:
+        return (0, 0, sizes[0], 1)
+    total = [Fraction(0)] * 3
+    for i, xi in enumerate(ls):
+        p, q = (x for k, x in enumerate(ls) if k != i)
+        den = Fraction((xi - p) * (xi - q))
+        for j, v in enumerate((1, -(p + q), p * q)):
+            total[j] += sizes[i] * v / den
+    d = lcm(*(t.denominator for t in total))
+    return tuple(int(t * d) for t in total) + (d,)
+
+
+def test_the_integer_fit_is_the_fraction_fit():
+    """``StepTemplate.build`` fits in integers; each op's (a, b, c, d) must be the reduced Fraction fit."""
+    import random
+
+    from memfit.core.epoch.template import Resolved
+
+    rng = random.Random(7)
+    for ls in ((256, 512, 1024), (100, 101, 102), (3, 17, 1000), (1, 2, 4)):
+        ops = []
+        for tid in range(400):
+            a, b, c = rng.choice((0, 0, rng.randrange(1, 99))), rng.randrange(0, 2**20), rng.randrange(0, 2**30)
+            ops.append([a * x * x + b * x + c + rng.choice((0, 0, 0, rng.randrange(1, 4096))) for x in ls])
+        ops.append([4096] * 3)
+        steps = {x: Resolved(ops=tuple((True, t, o[i]) for t, o in enumerate(ops)), keys=("k",) * len(ops), carry_in=(),
+                             carry_out=(), backward_at=0, optimizer_at=0, before=(), outside_bytes=0)
+                 for i, x in enumerate(ls)}
+        tp = StepTemplate.build(steps)
+        assert list(tp.coeffs) == [_fraction_coeffs(ls, o) for o in ops], ls
+        for i, x in enumerate(ls):
+            assert tp.sizes(x) == (tuple(o[i] for o in ops), 0)
+
+
 class RecipeSteps:
     """A step source written by the recipes at each length asked (no template)."""
 
