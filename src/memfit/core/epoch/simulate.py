@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass, replace
 
 from memfit.core.alloc.device_caching import CudaCachingAllocator
+from memfit.core.alloc.ops import run_ops
 from memfit.core.epoch.shapes import EpochShapes, default_distribution, epoch_shapes
 from memfit.core.epoch.template import (STEP_END, STEP_START, Resolved, StepTemplate, TemplateError, resolve,
                                         resolve_windows)
@@ -55,12 +56,7 @@ class AllocatorRun:
         self.handles: dict[int, object] = {}
 
     def run(self, kinds, tids, sizes, start: int, end: int) -> None:  # noqa: ANN001
-        a, h = self.alloc, self.handles
-        for i in range(start, end):
-            if kinds[i]:
-                h[tids[i]] = a.malloc(sizes[i])
-            else:
-                a.free(h.pop(tids[i]))
+        run_ops(self.alloc, kinds, tids, sizes, self.handles, start, end)
 
     def state_key(self) -> tuple:
         a = self.alloc
