@@ -204,3 +204,36 @@ def test_group_by_length_puts_the_longest_batch_first_and_pack_is_fixed(tmp_path
     k = epoch_shapes(dist, rule="pack", micro_batch=4, world=1, grad_accum=1, steps=30, max_seq_length=512, seed=1,
                      source="t")
     assert set(k.lengths) == {512}
+
+
+@pytest.mark.parametrize("rule", ["pad-longest", "bucket"])
+def test_the_shapes_are_the_sampler_s_draws(rule):
+    """``epoch_shapes`` draws with cumulative counts; the batches must be those of ``choices(weights=counts)``
+    (the sampler's draw, written out here) with the same seed."""
+    import random
+
+    from memfit.core.batch_shapes import LengthDistribution
+    from memfit.core.epoch.shapes import MEGABATCH_MULT, epoch_shapes, shape_quantum
+
+    rng = random.Random(3)
+    lengths = tuple(sorted(rng.sample(range(8, 3000), 200)))
+    dist = LengthDistribution(lengths=lengths, counts=tuple(rng.randrange(1, 50) for _ in lengths), source="test")
+    b, world, ga, steps, cap = 4, 2, 3, 300, 2048
+    got = epoch_shapes(dist, rule=rule, micro_batch=b, world=world, grad_accum=ga, steps=steps, max_seq_length=cap,
+                       seed=11, source="test")
+    draw = random.Random(11)
+    cut = [min(n, cap) for n in dist.lengths]
+    rows = []
+    while len(rows) < steps * ga:
+        if rule == "bucket":
+            mega = draw.choices(cut, weights=dist.counts, k=MEGABATCH_MULT * b * world)
+            if not rows:
+                mega[0] = max(cut)
+            mega.sort(reverse=True)
+            rows.extend([mega[i:i + b] for i in range(0, len(mega), b)][::world][k][0]
+                        for k in range(len(range(0, len(mega), b)[::world])))
+        else:
+            rows.append(max(draw.choices(cut, weights=dist.counts, k=b)))
+    q = shape_quantum(max(cut))
+    want = tuple(min(-(-max(rows[i * ga:(i + 1) * ga]) // q) * q, cap) for i in range(steps))
+    assert got.lengths == want
