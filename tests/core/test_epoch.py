@@ -104,6 +104,7 @@ def test_the_integer_fit_is_the_fraction_fit():
             a, b, c = rng.choice((0, 0, rng.randrange(1, 99))), rng.randrange(0, 2**20), rng.randrange(0, 2**30)
             ops.append([a * x * x + b * x + c + rng.choice((0, 0, 0, rng.randrange(1, 4096))) for x in ls])
         ops.append([4096] * 3)
+        ops.append([4096 * (ls[2] - x) for x in ls])  # linear, falling: below 0 past ls[2]
         steps = {x: Resolved(ops=tuple((True, t, o[i]) for t, o in enumerate(ops)), keys=("k",) * len(ops), carry_in=(),
                              carry_out=(), backward_at=0, optimizer_at=0, before=(), outside_bytes=0)
                  for i, x in enumerate(ls)}
@@ -111,6 +112,10 @@ def test_the_integer_fit_is_the_fraction_fit():
         assert list(tp.coeffs) == [_fraction_coeffs(ls, o) for o in ops], ls
         for i, x in enumerate(ls):
             assert tp.sizes(x) == (tuple(o[i] for o in ops), 0)
+        for x in (ls[0] // 2 + 1, ls[2] + 37, 3 * ls[2]):  # elsewhere: the fit's value, rounded up, never below 0
+            want = [-(-(a * x * x + b * x + c) // d) for a, b, c, d in map(lambda o: _fraction_coeffs(ls, o), ops)]
+            inexact = sum(1 for a, b, c, d in map(lambda o: _fraction_coeffs(ls, o), ops) if (a * x * x + b * x + c) % d)
+            assert tp.sizes(x) == (tuple(max(w, 0) for w in want), inexact), (ls, x)
 
 
 class RecipeSteps:

@@ -183,8 +183,9 @@ class StepTemplate:
         ls = tuple(sorted(steps))
         r = [steps[x] for x in ls]
         base = r[0]
+        heads = [o[:2] for o in base.ops]
         for other in r[1:]:
-            if (other.keys != base.keys or [o[:2] for o in other.ops] != [o[:2] for o in base.ops]
+            if (other.keys != base.keys or [o[:2] for o in other.ops] != heads
                     or other.carry_in != base.carry_in or other.carry_out != base.carry_out
                     or other.backward_at != base.backward_at or other.optimizer_at != base.optimizer_at):
                 raise TemplateError("the steps written at different lengths do not line up event for event")
@@ -211,8 +212,12 @@ class StepTemplate:
         out, inexact = [], 0
         L2 = length * length
         for a, b, c, d in self.coeffs:
-            if d == 1 and a == 0 and b == 0:
-                out.append(c)
+            if d == 1:  # an integer polynomial (every op of the shipped recipes): no division
+                if a or b:
+                    num = a * L2 + b * length + c
+                    out.append(num if num > 0 else 0)
+                else:
+                    out.append(c)
                 continue
             num = a * L2 + b * length + c
             q, rem = divmod(num, d)
