@@ -115,6 +115,47 @@ def test_plan_does_not_import_heavy_libraries():
     assert r.stdout.strip() == "[]"
 
 
+def test_a_command_imports_only_its_own_module_and_the_app_still_has_every_command():
+    """``main`` imports the running command's module only (issue 22: start-up); ``memfit.cli.app``
+    afterwards is still the whole application, its commands in --help's order."""
+    code = ("import sys, io, contextlib; sys.argv = ['memfit', 'recommend', '--help']; from memfit import cli\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try: cli.main()\n"
+            "    except SystemExit: pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith('memfit.cli.')))\n"
+            "import typer.main; print(list(typer.main.get_command(cli.app).commands))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    loaded, commands = r.stdout.strip().splitlines()
+    assert loaded == str(["memfit.cli.application", "memfit.cli.common", "memfit.cli.noise", "memfit.cli.recommend"])
+    assert commands == str(["plan", "trace", "replay", "recommend", "diagnose", "compare", "models", "zero-paper"])
+
+
+def test_a_plan_runs_no_garbage_collection_and_main_restores_the_schedule():
+    """Issue 22 (start-up): the process's entry point raises the collector's first generation so that a
+    plan scans nothing (``memfit.cli.GC_FIRST_GENERATION``: the seed allocates ~47,000 container
+    objects, the default schedule ran 86 collections); ``main``, called in-process, gives the caller
+    its own threshold back."""
+    code = ("import atexit, gc, sys\n"
+            "gc.collect()  # the count starts at 0: what the interpreter's start-up allocated is not the plan's\n"
+            "n = []\n"
+            "gc.callbacks.append(lambda phase, info: n.append(info['generation']) if phase == 'start' else None)\n"
+            "atexit.register(lambda: print('collections', n, file=sys.stderr))\n"
+            f"sys.argv = ['memfit', 'plan', {str(SEED)!r}]\n"
+            "import runpy; runpy.run_module('memfit.cli', run_name='__main__')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == "collections []", r.stderr[-500:]
+    code = ("import gc, io, sys, contextlib; gc.set_threshold(700, 10, 10)\n"
+            f"sys.argv = ['memfit', 'plan', {str(SEED)!r}, '--json']; from memfit import cli\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    cli.main()\n"
+            "print(gc.get_threshold())")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "(700, 10, 10)"
+
+
 TINY_GPTJ = {"architectures": ["GPTJForCausalLM"], "model_type": "gptj", "vocab_size": 1000, "n_embd": 128,
              "n_layer": 2, "n_head": 4, "rotary_dim": 16, "n_positions": 256, "tie_word_embeddings": False,
              "bos_token_id": 0, "eos_token_id": 0}

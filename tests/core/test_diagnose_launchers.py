@@ -124,7 +124,7 @@ def test_a_failure_on_the_way_up_to_a_peak_above_the_card_is_predicted():
 
 
 def test_the_log_gives_no_plan_so_the_next_step_is_to_plan_it():
-    from memfit.cli.app import app  # noqa: F401 (registers the commands)
+    from memfit.cli import app  # noqa: F401 (registers the commands)
     from robustness.clirun import cli
 
     r = cli("diagnose", "--log", str(TORCHRUN))

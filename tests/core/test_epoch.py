@@ -73,6 +73,51 @@ def test_the_template_is_the_recipes_step_at_other_lengths(name):
             assert list(sizes) == [o[2] for o in r.ops], f"{name} at {x} tokens"
 
 
+def _fraction_coeffs(ls, sizes):
+    """The fit the long way round: each Lagrange basis polynomial in Fractions, each coefficient reduced,
+    over the lcm of their denominators."""
+    from fractions import Fraction
+    from math import lcm
+
+    if len(set(sizes)) == 1:
+        return (0, 0, sizes[0], 1)
+    total = [Fraction(0)] * 3
+    for i, xi in enumerate(ls):
+        p, q = (x for k, x in enumerate(ls) if k != i)
+        den = Fraction((xi - p) * (xi - q))
+        for j, v in enumerate((1, -(p + q), p * q)):
+            total[j] += sizes[i] * v / den
+    d = lcm(*(t.denominator for t in total))
+    return tuple(int(t * d) for t in total) + (d,)
+
+
+def test_the_integer_fit_is_the_fraction_fit():
+    """``StepTemplate.build`` fits in integers; each op's (a, b, c, d) must be the reduced Fraction fit."""
+    import random
+
+    from memfit.core.epoch.template import Resolved
+
+    rng = random.Random(7)
+    for ls in ((256, 512, 1024), (100, 101, 102), (3, 17, 1000), (1, 2, 4)):
+        ops = []
+        for tid in range(400):
+            a, b, c = rng.choice((0, 0, rng.randrange(1, 99))), rng.randrange(0, 2**20), rng.randrange(0, 2**30)
+            ops.append([a * x * x + b * x + c + rng.choice((0, 0, 0, rng.randrange(1, 4096))) for x in ls])
+        ops.append([4096] * 3)
+        ops.append([4096 * (ls[2] - x) for x in ls])  # linear, falling: below 0 past ls[2]
+        steps = {x: Resolved(ops=tuple((True, t, o[i]) for t, o in enumerate(ops)), keys=("k",) * len(ops), carry_in=(),
+                             carry_out=(), backward_at=0, optimizer_at=0, before=(), outside_bytes=0)
+                 for i, x in enumerate(ls)}
+        tp = StepTemplate.build(steps)
+        assert list(tp.coeffs) == [_fraction_coeffs(ls, o) for o in ops], ls
+        for i, x in enumerate(ls):
+            assert tp.sizes(x) == (tuple(o[i] for o in ops), 0)
+        for x in (ls[0] // 2 + 1, ls[2] + 37, 3 * ls[2]):  # elsewhere: the fit's value, rounded up, never below 0
+            want = [-(-(a * x * x + b * x + c) // d) for a, b, c, d in map(lambda o: _fraction_coeffs(ls, o), ops)]
+            inexact = sum(1 for a, b, c, d in map(lambda o: _fraction_coeffs(ls, o), ops) if (a * x * x + b * x + c) % d)
+            assert tp.sizes(x) == (tuple(max(w, 0) for w in want), inexact), (ls, x)
+
+
 class RecipeSteps:
     """A step source written by the recipes at each length asked (no template)."""
 
@@ -164,3 +209,36 @@ def test_group_by_length_puts_the_longest_batch_first_and_pack_is_fixed(tmp_path
     k = epoch_shapes(dist, rule="pack", micro_batch=4, world=1, grad_accum=1, steps=30, max_seq_length=512, seed=1,
                      source="t")
     assert set(k.lengths) == {512}
+
+
+@pytest.mark.parametrize("rule", ["pad-longest", "bucket"])
+def test_the_shapes_are_the_sampler_s_draws(rule):
+    """``epoch_shapes`` draws with cumulative counts; the batches must be those of ``choices(weights=counts)``
+    (the sampler's draw, written out here) with the same seed."""
+    import random
+
+    from memfit.core.batch_shapes import LengthDistribution
+    from memfit.core.epoch.shapes import MEGABATCH_MULT, epoch_shapes, shape_quantum
+
+    rng = random.Random(3)
+    lengths = tuple(sorted(rng.sample(range(8, 3000), 200)))
+    dist = LengthDistribution(lengths=lengths, counts=tuple(rng.randrange(1, 50) for _ in lengths), source="test")
+    b, world, ga, steps, cap = 4, 2, 3, 300, 2048
+    got = epoch_shapes(dist, rule=rule, micro_batch=b, world=world, grad_accum=ga, steps=steps, max_seq_length=cap,
+                       seed=11, source="test")
+    draw = random.Random(11)
+    cut = [min(n, cap) for n in dist.lengths]
+    rows = []
+    while len(rows) < steps * ga:
+        if rule == "bucket":
+            mega = draw.choices(cut, weights=dist.counts, k=MEGABATCH_MULT * b * world)
+            if not rows:
+                mega[0] = max(cut)
+            mega.sort(reverse=True)
+            rows.extend([mega[i:i + b] for i in range(0, len(mega), b)][::world][k][0]
+                        for k in range(len(range(0, len(mega), b)[::world])))
+        else:
+            rows.append(max(draw.choices(cut, weights=dist.counts, k=b)))
+    q = shape_quantum(max(cut))
+    want = tuple(min(-(-max(rows[i * ga:(i + 1) * ga]) // q) * q, cap) for i in range(steps))
+    assert got.lengths == want

@@ -1,5 +1,5 @@
-"""``python -m memfit.cli``: the console script's entry point."""
+"""``python -m memfit.cli``: the console script's entry point (``run``: ``main`` as the process that exits after it)."""
 
-from memfit.cli import main
+from memfit.cli import run
 
-main()
+run()

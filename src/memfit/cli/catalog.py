@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from memfit.cli.app import app
+from memfit.cli.application import app
 from memfit.cli.common import console
 
 

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from memfit.cli.app import app
+from memfit.cli.application import app
 from memfit.cli.common import check_report_path, console, scenario_command, show_assumptions, warn_inputs, write_report
 
 

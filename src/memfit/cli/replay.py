@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from memfit.cli.app import app
+from memfit.cli.application import app
 from memfit.cli.common import console, scenario_command, show_assumptions, warn_inputs
 from memfit.errors import MemfitError
 

@@ -13,8 +13,12 @@ from memfit.core.verdict import judge
 from memfit.errors import MemfitError
 
 
-def build_notes(sc: Scenario) -> tuple[str, ...]:
-    """What the non-DeepSpeed ledger resolved (dtypes of trained params, ...)."""
+def build_notes(sc: Scenario, model_cache: dict | None = None) -> tuple[str, ...]:
+    """What the non-DeepSpeed ledger resolved (dtypes of trained params, ...): from the model-state
+    view the ledger built (``model_cache``, filled by ``build_timeline``), else built here."""
+    if model_cache:
+        (model,) = model_cache.values()  # one scenario, one model
+        return model.notes
     from memfit.core.ledger.pytorch.params import build_torch_model
 
     return build_torch_model(sc).notes
@@ -34,7 +38,8 @@ def make_plan(sc: Scenario, traced: TracedStep | None = None) -> Plan:
     if traced is not None and sc.framework != "deepspeed" and not traced.by_module:
         raise MemfitError(f"a traced step without per-module bytes cannot replace the activations of a "
                           f"{sc.framework} plan (its layers are booked one by one)")
-    timeline = build_timeline(sc, traced)
+    models: dict = {}
+    timeline = build_timeline(sc, traced, model_cache=models)
     phases = timeline.phases()
     epoch = None
     if sc.epoch.simulate:
@@ -57,7 +62,7 @@ def make_plan(sc: Scenario, traced: TracedStep | None = None) -> Plan:
         *timeline.granularity_notes,
         *sc.model.notes,
         *((sc.train.batch_shape.describe(),) if sc.train.batch_shape is not None else ()),
-    ) + tuple(sc.input_notes) + (build_notes(sc) if sc.framework != "deepspeed" else quant_notes(sc)) + eval_notes(sc)
+    ) + tuple(sc.input_notes) + (build_notes(sc, models) if sc.framework != "deepspeed" else quant_notes(sc)) + eval_notes(sc)
     if epoch is not None:
         from memfit.core.epoch.words import epoch_notes
 

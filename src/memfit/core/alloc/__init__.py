@@ -9,4 +9,5 @@
   ``THCCachingHostAllocator.cpp``, DeepSpeed's ``DS_PIN_MEMORY_BACKEND=native``);
 - ``non_pytorch``: GPU memory outside the caching allocator (CUDA context, NCCL, cuBLAS);
 - ``tracker``: the ledger's alloc/free calls replayed through the simulators, per phase.
+- ``ops``: a run of alloc/free ops through the CUDA caching allocator in one loop (the epoch simulation's).
 """

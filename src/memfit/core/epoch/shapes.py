@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from itertools import accumulate
 
 from memfit.core.batch_shapes import LengthDistribution
 
@@ -97,7 +98,8 @@ def epoch_shapes(dist: LengthDistribution, *, rule: str, micro_batch: int, world
         return EpochShapes(lengths=(cap,) * steps, micro_batch=micro_batch, quantum=1, rule=rule, source=source)
     rng = random.Random(seed)
     lengths = [min(n, cap) for n in dist.lengths]
-    weights = list(dist.counts)
+    cum = list(accumulate(dist.counts))  # choices(cum_weights=cum) is choices(weights=counts) draw for draw,
+    # without accumulating the counts again on every call
     longest = max(lengths)
     q = shape_quantum(longest)
     need = steps * grad_accum
@@ -106,7 +108,7 @@ def epoch_shapes(dist: LengthDistribution, *, rule: str, micro_batch: int, world
         mega = MEGABATCH_MULT * micro_batch * world
         first = True
         while len(rows) < need:
-            draw = rng.choices(lengths, weights=weights, k=mega)
+            draw = rng.choices(lengths, cum_weights=cum, k=mega)
             if first:  # LengthGroupedSampler puts the mega-batch with the longest sample first
                 draw[0] = longest
                 first = False
@@ -116,7 +118,7 @@ def epoch_shapes(dist: LengthDistribution, *, rule: str, micro_batch: int, world
             rows.extend(b[0] for b in batches[::world])
     else:
         for _ in range(need):
-            rows.append(max(rng.choices(lengths, weights=weights, k=micro_batch)))
+            rows.append(max(rng.choices(lengths, cum_weights=cum, k=micro_batch)))
     rows = rows[:need]
     per_step = [max(rows[i * grad_accum:(i + 1) * grad_accum]) for i in range(steps)]
     rounded = tuple(min(-(-n // q) * q, max(cap, longest)) for n in per_step)

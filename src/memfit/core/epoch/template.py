@@ -20,7 +20,7 @@ released by ``step()``) and tensors made inside it that outlive it (``carry_out`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from fractions import Fraction
+from math import gcd, lcm
 
 from memfit.core.ledger_types import Device
 
@@ -183,23 +183,26 @@ class StepTemplate:
         ls = tuple(sorted(steps))
         r = [steps[x] for x in ls]
         base = r[0]
+        heads = [o[:2] for o in base.ops]
         for other in r[1:]:
-            if (other.keys != base.keys or [o[:2] for o in other.ops] != [o[:2] for o in base.ops]
+            if (other.keys != base.keys or [o[:2] for o in other.ops] != heads
                     or other.carry_in != base.carry_in or other.carry_out != base.carry_out
                     or other.backward_at != base.backward_at or other.optimizer_at != base.optimizer_at):
                 raise TemplateError("the steps written at different lengths do not line up event for event")
         coeffs = []
-        basis = [_basis(ls, i) for i in range(3)]
+        mult, den = _basis(ls)
+        m0, m1, m2 = mult
         for j in range(len(base.ops)):
-            sizes = [x.ops[j][2] for x in r]
-            if sizes[0] == sizes[1] == sizes[2]:
-                coeffs.append((0, 0, sizes[0], 1))
+            s0, s1, s2 = r[0].ops[j][2], r[1].ops[j][2], r[2].ops[j][2]
+            if s0 == s1 == s2:
+                coeffs.append((0, 0, s0, 1))
                 continue
-            a = sum(sizes[i] * basis[i][0] for i in range(3))
-            b = sum(sizes[i] * basis[i][1] for i in range(3))
-            c = sum(sizes[i] * basis[i][2] for i in range(3))
-            d = _lcm(a.denominator, b.denominator, c.denominator)
-            coeffs.append((int(a * d), int(b * d), int(c * d), d))
+            w0, w1, w2 = s0 * m0[0], s1 * m1[0], s2 * m2[0]
+            a = w0 + w1 + w2
+            b = w0 * m0[1] + w1 * m1[1] + w2 * m2[1]
+            c = w0 * m0[2] + w1 * m1[2] + w2 * m2[2]
+            g = gcd(a, b, c, den)
+            coeffs.append((a // g, b // g, c // g, den // g))
         return cls(lengths=ls, kinds=tuple(o[0] for o in base.ops), tids=tuple(o[1] for o in base.ops),
                    coeffs=tuple(coeffs), carry_in=base.carry_in, carry_out=base.carry_out,
                    backward_at=base.backward_at, optimizer_at=base.optimizer_at)
@@ -209,8 +212,12 @@ class StepTemplate:
         out, inexact = [], 0
         L2 = length * length
         for a, b, c, d in self.coeffs:
-            if d == 1 and a == 0 and b == 0:
-                out.append(c)
+            if d == 1:  # an integer polynomial (every op of the shipped recipes): no division
+                if a or b:
+                    num = a * L2 + b * length + c
+                    out.append(num if num > 0 else 0)
+                else:
+                    out.append(c)
                 continue
             num = a * L2 + b * length + c
             q, rem = divmod(num, d)
@@ -221,18 +228,23 @@ class StepTemplate:
         return tuple(out), inexact
 
 
-def _basis(ls: tuple[int, int, int], i: int) -> tuple[Fraction, Fraction, Fraction]:
-    """Coefficients (of L^2, L, 1) of the i-th Lagrange basis polynomial on ``ls``."""
-    xi = ls[i]
-    others = [x for k, x in enumerate(ls) if k != i]
-    den = Fraction(1)
-    for x in others:
-        den *= xi - x
-    p, q = others
-    return Fraction(1) / den, Fraction(-(p + q)) / den, Fraction(p * q) / den
-
-
-def _lcm(*ns: int) -> int:
-    from math import lcm
-
-    return lcm(*ns)
+def _basis(ls: tuple[int, int, int]) -> tuple[tuple[tuple[int, int, int], ...], int]:
+    """The Lagrange basis on ``ls`` over one common denominator, in integers: ``D`` (the lcm of the
+    basis polynomials' denominators ``prod_{j != i} (x_i - x_j)``, positive) and per ``i`` its
+    multiplier ``D / den_i`` with the polynomial's ``(1, -(p + q), p q)``, so that a fitted size's
+    coefficients of (L^2, L, 1) are ``sum_i s_i (D / den_i) (1, -(p + q), p q) / D``. Divided by the
+    gcd of the three numerators and ``D``, that is each coefficient as a reduced fraction over the
+    lcm of their denominators (what ``Fraction`` arithmetic gives, without its cost per op)."""
+    dens = []
+    for i, xi in enumerate(ls):
+        den = 1
+        for k, x in enumerate(ls):
+            if k != i:
+                den *= xi - x
+        dens.append(den)
+    D = lcm(*(abs(d) for d in dens))
+    out = []
+    for i, den in enumerate(dens):
+        p, q = (x for k, x in enumerate(ls) if k != i)
+        out.append((D // den, -(p + q), p * q))
+    return tuple(out), D

@@ -15,12 +15,14 @@ def build_ledger(sc: Scenario, traced: TracedStep | None = None) -> tuple[PhaseL
     return build_timeline(sc, traced).phases()
 
 
-def build_timeline(sc: Scenario, traced: TracedStep | None = None) -> Timeline:
-    """Every recipe run, in the order of the real code; the timeline keeps the event log."""
+def build_timeline(sc: Scenario, traced: TracedStep | None = None, *, model_cache: dict | None = None) -> Timeline:
+    """Every recipe run, in the order of the real code; the timeline keeps the event log.
+    ``model_cache``: the torch frameworks' model-state view is left in it (``make_plan`` reads its
+    notes there instead of building it a second time)."""
     if sc.framework != "deepspeed":  # torch / ddp / fsdp / fsdp2: their own recipes (ledger/pytorch/build.py)
         from memfit.core.ledger.pytorch.build import build_torch_timeline
 
-        return build_torch_timeline(sc, tracker=memory_tracker(sc), traced=traced)
+        return build_torch_timeline(sc, tracker=memory_tracker(sc), traced=traced, model_cache=model_cache)
     from memfit.core.ledger.deepspeed.build import build_deepspeed_timeline
 
     return build_deepspeed_timeline(sc, traced, tracker=memory_tracker(sc))
