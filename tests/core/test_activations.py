@@ -85,7 +85,8 @@ def test_scales_with_micro_batch_and_dtype():
 
 
 def test_bad_input_is_a_memfit_error():
-    for kw in (dict(seq_len=0), dict(micro_batch=0), dict(dtype_bytes=0), dict(attention="flash")):
+    for kw in (dict(seq_len=0), dict(micro_batch=0), dict(dtype_bytes=0), dict(attention="flash"),
+               dict(dtype_bytes=4, float16=True)):  # float16 is a 2-byte stream
         with pytest.raises(MemfitError):
             est(**kw)
 

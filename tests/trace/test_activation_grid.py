@@ -169,7 +169,7 @@ def compare(name: str, prec: str, method: str, *, b: int = 1, seq: int = 48, att
     model = estimate_activation_bytes(shape.arch, spec, seq_len=seq, micro_batch=b,
                                       dtype_bytes=4 if dtype == "fp32" else 2,
                                       compute_bytes=2 if autocast else None, gradient_checkpointing=gc,
-                                      attention=attention, target_len=target)
+                                      attention=attention, target_len=target, float16=dtype == "fp16")
     err = (model.total_bytes - traced) / traced
     print(f"{name:17s} {prec:8s} {method:6s} {attention:6s} b={b} task={shape.arch.task} ckpt={gc} target={target}"
           f" trace (CUDA kernels) {traced:>10,} B analytic (CUDA kernels) {model.total_bytes:>10,} B {err:+.3%}")

@@ -72,6 +72,7 @@ def estimate_activation_bytes(
     compute_bytes: int | None = None,
     adapters: AdapterActivations | None = None,
     kernels: str = "cuda",
+    float16: bool = False,
 ) -> ActivationEstimate:
     """Activation bytes of one micro-batch of ``micro_batch`` x ``seq_len`` tokens (see module doc).
 
@@ -83,7 +84,8 @@ def estimate_activation_bytes(
     (``memfit.core.activations.adapters``; without it, LoRA is counted from ``peft`` alone).
     ``kernels``: the accelerator's kernel set (``memfit.core.activations.kernels``: ``cuda``, or ``cpu``
     for ``accelerator: cpu``; the CPU's are planned for ``LayerLayout`` families, CUDA's elsewhere,
-    which the formula says).
+    which the formula says). ``float16``: the residual stream is float16, not bfloat16 (a pure fp16
+    model; ``dtype_bytes`` 2): T5-style blocks then clamp their hidden states (``stacks._t5_clamp``).
     """
     if seq_len < 1 or micro_batch < 1 or dtype_bytes < 1:
         raise MemfitError(f"seq_len, micro_batch and dtype_bytes must be >= 1, got {seq_len}, {micro_batch}, {dtype_bytes}")
@@ -95,6 +97,8 @@ def estimate_activation_bytes(
         raise MemfitError(f"compute_bytes must be 2 or 4, got {compute_bytes}")
     if kernels not in KERNEL_SETS:
         raise MemfitError(f"kernels must be one of {', '.join(KERNEL_SETS)}, got {kernels!r}")
+    if float16 and dtype_bytes != 2:
+        raise MemfitError(f"float16 says the residual stream is 2-byte float16, got dtype_bytes {dtype_bytes}")
     if arch.layout is not None:
         from memfit.core.activations.layout import estimate_from_layout
 
@@ -102,7 +106,7 @@ def estimate_activation_bytes(
                                     gradient_checkpointing=gradient_checkpointing, attention=attention,
                                     keep_outputs=keep_outputs, linear_saves_frozen_inputs=linear_saves_frozen_inputs,
                                     target_len=target_len, compute_bytes=compute_bytes, adapters=adapters,
-                                    kernels=kernels)
+                                    kernels=kernels, float16=float16)
     method = peft.method
     fam = _FAMILY.get(arch.model_type, "llama" if arch.mlp_kind == "gated" else "gpt2")
     D = dtype_bytes

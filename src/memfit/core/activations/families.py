@@ -44,10 +44,11 @@ class Ctx:
     ZeRO-3's linear keeps it anyway). ``adapted(*names)``: whether any of these layers' outputs need a
     gradient in the first block over frozen embeddings (full training, an adapter on them, an adapted
     norm before them). ``r``: LoRA's rank (0 without LoRA). ``kernels``: the accelerator's kernel set
-    (``memfit.core.activations.kernels``: ``cuda`` or ``cpu``)."""
+    (``memfit.core.activations.kernels``: ``cuda`` or ``cpu``). ``float16``: the residual stream is
+    float16 (``D`` 2, not bfloat16)."""
 
     __slots__ = ("D", "C", "amp", "b", "s", "skv", "t", "h", "a", "hq", "hkv", "kv", "i", "eager", "full", "trains",
-                 "adapted", "cache", "gqa", "attention", "r", "kernels")
+                 "adapted", "cache", "gqa", "attention", "r", "kernels", "float16")
 
     def __init__(self, **kw) -> None:
         for k, v in kw.items():

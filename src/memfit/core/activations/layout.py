@@ -37,7 +37,7 @@ def estimate_from_layout(
     arch: ArchSpec, peft: PeftSpec, *, seq_len: int, micro_batch: int, dtype_bytes: int,
     gradient_checkpointing: bool, attention: str, keep_outputs: bool, linear_saves_frozen_inputs: bool,
     target_len: int | None, compute_bytes: int | None = None, adapters: AdapterActivations | None = None,
-    kernels: str = "cuda",
+    kernels: str = "cuda", float16: bool = False,
 ) -> ActivationEstimate:
     L = arch.layout
     method = peft.method
@@ -75,7 +75,8 @@ def estimate_from_layout(
             # SequenceClassifierOutputWithPast, Seq2SeqLMOutput); transformers disables it under checkpointing
             cache=keep_outputs and not gradient_checkpointing and arch.task in ("causal-lm", "sequence-classification", "seq2seq-lm"),
             gqa=arch.num_kv_heads != arch.num_heads,
-            attention=attention, r=peft.lora_r if method == "lora" else 0, kernels=kernels)
+            attention=attention, r=peft.lora_r if method == "lora" else 0, kernels=kernels,
+            float16=float16)
     grad_first = full or peft.prompt_tokens > 0
     # decoder tokens: the target's (peft 0.21's PeftModelForSeq2SeqLM.forward prepends prompt tuning's
     # virtual tokens to the encoder's inputs only, whatever num_transformer_submodules says)

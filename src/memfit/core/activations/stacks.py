@@ -192,8 +192,9 @@ def t5_encoder_layer(arch: ArchSpec, L: LayerLayout, c: Ctx, *, own_bias: bool, 
     n += _t5_attention(L, c, s, s, bias=True)  # the kernel or the scores
     n += 8 * s * s if own_bias and c.full else 0  # this block's bucket indices (the bias embedding's input,
     # kept when the bias trains)
-    n += _drop(L.hidden_dropout, t * h) + _t5_norm(c, *_ff_in(L)) + _t5_ff(arch, L, c) + _drop(L.hidden_dropout, t * h)
-    return n
+    n += _drop(L.hidden_dropout, t * h) + (_t5_clamp(c) if grad_in or c.adapted("q", "k", "v", "o") else 0)
+    n += _t5_norm(c, *_ff_in(L)) + _t5_ff(arch, L, c) + _drop(L.hidden_dropout, t * h)
+    return n + (_t5_clamp(c) if grad_in or c.adapted("q", "k", "v", "o", *_ff_in(L), "wo") else 0)
 
 
 def t5_decoder_layer(arch: ArchSpec, L: LayerLayout, c: Ctx, *, s_enc: int, own_bias: bool, cross_bias: bool,
@@ -210,12 +211,24 @@ def t5_decoder_layer(arch: ArchSpec, L: LayerLayout, c: Ctx, *, s_enc: int, own_
         # sdpa: the causal mask sdpa_attention merges into the bias, kept by the where when the bias trains
         n += s * s if not c.eager and c.full else 0
         n += 8 * s * s if own_bias and c.full else 0
-        n += _drop(L.hidden_dropout, t * h)
+        n += _drop(L.hidden_dropout, t * h) + _t5_clamp(c)
     n += _t5_norm(c, "q", grad_in=self_grad)
     n += C * t * hq + 2 * C * b * s_enc * hq + _t5_attention(L, c, s, s_enc, bias=cross_bias)  # cross-attention
     n += sum(C * b * s_enc * h for name in ("k", "v") if c.amp and c.trains(name))  # the encoder output's copies
-    n += _drop(L.hidden_dropout, t * h) + _t5_norm(c, *_ff_in(L)) + _t5_ff(arch, L, c) + _drop(L.hidden_dropout, t * h)
-    return n
+    n += _drop(L.hidden_dropout, t * h) + _t5_clamp(c)
+    n += _t5_norm(c, *_ff_in(L)) + _t5_ff(arch, L, c) + _drop(L.hidden_dropout, t * h)
+    return n + _t5_clamp(c)
+
+
+def _t5_clamp(c: Ctx) -> int:
+    """T5Block's clamp of float16 hidden states after each sub-layer (transformers 5.24
+    models/t5/modeling_t5.py T5Block.forward; mT5's and umT5's blocks are the same code):
+    ``torch.clamp(hidden_states, min=-clamp_value, max=clamp_value)`` with 0-d bounds from
+    ``torch.where(isinf(...).any(), max - 1000, max)`` (Python floats: the default fp32). clamp.Tensor's
+    node (tools/autograd/derivatives.yaml) keeps its input, the residual sum (D t h; the next norm keeps
+    the clamped copy), and both bounds (4 B each), when the input needs a gradient. bfloat16 and fp32
+    streams are not clamped; neither is an fp32 stream under autocast (the residual sums stay fp32)."""
+    return c.D * c.t * c.h + 4 + 4 if c.float16 else 0
 
 
 def _t5_kept(c: Ctx, grad_in: bool, name: str) -> int:

@@ -70,10 +70,6 @@ class OffKind:
 
 
 OFF_KINDS: tuple[OffKind, ...] = (
-    OffKind(name="t5-fp16-full", model_types=("t5",), precisions=("fp16",), method="full", task="seq2seq-lm",
-            measured=(("t5-fp16-full", -0.05722),),
-            reason="not located yet; lead: pure fp16 T5 (T5LayerFF's clamp of fp16 hidden states and its isinf "
-                   "checks keep tensors the analytic side does not count)"),
     OffKind(name="mt5-amp-checkpointed", model_types=("mt5",), precisions=("amp-bf16",), method="full",
             task="seq2seq-lm", checkpointing=True, measured=(("mt5-amp-bf16-full-gcTrue", 0.02922),),
             reason="not located yet; lead: checkpointed mT5 under AMP: the held inputs counted in the compute dtype"),

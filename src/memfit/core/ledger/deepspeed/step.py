@@ -106,7 +106,8 @@ def activation_estimate(ctx: RecipeContext) -> ActivationEstimate:
                                      attention=sc.train.attention, target_len=sc.train.target_len,
                                      # ZeRO-3's memory-efficient Linear saves every Linear's input
                                      linear_saves_frozen_inputs=z.stage == 3 and z.memory_efficient_linear,
-                                     adapters=deepspeed_adapters(sc, ctx.model_bytes), kernels=sc.accelerator)
+                                     adapters=deepspeed_adapters(sc, ctx.model_bytes), kernels=sc.accelerator,
+                                     float16=sc.deepspeed.precision == "fp16")  # the engine's module.half()
 
 
 def activation_tensors(ctx: RecipeContext, est: ActivationEstimate) -> ActivationTensors:
@@ -116,7 +117,8 @@ def activation_tensors(ctx: RecipeContext, est: ActivationEstimate) -> Activatio
     return split_estimate(est, sc.model.arch, sc.peft, seq_len=sc.train.seq_len, micro_batch=sc.train.micro_batch,
                           dtype_bytes=ctx.model_bytes, gradient_checkpointing=sc.train.gradient_checkpointing,
                           attention=sc.train.attention, target_len=sc.train.target_len,
-                          linear_saves_frozen_inputs=z.stage == 3 and z.memory_efficient_linear, kernels=sc.accelerator)
+                          linear_saves_frozen_inputs=z.stage == 3 and z.memory_efficient_linear, kernels=sc.accelerator,
+                          float16=sc.deepspeed.precision == "fp16")
 
 
 def step_layout(ctx: RecipeContext) -> StepLayout:

@@ -168,8 +168,11 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
     # 16-bit but adding them to the stream promotes back to fp32)
     emb = next((p for p in m.params if p.stage == 0 and len(p.shape) == 2 and not p.adapter and not p.quantized), None)
     D = emb.elem_bytes if emb is not None else (2 if pm.autocast or pm.pure else 4)
+    fp16 = (emb.dtype if emb is not None else pm.pure) == "fp16"
     if sc.framework in ("fsdp", "fsdp2") and sc.fsdp.mixed_precision != "none":
         D = 2  # FSDP's mixed precision computes with 16-bit unsharded params: a 16-bit stream
+        fp16 = sc.fsdp.mixed_precision == "fp16"
+    fp16 = fp16 and D == 2  # a float16 stream (T5's blocks clamp it), not bfloat16
     # the matmul outputs' element size: autocast's 16-bit dtype (under AMP on an fp32 stream they are
     # 16-bit while the residual sums stay fp32)
     C = DTYPE_BYTES[pm.autocast] if pm.autocast else None
@@ -178,7 +181,7 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
     est = estimate_activation_bytes(sc.model.arch, sc.peft, seq_len=sc.train.seq_len,
                                     micro_batch=sc.train.micro_batch, dtype_bytes=D, gradient_checkpointing=ckpt,
                                     attention=sc.train.attention, compute_bytes=C, adapters=adapters,
-                                    target_len=target, kernels=sc.accelerator)
+                                    target_len=target, kernels=sc.accelerator, float16=fp16)
     n_st = m.stages
     stages = [Stage() for _ in range(n_st)]
     blocks = n_st - 2
@@ -243,7 +246,7 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
         stages[-1].act += max(held, 0)  # the eager causal mask, kept with the head
     split = {"seq_len": sc.train.seq_len, "micro_batch": sc.train.micro_batch, "dtype_bytes": D,
              "gradient_checkpointing": ckpt, "attention": sc.train.attention, "compute_bytes": C,
-             "adapters": adapters, "kernels": sc.accelerator, "target_len": target}
+             "adapters": adapters, "kernels": sc.accelerator, "target_len": target, "float16": fp16}
     at = split_estimate(est, sc.model.arch, sc.peft, **split)
     _split_stages(stages, est, at, head_extra=stages[-1].act - est.head_bytes)
     if dropped:

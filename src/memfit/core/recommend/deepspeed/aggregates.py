@@ -369,8 +369,9 @@ class ScenarioAggregates:
         return self._cached(("adapters", dtype_bytes), lambda: deepspeed_adapters(self.scenario, dtype_bytes))
 
     def activation_bytes(self, *, micro_batch: int, dtype_bytes: int, checkpointing: bool,
-                         linear_saves_frozen_inputs: bool) -> int:
-        """``memfit.core.activations.analytic.estimate_activation_bytes`` for this scenario, memoized."""
+                         linear_saves_frozen_inputs: bool, float16: bool = False) -> int:
+        """``memfit.core.activations.analytic.estimate_activation_bytes`` for this scenario, memoized
+        (``float16``: the candidate's precision is fp16, as ``ledger.deepspeed.step.activation_estimate`` says)."""
         sc = self.scenario
 
         def build():
@@ -379,8 +380,8 @@ class ScenarioAggregates:
                                              attention=sc.train.attention, target_len=sc.train.target_len,
                                              linear_saves_frozen_inputs=linear_saves_frozen_inputs,
                                              adapters=self.adapter_activations(dtype_bytes),
-                                             kernels=sc.accelerator).total_bytes
-        return self._cached(("act", micro_batch, dtype_bytes, checkpointing, linear_saves_frozen_inputs), build)
+                                             kernels=sc.accelerator, float16=float16).total_bytes
+        return self._cached(("act", micro_batch, dtype_bytes, checkpointing, linear_saves_frozen_inputs, float16), build)
 
     def zero1_outside_numel(self, ds_version: str, partition: int) -> int:
         """``step._Step.grads_outside_partition``: elements of the trained params that start at or
@@ -413,9 +414,10 @@ class ScenarioAggregates:
         return self._cached(("layout", checkpointing), build)
 
     def activation_segments(self, *, micro_batch: int, dtype_bytes: int, checkpointing: bool,
-                            linear_saves_frozen_inputs: bool) -> StepActivations:
-        """``ledger.step.ActivationPlan`` as per-segment sums (see ``StepActivations``)."""
-        key = ("actseg", micro_batch, dtype_bytes, checkpointing, linear_saves_frozen_inputs)
+                            linear_saves_frozen_inputs: bool, float16: bool = False) -> StepActivations:
+        """``ledger.step.ActivationPlan`` as per-segment sums (see ``StepActivations``); ``float16`` as in
+        ``activation_bytes``."""
+        key = ("actseg", micro_batch, dtype_bytes, checkpointing, linear_saves_frozen_inputs, float16)
         v = self.memo.get(key)
         if v is not None:
             return v
@@ -425,7 +427,8 @@ class ScenarioAggregates:
                                         dtype_bytes=dtype_bytes, gradient_checkpointing=checkpointing,
                                         attention=sc.train.attention, target_len=sc.train.target_len,
                                         linear_saves_frozen_inputs=linear_saves_frozen_inputs,
-                                        adapters=self.adapter_activations(dtype_bytes), kernels=sc.accelerator)
+                                        adapters=self.adapter_activations(dtype_bytes), kernels=sc.accelerator,
+                                        float16=float16)
         lay = self.layout(checkpointing)
         plan = ActivationPlan(est, lay.blocks, lay.n_segments, dtype_bytes, checkpointing,
                               arch.num_layers + arch.num_encoder_layers)

@@ -96,7 +96,7 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
     GA = max(c.grad_accum, 1)
     mel = stage3 and z.memory_efficient_linear
     acts = agg.activation_segments(micro_batch=c.micro_batch, dtype_bytes=nb, checkpointing=ckpt,
-                                   linear_saves_frozen_inputs=mel)
+                                   linear_saves_frozen_inputs=mel, float16=c.precision == "fp16")
     overlap = z.overlap_comm if overlap_given(sc) else c.stage == 3
     zero_init = c.zero_init and stage3
     eb = agg.element_bytes(c.precision, c.load_dtype, zero_init)
