@@ -184,7 +184,7 @@ def _held_layers(arch: ArchSpec, c: Ctx, groups: list[LayerGroup], s_dec: int) -
         if arch.model_type != "umt5":
             a = c.a
             out[0] += D * a * c.s * c.s  # the encoder's bias (t5_held_biases)
-            out[n_enc] += D * a * s_dec * s_dec + D * a * s_dec * c.s  # the decoder's self and cross biases
+            out[n_enc] += D * a * s_dec * s_dec + c.C * a * s_dec * c.s  # the decoder's self and cross biases
     elif L.family == "t5":
         out[0] += t5_held_biases(arch, c, s_dec)
     return tuple(out)

@@ -274,11 +274,14 @@ def _t5_attention(L: LayerLayout, c: Ctx, s: int, skv: int, *, bias: bool) -> in
 
 def t5_held_biases(arch: ArchSpec, c: Ctx, s_dec: int) -> int:
     """Under checkpointing, the biases T5 and mT5 compute in block 0 and hand to every later block
-    are held for the recomputes: the encoder's, the decoder's (causal) and the cross-attention's."""
+    are held for the recomputes: the encoder's, the decoder's (causal) and the cross-attention's. The
+    relative biases come from the bias embedding (the model's dtype); the cross-attention has none and
+    makes zeros in the query's dtype (T5Attention.forward: ``torch.zeros(..., dtype=query_states.dtype)``,
+    autocast's 16-bit dtype under AMP)."""
     if arch.model_type == "umt5":  # every block computes its own
         return 0
-    D, a, s = c.D, c.a, c.s
-    return D * a * s * s + (D * a * s_dec * s_dec + D * a * s_dec * s if arch.num_encoder_layers else 0)
+    D, C, a, s = c.D, c.C, c.a, c.s
+    return D * a * s * s + (D * a * s_dec * s_dec + C * a * s_dec * s if arch.num_encoder_layers else 0)
 
 
 def _t5_ff(arch: ArchSpec, L: LayerLayout, c: Ctx) -> int:
