@@ -339,12 +339,14 @@ def adapter_activations(shape: ModelShape, spec: PeftSpec, *, adapter_bytes: int
                               quantized=quantized, embedding_trains=input_embedding_trains(shape))
 
 
-INPUT_EMBEDDING_MODULES = (EMBEDDING_LAYER_NAMES - {"relative_attention_bias"}) | {"embeddings"}
+INPUT_EMBEDDING_MODULES = (EMBEDDING_LAYER_NAMES - {"relative_attention_bias", "shared"}) | {"embeddings"}
 """Modules before the first block whose output is the first block's input, or is added into it: the token,
 position and token-type embeddings of every family memfit builds (``embed_tokens``, ``wte``/``wpe``,
-``word_embeddings``/``position_embeddings``/``token_type_embeddings``, ``embed_in``, T5's ``shared``), and
-BERT's/DeBERTa's ``embeddings`` container (its LayerNorm). T5's ``relative_attention_bias`` is in block 0 and
-adds to the scores, not the stream."""
+``word_embeddings``/``position_embeddings``/``token_type_embeddings``, ``embed_in``), and BERT's/DeBERTa's
+``embeddings`` container (its LayerNorm). Not T5's ``shared``: in transformers 5 the encoder and decoder look
+tokens up in their own ``embed_tokens`` (tied to ``shared.weight``: ``T5ForConditionalGeneration._tied_weights_keys``,
+``T5Stack.forward``), so a tuner's wrapper of ``shared`` never runs; nor ``relative_attention_bias``, which is in
+block 0 and adds to the scores, not the stream."""
 
 
 def input_embedding_trains(shape: ModelShape) -> bool:
