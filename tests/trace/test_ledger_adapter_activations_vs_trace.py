@@ -43,7 +43,10 @@ CASES = {  # name: (config, targets, dtype, target_len)
     "bert-fp32-lora-position-embeddings": ("bert", ("query", "value", "position_embeddings"), "fp32", None),
     "bert-fp32-lora-token-type-embeddings": ("bert", ("query", "value", "token_type_embeddings"), "fp32", None),
     "gpt2-fp32-lora-wpe": ("gpt2", ("c_attn", "wpe"), "fp32", None),
+    "bert-fp32-ln-tuning-with-embeddings": ("bert", ("LayerNorm",), "fp32", None),
 }
+METHODS = {"bert-fp32-ln-tuning-with-embeddings": "ln_tuning"}
+"""Cases of another method than LoRA (LN tuning of every LayerNorm, the embeddings' too: -2.07% before issue 21's fix)."""
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -54,7 +57,8 @@ def test_ledger_path_matches_the_trace(case):
     name, targets, dtype, target = CASES[case]
     config = CONFIGS[name]
     elem = 4 if dtype == "fp32" else 2
-    spec = PeftSpec(method="lora", target_modules=targets, lora_dropout=0.1)
+    method = METHODS.get(case, "lora")
+    spec = PeftSpec(method=method, target_modules=targets, lora_dropout=0.1 if method == "lora" else 0.0)
     shape = apply_peft(build_model_shape(source_from_config(config)), spec)
     acts = adapter_activations(shape, spec, adapter_bytes=elem, base_bytes=elem)
     attention = resolve(config["model_type"], None)
