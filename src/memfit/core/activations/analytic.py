@@ -17,7 +17,8 @@ family produce them:
   saves them anyway (``linear_saves_frozen_inputs``).
 - Tensors shared by several consumers count once (the normed input of q, k, v and the MLP).
 - Nothing before the first op that needs a gradient is saved: with frozen embeddings (LoRA,
-  prefix) the first layer's input norm keeps nothing.
+  prefix) the first layer's input norm keeps nothing; an adapted or trained input embedding (LoRA on
+  ``embed_tokens``, ``modules_to_save``, trainable tokens) is not frozen (``first_block_input_trains``).
 - Prefix tuning lengthens keys and values by ``P`` virtual tokens in every layer and backpropagates
   through all of them; prompt tuning lengthens the whole sequence.
 - LoRA keeps the ``r``-wide output of ``lora_A`` per adapted layer (its input is the base layer's,
