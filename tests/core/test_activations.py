@@ -94,3 +94,39 @@ def test_bad_input_is_a_memfit_error():
 # The recommender's speed target (more than 10,000 configurations per second through
 # estimate_activation_bytes) is printed by benchmarks/bench_trace.py (bench_analytic), not asserted here:
 # a loaded machine stretches wall time (issue 24 item 10).
+
+
+def test_a_trained_input_embedding_makes_the_first_block_keep_what_the_others_keep():
+    """Issue 21: LoRA on the input embedding (or the embedding in ``modules_to_save``) makes the embedding's
+    output require grad, so the first block keeps its input norm and the rest as every later block does;
+    a LoRA on the blocks only leaves the first block lighter (whole-model traces:
+    tests/trace/test_tuner_activations_vs_trace.py)."""
+    from memfit.core.activations.adapters import adapter_activations, first_block_input_trains
+    from memfit.core.catalog import ModelConfigSource
+    from memfit.core.peft.params import apply_peft
+    from memfit.core.shapes import build_model_shape
+
+    config = dict(model_type="llama", vocab_size=2000, hidden_size=384, intermediate_size=1024, num_hidden_layers=3,
+                  num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=1024,
+                  tie_word_embeddings=False, architectures=["LlamaForCausalLM"])
+    linears = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    source = ModelConfigSource(name="llama-384", config=config, path=None, origin="local")
+    figures = {}
+    for name, spec in {"blocks": PeftSpec(method="lora", target_modules=linears),
+                       "embedding": PeftSpec(method="lora", target_modules=(*linears, "embed_tokens")),
+                       "saved": PeftSpec(method="lora", target_modules=linears, modules_to_save=("embed_tokens",))
+                       }.items():
+        shape = apply_peft(build_model_shape(source), spec)
+        acts = adapter_activations(shape, spec, adapter_bytes=2, base_bytes=2)
+        e = estimate_activation_bytes(shape.arch, spec, seq_len=96, micro_batch=1, dtype_bytes=2,
+                                      attention="eager", adapters=acts)
+        figures[name] = (acts.embedding_trains, e.first_layer_bytes, e.layer_bytes)
+    assert figures["blocks"][0] is False and figures["blocks"][1] < figures["blocks"][2]
+    for name in ("embedding", "saved"):
+        trains, first, layer = figures[name]
+        assert trains and first == layer, name
+    # without the adapters (the grid's calls): the spec's modules_to_save and LoRA targets say it
+    assert first_block_input_trains(PeftSpec(method="prefix", modules_to_save=("model.embed_tokens",)), None)
+    assert first_block_input_trains(PeftSpec(method="lora", target_modules=("q_proj", "wte")), None)
+    assert not first_block_input_trains(PeftSpec(method="lora", target_modules=("q_proj", "v_proj")), None)
+    assert not first_block_input_trains(PeftSpec(method="lora", modules_to_save=("lm_head",)), None)

@@ -68,6 +68,10 @@ CASES = {
     "frod": {"peft_type": "FROD", "target_modules": ALL},
     "hira": {"peft_type": "HIRA", "target_modules": ALL, "r": 8},
     "hira-embedding": {"peft_type": "HIRA", "target_modules": [*ALL, "embed_tokens"], "r": 8},
+    # an adapted or trained input embedding: its output requires grad, so the first block keeps what the others keep
+    "lora-embedding": {"peft_type": "LORA", "r": 8, "target_modules": [*ALL, "embed_tokens"]},
+    "lora-save-embedding": {"peft_type": "LORA", "r": 8, "target_modules": ALL, "modules_to_save": ["embed_tokens"]},
+    "trainable-tokens": {"peft_type": "TRAINABLE_TOKENS", "token_indices": [0, 1, 2]},
     "glora": {"peft_type": "GLORA", "target_modules": ALL},
     "lily": {"peft_type": "LILY", "target_modules": ALL, "r": 16, "stride_A": 2, "num_B": 3},
     "peanut": {"peft_type": "PEANUT", "target_modules": ALL, "r": 16, "depth": 1},
@@ -85,9 +89,6 @@ NOT_MATCHED = {  # measured, not yet explained: the plan is above the trace (iss
     "boft": "+5.4% (589,816 B)",
     "waveft": "+1.2% (110,584 B)",
     "osf": "not traced: under DeepSpeed's params-only cast peft's OSF forward raises (bf16 vs fp32 matmul)",
-    "hira-embedding": "-3.88% (639,368 B): the adapted embedding's output needs a gradient, so the first block keeps "
-                      "what the later ones keep; the analytic model's grad_into_first (full or prompt tokens) does not "
-                      "know an adapted embedding (the Linears alone match: case hira)",
     "frod": "-51.06% (20,152,328 B): the model is built in fp32 and DeepSpeed's cast leaves FRoD's frod_V/frod_U "
             "buffers fp32, so every forward copies them to bf16 and keeps the copies ((in^2 + out*in) * 2 B per layer, "
             "20,152,320 B here); the plan has them in the base's dtype, as peft builds them on a bf16 model: so built, "

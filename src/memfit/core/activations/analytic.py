@@ -17,7 +17,8 @@ family produce them:
   saves them anyway (``linear_saves_frozen_inputs``).
 - Tensors shared by several consumers count once (the normed input of q, k, v and the MLP).
 - Nothing before the first op that needs a gradient is saved: with frozen embeddings (LoRA,
-  prefix) the first layer's input norm keeps nothing.
+  prefix) the first layer's input norm keeps nothing; an adapted or trained input embedding (LoRA on
+  ``embed_tokens``, ``modules_to_save``, trainable tokens) is not frozen (``first_block_input_trains``).
 - Prefix tuning lengthens keys and values by ``P`` virtual tokens in every layer and backpropagates
   through all of them; prompt tuning lengthens the whole sequence.
 - LoRA keeps the ``r``-wide output of ``lora_A`` per adapted layer (its input is the base layer's,
@@ -39,7 +40,8 @@ Bytes are per GPU; ``dtype_bytes`` is the training dtype's element size.
 
 from __future__ import annotations
 
-from memfit.core.activations.adapters import AdapterActivations, first_block_adapters, first_block_qk_grads
+from memfit.core.activations.adapters import (AdapterActivations, first_block_adapters, first_block_input_trains,
+                                              first_block_qk_grads)
 from memfit.core.activations.common import CAUSAL_LM_LOSS, _attention_bytes, _lora_targets
 from memfit.core.activations.estimate import ActivationEstimate, LayerGroup
 from memfit.core.activations.kernels import KERNEL_SETS
@@ -132,7 +134,7 @@ def estimate_activation_bytes(
 
     lora_r = (max(adapters.block_bytes(t, D, samples=b), default=0) if adapters is not None else
               sum(1 for _ in targets) * D * t * peft.lora_r if method == "lora" else 0)
-    grad_into_first = full or peft.prompt_tokens > 0
+    grad_into_first = full or first_block_input_trains(peft, adapters)  # prompt tokens, a trained embedding
     qk_grads = first_block_qk_grads(adapters, targets, peft)  # first layer, frozen embeddings
     cache = keep_outputs and not gradient_checkpointing  # transformers turns the cache off under checkpointing
 

@@ -21,7 +21,8 @@ import re
 from collections import Counter
 from typing import NamedTuple
 
-from memfit.core.activations.adapters import PRE_ATTENTION_NORMS, AdapterActivations, first_block_adapters
+from memfit.core.activations.adapters import (PRE_ATTENTION_NORMS, AdapterActivations, first_block_adapters,
+                                              first_block_input_trains)
 from memfit.core.activations.common import CAUSAL_LM_LOSS, _lora_targets
 from memfit.core.activations.estimate import ActivationEstimate, LayerGroup
 from memfit.core.activations.families import Ctx, lin_in, llama_layer, norm_bytes
@@ -77,7 +78,7 @@ def estimate_from_layout(
             gqa=arch.num_kv_heads != arch.num_heads,
             attention=attention, r=peft.lora_r if method == "lora" else 0, kernels=kernels,
             float16=float16)
-    grad_first = full or peft.prompt_tokens > 0
+    grad_first = full or first_block_input_trains(peft, adapters)  # prompt tokens, a trained embedding
     # decoder tokens: the target's (peft 0.21's PeftModelForSeq2SeqLM.forward prepends prompt tuning's
     # virtual tokens to the encoder's inputs only, whatever num_transformer_submodules says)
     s_dec = target_len or seq_len

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from memfit.core.model import ModelShape
-from memfit.core.peft.modules import CONV1D_LAYER_NAMES, CONV1D_MODEL_TYPES
+from memfit.core.peft.modules import CONV1D_LAYER_NAMES, CONV1D_MODEL_TYPES, EMBEDDING_LAYER_NAMES
 from memfit.core.peft.spec import PeftSpec
 from memfit.core.quant_kernels import BnbRelease
 
@@ -207,6 +207,9 @@ class AdapterActivations:
     blocks: int = 0
     """Transformer blocks of the model (encoder and decoder)."""
     quantized: Quantization | None = None
+    embedding_trains: bool = False
+    """A module before the first block trains (``input_embedding_trains``): the first block's input needs a
+    gradient, so that block keeps what the later ones keep."""
 
     def saved(self, layer: AdaptedLayer, stream_bytes: int) -> Saved:
         ctx = DtypeContext(stream_bytes, self.adapter_bytes, self.autocast_bytes, self.base_bytes or stream_bytes,
@@ -333,7 +336,47 @@ def adapter_activations(shape: ModelShape, spec: PeftSpec, *, adapter_bytes: int
         return None
     return AdapterActivations(method=spec.method, layers=layers, spec=spec, adapter_bytes=adapter_bytes,
                               autocast_bytes=autocast_bytes, base_bytes=base_bytes, upcast=upcast, blocks=blocks,
-                              quantized=quantized)
+                              quantized=quantized, embedding_trains=input_embedding_trains(shape))
+
+
+INPUT_EMBEDDING_MODULES = (EMBEDDING_LAYER_NAMES - {"relative_attention_bias", "shared"}) | {"embeddings"}
+"""Modules before the first block whose output is the first block's input, or is added into it: the token,
+position and token-type embeddings of every family memfit builds (``embed_tokens``, ``wte``/``wpe``,
+``word_embeddings``/``position_embeddings``/``token_type_embeddings``, ``embed_in``), and BERT's/DeBERTa's
+``embeddings`` container (its LayerNorm). Not T5's ``shared``: in transformers 5 the encoder and decoder look
+tokens up in their own ``embed_tokens`` (tied to ``shared.weight``: ``T5ForConditionalGeneration._tied_weights_keys``,
+``T5Stack.forward``), so a tuner's wrapper of ``shared`` never runs; nor ``relative_attention_bias``, which is in
+block 0 and adds to the scores, not the stream."""
+
+
+def input_embedding_trains(shape: ModelShape) -> bool:
+    """A parameter of an input embedding (``INPUT_EMBEDDING_MODULES``, outside the blocks) requires grad: a
+    tuner's adapter on it (peft's ``lora_embedding_A/B``, HiRA's, trainable tokens' delta), a
+    ``modules_to_save`` copy, an LN-tuned embedding LayerNorm. Its output then requires grad (``F.embedding``
+    of a weight that requires grad, or the adapter's sum with the frozen lookup), and so does every block's
+    input: the first block keeps what the later ones keep (prompt encoders run before the embedding and
+    prepend their own tokens: ``PeftSpec.prompt_tokens``)."""
+    for p in shape.params:
+        if not p.trainable or p.name.startswith("prompt_encoder.") or ".prompt_encoder." in p.name:
+            continue
+        plain = _plain(p.name)
+        if _BLOCK.match(plain + "."):
+            continue
+        if any(part in INPUT_EMBEDDING_MODULES for part in plain.split(".")[:-1]):
+            return True
+    return False
+
+
+def first_block_input_trains(peft: PeftSpec, adapters: "AdapterActivations | None") -> bool:
+    """The first block's input requires grad: full fine-tuning (and ``freeze``), prompt tuning's virtual tokens,
+    or a trained input embedding (``AdapterActivations.embedding_trains``; without ``adapters``, an embedding
+    among ``peft``'s ``modules_to_save``, or a LoRA target)."""
+    if peft.method in ("full", "freeze") or peft.prompt_tokens > 0:
+        return True
+    if adapters is not None:
+        return adapters.embedding_trains
+    named = peft.modules_to_save + (peft.target_modules if peft.method == "lora" else ())
+    return any(m.rsplit(".", 1)[-1] in INPUT_EMBEDDING_MODULES for m in named)
 
 
 def quantized_layers(shape: ModelShape, modules: set[str]) -> tuple[QuantizedLayer, ...]:

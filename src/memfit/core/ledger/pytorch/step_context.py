@@ -271,8 +271,11 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
         act_formula = (f"traced forward peak: {' + '.join(f'{n:,}' for n in ts.kept)} B kept by the {n_st} stages "
                        f"(embeddings, blocks, head), {ts.temporary:,} B temporaries while stage {ts.temporary_stage} "
                        "runs" + ("; recompute analytic" if ckpt else ""))
+    # an adapted input embedding (LoRA's lora_embedding_A/B, HiRA's, trainable tokens) makes the first block's
+    # input need a gradient as a trained one does
     grad_into_first = sc.peft.method == "full" or sc.peft.prompt_tokens > 0 or any(
-        p.trainable and p.stage == 0 and not p.adapter for p in m.params) or ckpt
+        p.trainable and p.stage == 0 and not p.adapter for p in m.params) or ckpt or (
+        adapters is not None and adapters.embedding_trains)
     parallel = arch.model_type in _PARALLEL
     auto = pm.autocast
     for p in m.params:
