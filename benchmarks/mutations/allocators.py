@@ -129,5 +129,10 @@ ALLOCATOR_MUTATIONS: tuple[Mutation, ...] = (
     Mutation("sequence-frees-dropped", "allocator", "src/memfit/core/alloc/sequence.py",
              "                    sim.free(b)  # type: ignore[arg-type]", "                    pass", SEQUENCE_REPLAY,
              "a recorded sequence replayed without its frees (every tensor kept to the end)"),
+    # ---- the epoch's inlined allocator loop (core/alloc/ops.py run_ops: malloc/free written out in one loop) --
+    Mutation("ops-large-split-any-remainder", "allocator", "src/memfit/core/alloc/ops.py",
+             "                split = size < mss and remaining > K_SMALL_SIZE",
+             "                split = size < mss and remaining >= K_MIN_BLOCK", ("tests/core/test_alloc_ops.py",),
+             "run_ops' large pool splitting off remainders of 1 MiB or less (malloc's should_split: > kSmallSize)"),
 )
 """The allocator simulators (src/memfit/core/alloc/)."""
