@@ -18,16 +18,24 @@ from memfit.core.peft.tuners.base import (FAN_IN_FAN_OUT, INIT, LAYERS, LAYERS_P
 def vera_tensors(layer: Layer, s: Settings, layers: Sequence[Layer]) -> list[AdapterTensor]:
     """``vera_lambda_b (out,)``, ``vera_lambda_d (r,)``; the shared fp32 ``vera_A (r, max in)`` and
     ``vera_B (max out, r)`` over every target (persistent iff ``save_projection``)."""
+    return _projection_tensors("vera", 1, layer, s, layers)
+
+
+def _projection_tensors(prefix: str, down: int, layer: Layer, s: Settings,
+                        layers: Sequence[Layer]) -> list[AdapterTensor]:
+    """VeRA's and PVeRA's tensors: per layer ``<prefix>_lambda_b (out,)`` and ``<prefix>_lambda_d (down r,)``;
+    the shared fp32 ``<prefix>_A (down r, max in)`` and ``<prefix>_B (max out, r)`` over every target
+    (persistent iff ``save_projection``)."""
     r = s["r"]
     require(r > 0, f"`r` should be a positive integer value but the value passed is {r}")
     max_in = max(t.in_features for t in layers)
     max_out = max(t.out_features for t in layers)
     keep = bool(s["save_projection"])
     at = f".{ADAPTER_NAME}"
-    return [AdapterTensor("vera_lambda_b" + at, (layer.out_features,)),
-            AdapterTensor("vera_lambda_d" + at, (r,)),
-            AdapterTensor("vera_A" + at, (r, max_in), buffer="fp32", persistent=keep, shared="vera_A"),
-            AdapterTensor("vera_B" + at, (max_out, r), buffer="fp32", persistent=keep, shared="vera_B")]
+    return [AdapterTensor(f"{prefix}_lambda_b" + at, (layer.out_features,)),
+            AdapterTensor(f"{prefix}_lambda_d" + at, (down * r,)),
+            AdapterTensor(f"{prefix}_A" + at, (down * r, max_in), buffer="fp32", persistent=keep, shared=f"{prefix}_A"),
+            AdapterTensor(f"{prefix}_B" + at, (max_out, r), buffer="fp32", persistent=keep, shared=f"{prefix}_B")]
 
 
 TUNER = Tuner(
@@ -53,16 +61,7 @@ def pvera_tensors(layer: Layer, s: Settings, layers: Sequence[Layer]) -> list[Ad
     ``pvera_A (2r, max in)`` and ``pvera_B (max out, r)`` over every target (``model.py:PveraModel._find_dim``,
     ``_init_pvera_A_pvera_B``: ``torch.empty(config.r * 2, linear_in_dim)``, ``torch.empty(linear_out_dim,
     config.r)``; ``BufferDict(persistent=config.save_projection)``)."""
-    r = s["r"]
-    require(r > 0, f"`r` should be a positive integer value but the value passed is {r}")
-    max_in = max(t.in_features for t in layers)
-    max_out = max(t.out_features for t in layers)
-    keep = bool(s["save_projection"])
-    at = f".{ADAPTER_NAME}"
-    return [AdapterTensor("pvera_lambda_b" + at, (layer.out_features,)),
-            AdapterTensor("pvera_lambda_d" + at, (2 * r,)),
-            AdapterTensor("pvera_A" + at, (2 * r, max_in), buffer="fp32", persistent=keep, shared="pvera_A"),
-            AdapterTensor("pvera_B" + at, (max_out, r), buffer="fp32", persistent=keep, shared="pvera_B")]
+    return _projection_tensors("pvera", 2, layer, s, layers)
 
 
 PVERA = Tuner(
