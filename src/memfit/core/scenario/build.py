@@ -123,7 +123,10 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
 
         ds, ds_notes = apply_release_defaults(ds, raw, stack)
         stack_notes += ds_notes
+    if inputs.fsdp_loading is not None and fw.framework not in ("fsdp", "fsdp2"):
+        raise MemfitError(f"{_said(inputs, 'fsdp_loading')}: applies to FSDP only (the framework is {fw.framework})")
     load = LoadSettings(dtype=inputs.load_dtype or "fp32", zero_init=bool(inputs.zero_init), low_cpu_mem_usage=low_cpu,
+                        fsdp_loading=inputs.fsdp_loading,
                         checkpoint=_checkpoint_layout(inputs, source, model))
     if spec.method == "delora" and fw.framework == "deepspeed" and ds.zero.stage == 3 and load.zero_init:
         # peft 0.21 tuners/delora/layer.py DeloraLayer.update_layer: w_norm = torch.norm(w.data, dim=0) of

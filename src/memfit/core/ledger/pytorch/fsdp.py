@@ -75,9 +75,16 @@ class FsdpRun:
         from memfit.core.stack.transformers import fsdp_efficient_loading
 
         self.t, self.sc, self.m, self.opt = t, sc, m, opt
-        self.loading, self.loading_why = (fsdp_efficient_loading(sc.versions.transformers, quantized=sc.quant.enabled)
-                                          if sc.fsdp.cpu_ram_efficient_loading else
-                                          ("every_rank", "cpu_ram_efficient_loading off: every rank loads"))
+        if sc.load.fsdp_loading is not None:  # the script's own loader, as given
+            from memfit.core.scenario.types import FSDP_LOADINGS
+
+            self.loading, self.loading_why = sc.load.fsdp_loading, (
+                f"load.fsdp_loading {sc.load.fsdp_loading} (the script's own loader, given): "
+                f"{FSDP_LOADINGS[sc.load.fsdp_loading]}")
+        else:
+            self.loading, self.loading_why = (fsdp_efficient_loading(sc.versions.transformers, quantized=sc.quant.enabled)
+                                              if sc.fsdp.cpu_ram_efficient_loading else
+                                              ("every_rank", "cpu_ram_efficient_loading off: every rank loads"))
         """``stack.transformers.fsdp_efficient_loading``'s mode: rank0_host, rank0_host_quantized, every_rank."""
         self.fsdp2 = sc.framework == "fsdp2"
         self.S = shard_group_size(sc)
