@@ -125,6 +125,12 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
         stack_notes += ds_notes
     if inputs.fsdp_loading is not None and fw.framework not in ("fsdp", "fsdp2"):
         raise MemfitError(f"{_said(inputs, 'fsdp_loading')}: applies to FSDP only (the framework is {fw.framework})")
+    if inputs.fsdp_loading is not None:
+        from memfit.core.scenario.types import FSDP_LOADINGS
+
+        if inputs.fsdp_loading in FSDP_LOADINGS:
+            stack_notes += (f"FSDP loading {inputs.fsdp_loading} ({_said(inputs, 'fsdp_loading')}, the script's own "
+                            f"loader; not the stack's from_pretrained path): {FSDP_LOADINGS[inputs.fsdp_loading]}",)
     load = LoadSettings(dtype=inputs.load_dtype or "fp32", zero_init=bool(inputs.zero_init), low_cpu_mem_usage=low_cpu,
                         fsdp_loading=inputs.fsdp_loading,
                         checkpoint=_checkpoint_layout(inputs, source, model))
