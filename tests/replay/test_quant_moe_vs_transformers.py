@@ -156,3 +156,6 @@ def test_pre_5_adapters_on_separate_experts_are_one_line():
                                           r"block_sparse_moe\.experts\.0\.w1 and the others\)"):
         build_scenario(ScenarioInputs(model="mistralai/Mixtral-8x7B-v0.1", peft_method="lora",
                                       peft_options={"target_modules": "all-linear"}, transformers_version="4.48"))
+    sc = build_scenario(ScenarioInputs(model="mistralai/Mixtral-8x7B-v0.1", peft_method="full",
+                                       transformers_version="4.48"))  # every expert trains: no adapter, planned
+    assert any(".block_sparse_moe.experts.7.w2.weight" in p.name and p.trainable for p in sc.model.params)

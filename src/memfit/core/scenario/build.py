@@ -278,7 +278,9 @@ def _refuse_adapters_on_separate_experts(model, inputs: ScenarioInputs) -> None:
     expert saw every token."""
     import re
 
-    hit = next((m.group(1) for p in model.params if p.trainable
+    from memfit.core.peft.adapter_params import is_adapter_param
+
+    hit = next((m.group(1) for p in model.params if p.trainable and is_adapter_param(p.name)
                 for m in [re.search(r"(model\.layers\.\d+\.[\w.]*?experts\.\d+\.\w+)\.", p.name)] if m), None)
     if hit is not None:
         raise MemfitError(f"{_said(inputs, 'peft_options')}: adapters on transformers 4.x's separate experts "
