@@ -187,3 +187,17 @@ def test_per_sample_activations_match_the_trace_at_two_sequences(case):
     err = (planned - traced) / traced
     print(f"{case:12s} 2 sequences: trace {traced:>12,} B  plan {planned:>12,} B  {err:+.3%}")
     assert abs(err) <= TOLERANCE, (case, traced, planned)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(__import__("memfit.core.peft.cast_mismatch", fromlist=["x"])
+                                        .RAISES_UNDER_PARAMS_ONLY_CAST))
+def test_forward_raises_under_the_params_only_cast(case):
+    """``memfit.core.peft.cast_mismatch``'s list (the ``tuner-dtype-mismatch`` finding) is what peft's forward
+    does: each raises a two-dtype matmul under DeepSpeed's params-only cast of an fp32 build (the others
+    of ``CASES`` trace in ``test_tuner_activations_match_the_trace``)."""
+    from memfit.errors import MemfitError
+
+    spec, _ = _plan(CASES[case])
+    with pytest.raises((RuntimeError, MemfitError), match="same dtype"):
+        _traced(spec)
