@@ -249,11 +249,7 @@ def _as_peft_reads_it(raw: Mapping[str, Any], method: str) -> None:
                           "NoMatchingPeftModuleError)")
 
 
-NOT_PLANNABLE = {
-    "ADAMSS": "its trained subspaces' shapes come from KMeans over each weight's SVD (peft 0.21.2 "
-              "tuners/adamss/layer.py update_layer: clustering_Z, then min(cluster size, subspace_rank) per subspace), "
-              "known only once peft has read the weights",
-}
+NOT_PLANNABLE: dict[str, str] = {}
 """peft tuners memfit cannot plan from the config and the model's shapes, with why."""
 
 
