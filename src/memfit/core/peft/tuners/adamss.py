@@ -5,8 +5,8 @@ KMeans into ``num_subspaces`` subspaces, each trained as a rank-``subspace_rank`
 What a config file alone determines, read from ``update_layer``:
 
 - ``r_eff = min(r, out, in + bias)`` (``utils.py:38``), ``K = min(num_subspaces, out)`` subspaces
-  (``utils.py:96``), the frozen projection ``adamss_newB (r_eff, in + bias)``, a persistent buffer in the
-  weight's dtype, and every ``adamss_A.default.i`` ``(rank_i, r_eff)``;
+  (``utils.py:96``), the frozen projection ``adamss_newB (r_eff, in + bias)``, a persistent fp32 buffer, and every
+  ``adamss_A.default.i`` ``(rank_i, r_eff)``;
 - subspace ``i``'s rank is ``min(len(cluster_i), subspace_rank)`` (``layer.py:239``; with ``use_dynamic_rank``
   also capped by a count of singular values, ``layer.py:229-230``, which is at least one): at
   ``subspace_rank`` 1 every rank is 1 whatever the clusters, so the trained count is ``K r_eff + out`` per layer
@@ -50,14 +50,15 @@ def check(layer: Layer, s: Settings) -> None:
 def adamss_tensors(layer: Layer, s: Settings, layers: Sequence[Layer]) -> list[AdapterTensor]:
     """``adamss_A.default.i (1, r_eff)`` for each of the ``K`` subspaces, then ``adamss_B.default.i (len_i, 1)``
     (``ParameterList``s in ``ModuleDict``s, registered before the ``BufferDict``), then the persistent buffer
-    ``adamss_newB.default (r_eff, in + bias)`` in the weight's dtype."""
+    ``adamss_newB.default (r_eff, in + bias)``: fp32 (the SVD's dtype, cast to the weight's; peft's
+    ``cast_adapter_dtype`` upcasts a BufferDict's 16-bit entries back to fp32)."""
     o, i = layer.out_features, layer.in_features + (1 if layer.has_bias else 0)
     r_eff = min(s["r"], o, i)
     k = min(s["num_subspaces"], o)
     at = f".{ADAPTER_NAME}."
     out = [AdapterTensor(f"adamss_A{at}{j}", (1, r_eff)) for j in range(k)]
     out += [AdapterTensor(f"adamss_B{at}{j}", (rows, 1)) for j, rows in enumerate(split(o, k))]
-    out.append(AdapterTensor(f"adamss_newB.{ADAPTER_NAME}", (r_eff, i), buffer="fp32", follows_weight=True))
+    out.append(AdapterTensor(f"adamss_newB.{ADAPTER_NAME}", (r_eff, i), buffer="fp32"))
     return out
 
 
