@@ -286,6 +286,7 @@ def test_unplanned_tuners_are_refused_in_one_line(peft_type, tmp_path):
     with pytest.raises(MemfitError, match=rf"peft_type '{peft_type}' is not supported; memfit models ") as err:
         load_adapter_config(tmp_path)
     assert "\n" not in str(err.value)
+    assert f"({peft_type}: " in str(err.value), "the refusal says what memfit does not plan"
 
 
 REFUSED = {
