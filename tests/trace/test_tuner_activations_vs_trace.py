@@ -11,7 +11,7 @@ on both), 96 tokens, the tuners on every Linear of each block where they take a 
 and DeLoRA are not in the list: with DeepSpeed's cast their fp32 buffers (VeRA's projections, DeLoRA's
 w_norm) meet bf16 tensors and peft's forward raises (see tests/trace/test_adapter_layers_vs_trace.py). OSF is skipped for the same kind of
 reason (its frozen factors and trained parts end up in different dtypes and peft's matmul raises;
-its layer is traced in one dtype by that test). PVeRA, TinyLoRA and UniLoRA raise the same way under the cast
+its layer is traced in one dtype by that test). PVeRA, TinyLoRA, UniLoRA and AdaMSS raise the same way under the cast
 (``NOT_MATCHED``): they are traced as fp32 models instead (``FP32_CASES``). Poly mixes its factors per sample:
 it is traced at two sequences too.
 Tolerance: 0.5%, what README.md states for the analytic model against the trace (the adapters' own
