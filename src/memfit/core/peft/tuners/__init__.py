@@ -13,10 +13,10 @@ from memfit.core.peft.inject import inject
 from memfit.core.peft.spec import PeftSpec
 from memfit.core.peft.targets import find_targets
 from memfit.core.peft.tuners.base import Tuner
-from memfit.core.peft.tuners import (adalora, adaption_prompt, beft, c3a, deft, delora, fourier, frod, glora, gralora, hira,
-                                     ia3, lily, ln_tuning, lycoris, miss, orthogonal, osf, peanut, poly, prompts,
-                                     psoft, randlora, road, shira, supertuning, tinylora, trainable_tokens, unilora,
-                                     vblora, vera)
+from memfit.core.peft.tuners import (adalora, adamss, adaption_prompt, beft, c3a, deft, delora, fourier, frod, glora,
+                                     gralora, hira, ia3, lily, ln_tuning, lycoris, miss, orthogonal, osf, peanut, poly,
+                                     prompts, psoft, randlora, road, shira, supertuning, tinylora, trainable_tokens,
+                                     unilora, vblora, vera)
 
 _ALL: tuple[Tuner, ...] = (
     ia3.TUNER,
@@ -58,6 +58,7 @@ _ALL: tuple[Tuner, ...] = (
     supertuning.TUNER,
     psoft.TUNER,
     poly.TUNER,
+    adamss.TUNER,
 )
 
 TUNERS: Mapping[str, Tuner] = MappingProxyType({t.method: t for t in _ALL})
