@@ -16,5 +16,7 @@ RAISES_UNDER_PARAMS_ONLY_CAST: dict[str, str] = {
     "pvera": "its fp32 projection buffers meet the 16-bit input (as VeRA's shared projections)",
     "tinylora": "its fp32 SVD buffers meet the 16-bit trained R",
     "unilora": "its fp32 scale buffers meet the 16-bit input",
+    "adamss": "AdamssLayer.dtype is the weight's dtype when peft built it (fp32), so the input cast to it meets the "
+              "16-bit weight",
 }
 """peft method -> what meets what."""
