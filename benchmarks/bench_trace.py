@@ -25,11 +25,11 @@ LLAMA3_70B = dict(model_type="llama", vocab_size=128256, hidden_size=8192, inter
 def bench_trace(name: str, config: dict, peft, options) -> None:
     from memfit.trace.step import trace_training_step
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     trace = trace_training_step(config, peft, options)
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     t = trace.timings
-    print(f"{name}: {wall:.2f} s wall (build {t.build_s:.2f} s, forward {t.forward_s:.2f} s, "
+    print(f"{name}: {cpu:.2f} s CPU, {wall:.2f} s wall (build {t.build_s:.2f} s, forward {t.forward_s:.2f} s, "
           f"backward {t.backward_s:.2f} s); {trace.total_params / 1e9:.2f} B params, "
           f"saved {trace.saved_bytes / GiB:.2f} GiB, peak {trace.peak_bytes / GiB:.2f} GiB "
           f"({trace.backward.module}, {trace.backward.op})")
