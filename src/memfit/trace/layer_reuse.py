@@ -234,6 +234,12 @@ class _Template:
     """Allocations per (segment, layer)."""
     alignments: dict[tuple[int, int, int], dict[int, int]]
     """Memo of ``_aligned``."""
+    strides: dict[tuple[int, int], tuple[int, ...]]
+    """Per (segment, layer), for each of its references to a tensor outside the stacks in turn: how many
+    allocations further that tensor is one layer on (peft's prefix: each layer takes its own slice of the
+    prefix; 0: the same tensor for every layer, as the rotary tables)."""
+    families: tuple[tuple[str, int, int, int], ...]
+    """(stack, segment, ordinal for layer 0, stride) of each such per-layer run of tensors outside the stacks."""
 
 
 def _labels(items: list[tuple], names: _Names) -> list[tuple | None]:
@@ -325,7 +331,48 @@ def _template(items: list[tuple], names: _Names, k: int = TEMPLATE_LAYERS) -> _T
                     signatures[(s, layer, ordinal)] = (it[2], it[3], module, it[5])
                     ordinal += 1
             counts[(s, layer)] = ordinal
-    return _Template(tuple(segments), homes, signatures, counts, {})
+    strides = _strides(segments, homes, k)
+    families = set()
+    for (s, j), row in strides.items():
+        refs = [homes[it[1]] for it in segments[s].runs[j] if it[0] in ("F", "R") and homes[it[1]][1] is None]
+        for (seg, _none, o), d in zip(refs, row):
+            if d:
+                families.add((segments[s].stack, seg, o - j * d, d))
+    return _Template(tuple(segments), homes, signatures, counts, {}, strides, tuple(sorted(families)))
+
+
+def _taken_by_a_cut_layer(t: _Template, seg: int, ordinal: int, n_of: dict[str, int], k: int) -> bool:
+    """Whether a tensor outside the stacks is the one of a per-layer run (``_Template.families``) that a
+    layer cut from the template but written out (k <= layer < n) takes: code outside the stacks that
+    touches it in the cut model touches that layer's own tensor in the uncut one."""
+    for stack, fseg, base, d in t.families:
+        if fseg == seg and (ordinal - base) % d == 0 and k <= (ordinal - base) // d < n_of[stack]:
+            return True
+    return False
+
+
+def _strides(segments: tuple[_Segment, ...], homes: dict[int, tuple[int, int | None, int]],
+             k: int) -> dict[tuple[int, int], tuple[int, ...]]:
+    """``_Template.strides``: each layer's references outside the stacks against a neighbour's (the one
+    before, else the one after, with as many such references)."""
+    refs: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for s, seg in enumerate(segments):
+        if seg.stack is None:
+            continue
+        for j, run in enumerate(seg.runs):
+            refs[(s, j)] = [homes[it[1]][::2] for it in run if it[0] in ("F", "R") and homes[it[1]][1] is None]
+    out: dict[tuple[int, int], tuple[int, ...]] = {}
+    for (s, j), mine in refs.items():
+        near = next((jj for jj in (j - 1, j + 1) if 0 <= jj < k and len(refs[(s, jj)]) == len(mine)), None)
+        strides = []
+        for m, (seg, o) in enumerate(mine):
+            d = 0
+            if near is not None and refs[(s, near)][m][0] == seg:
+                diff = o - refs[(s, near)][m][1]
+                d = diff // (j - near) if diff % (j - near) == 0 else 0
+            strides.append(d)
+        out[(s, j)] = tuple(strides)
+    return out
 
 
 def _source_layer(layer: int, n: int, k: int = TEMPLATE_LAYERS) -> int:
@@ -379,10 +426,13 @@ def _expand(t: _Template, names: _Names, n_of: dict[str, int]) -> list[tuple]:
         layer = _target(where[1], where[0], ctx, n_of)
         return f"{where[0]}.{layer}" + (f".{where[2]}" if where[2] else "")
 
-    def resolve(inst: int, ctx: tuple[str, int, int] | None) -> int:
+    def resolve(inst: int, ctx: tuple[str, int, int] | None, stride: int = 0) -> int:
         seg, layer, ordinal = t.homes[inst]
         if layer is None:
-            return new[(seg, None, ordinal)]
+            key = (seg, None, ordinal + (ctx[2] - ctx[1]) * stride if ctx is not None else ordinal)
+            if key not in new:
+                raise NotReusable(f"a reference reaches allocation {key[2]} outside the stacks")
+            return new[key]
         stack = t.segments[seg].stack
         target = _target(layer, stack, ctx, n_of)
         source = _source_layer(target, n_of[stack])
@@ -405,16 +455,20 @@ def _expand(t: _Template, names: _Names, n_of: dict[str, int]) -> list[tuple]:
                     for layer in layers]
         for layer, run, ctx in plan:
             ordinal = 0
+            strides = iter(t.strides.get((s, ctx[1]), ()) if ctx is not None else ())
             for it in run:
                 kind = it[0]
                 if kind == "A":
                     inst = new[(s, layer, ordinal)] = len(new)
                     ordinal += 1
                     out.append(("A", inst, it[2], it[3], rename(it[4], ctx), it[5]))
-                elif kind == "F":
-                    out.append(("F", resolve(it[1], ctx)))
-                elif kind == "R":
-                    out.append(("R", resolve(it[1], ctx), it[2]))
+                elif kind in ("F", "R"):
+                    home = t.homes[it[1]]
+                    if ctx is None and home[1] is None and t.families and _taken_by_a_cut_layer(
+                            t, home[0], home[2], n_of, TEMPLATE_LAYERS):
+                        continue
+                    stride = next(strides) if t.homes[it[1]][1] is None and ctx is not None else 0
+                    out.append((kind, resolve(it[1], ctx, stride), *it[2:]))
                 elif kind == "E":
                     out.append(("E", it[1], rename(it[2], ctx), rename(it[3], ctx)))
                 else:
