@@ -1,23 +1,27 @@
-"""Trace a deep model's identical layers once and reuse them: the N-layer step's log from a 3-layer one.
+"""Trace a deep model's identical layers once and reuse them: the N-layer step's log from a 5-layer one.
 
 A decoder's layers run the same code on the same shapes, so each layer's stretch of the tracker's log
 (its allocations, frees and recategorizations, its module events, forward and backward) is the same as
-its neighbour's with the layer number shifted. ``trace_reusing_layers`` traces the model with each
-layer stack cut to its first 3 layers and to its first 4 (every module outside the stacks is the
-N-layer model's own: a prefix encoder sized for N layers stays so), and reads the 3-layer log as a
-template: what comes before, between and after the stacks once, layer 0, layer 1 (the one repeated)
-and the last layer. It writes the template out for 4 layers and compares that, record by record, with
-the 4-layer trace; only when they are equal does it write the template out for N layers, and the
-``TraceResult`` comes from that log through the same ``record.trace_result`` a full trace uses.
+its neighbour's with the layer number shifted. ``reused_record`` traces the model with each layer
+stack cut to its first 5 layers and to its first 6 (every module outside the stacks is the N-layer
+model's own) and reads the 5-layer log as a template: what comes before, between and after the stacks
+once, the first two layers and the last two as they are, and the middle one repeated for every other
+layer. It writes the template out for 6 layers and compares that, record by record, with the 6-layer
+trace; only when they are equal does it write the template out for N layers, and the ``TraceResult``
+comes from that log through the same ``record.trace_result`` a full trace uses.
 
 A reference from one layer's stretch to another's tensor (the previous layer's output, freed in this
-layer's forward) keeps its distance in layers; a reference from outside the stacks reaches the first or
-the last layer; a pass over every layer outside them (the forward's end marking each layer's kept
-input as *held* under gradient checkpointing) is a sweep, repeated per layer. Anything else, and any
-difference in the 4-layer check, falls back to the full trace, as do layers that are not identical:
-a per-layer list in the config whose values differ (``layer_types``: sliding and full attention), or
-layers 1..N-1 that differ in their modules, params, buffers or scalar attributes (layer 0 may differ:
-T5's first block holds the relative position bias).
+layer's forward; the next layer's gradient in backward) keeps its distance in layers, and reaches the
+same allocation of the layer it lands on (aligned by ``_aligned`` where that layer is written from
+another template layer); a reference to a tensor outside the stacks moves with the layer by the stride
+its neighbours show (0 for the rotary tables every layer reads); a reference from outside the stacks
+reaches one of the first or last two layers; a pass over every layer from outside them (the forward's
+end marking each layer's kept input as *held* under gradient checkpointing) is a sweep, repeated per
+layer. Anything else, and any difference in the 6-layer check, falls back to the full trace, as do
+layers that are not identical: a per-layer list in the config whose values differ (``layer_types``:
+sliding and full attention), layers 1..N-1 that differ in their modules, params, buffers or scalar
+attributes (layer 0 may differ: T5's first block holds the relative position bias), and peft's prefix
+tuning (outside the stacks, the cut layers' slices of the prefix get zero gradients).
 """
 
 from __future__ import annotations
@@ -29,14 +33,15 @@ from typing import Any
 from memfit.trace import tracker as tk
 from memfit.trace.record import StepRecord
 
-TEMPLATE_LAYERS = 4
-"""Layers per stack in the template trace: the first two, one repeated (its predecessor is a layer like
-it: the first layer may differ), the last."""
+TEMPLATE_LAYERS = 5
+"""Layers per stack in the template trace: the first two, one repeated, the last two. The repeated layer
+has a layer like it on either side (the first layer may differ, as T5's first block, and so may what a
+layer hands the last one)."""
 CHECK_LAYERS = TEMPLATE_LAYERS + 1
 """Layers per stack in the trace the template is checked against."""
-MIN_LAYERS = 16
+MIN_LAYERS = 20
 """Reuse only when the stacks hold at least this many layers in all (below it the two short traces,
-9 layers per stack, cost about as much as the full one)."""
+11 layers per stack, cost about as much as the full one)."""
 _ACT = frozenset({tk.INPUT, tk.SAVED, tk.OUTPUT, tk.HELD, tk.TEMPORARY})
 
 
@@ -74,11 +79,15 @@ def layer_stacks(model: Any, min_len: int = CHECK_LAYERS + 1) -> tuple[LayerStac
 
 
 def decide(model: Any, *, min_layers: int = MIN_LAYERS) -> ReuseDecision:
-    """Whether ``model``'s trace can be written out from a 3-layer one, and which stacks to cut."""
+    """Whether ``model``'s trace can be written out from a 5-layer one, and which stacks to cut."""
     stacks = layer_stacks(model)
     total = sum(s.layers for s in stacks)
     if not stacks or total < min_layers:
         return ReuseDecision((), f"{total} layers in stacks of {CHECK_LAYERS + 1} or more (reuse from {min_layers})")
+    kinds = {str(getattr(c, "peft_type", "")) for c in (getattr(model, "peft_config", None) or {}).values()}
+    if any(k.endswith("PREFIX_TUNING") for k in kinds):
+        return ReuseDecision((), "peft's prefix tuning hands each layer its slice of one prefix tensor, and the "
+                                 "layers a short trace cuts get zero gradients outside the stacks")
     for s in stacks:
         varying = _varying_config_list(getattr(model, "config", None), s.layers)
         if varying:
@@ -375,12 +384,16 @@ def _strides(segments: tuple[_Segment, ...], homes: dict[int, tuple[int, int | N
     return out
 
 
+_EDGE = 2
+"""Layers at each end of a stack written from their own template layer."""
+
+
 def _source_layer(layer: int, n: int, k: int = TEMPLATE_LAYERS) -> int:
-    """The template layer whose stretch layer ``layer`` of ``n`` repeats: the first ``k - 2`` as they are,
-    the last as the last, every other one as template layer ``k - 2``."""
-    if layer < k - 2:
+    """The template layer whose stretch layer ``layer`` of ``n`` repeats: the first two and the last two
+    from their own, every other one from the middle one (``_EDGE``)."""
+    if layer < _EDGE:
         return layer
-    return k - 1 if layer == n - 1 else k - 2
+    return k - (n - layer) if layer >= n - _EDGE else _EDGE
 
 
 def _target(where_layer: int, stack: str, ctx: tuple[str, int, int] | None, n_of: dict[str, int],
@@ -390,10 +403,10 @@ def _target(where_layer: int, stack: str, ctx: tuple[str, int, int] | None, n_of
     n = n_of[stack]
     if ctx is not None and ctx[0] == stack:
         target = ctx[2] + where_layer - ctx[1]
-    elif where_layer == 0:
-        target = 0
-    elif where_layer == k - 1:
-        target = n - 1
+    elif where_layer < _EDGE:
+        target = where_layer
+    elif where_layer >= k - _EDGE:
+        target = n - (k - where_layer)
     else:
         raise NotReusable(f"code outside {stack} refers to its layer {where_layer}")
     if not 0 <= target < n:
@@ -537,9 +550,9 @@ def _record(items: list[tuple], template: StepRecord, tables: Any, names: _Names
 
 def reused_record(model: Any, stacks: tuple[LayerStack, ...], trace_cut: Callable[[], StepRecord],
                   tables: Any) -> StepRecord:
-    """The uncut model's step record, from traces of the model cut to 4 and to 3 layers per stack
-    (``trace_cut`` traces the model as it stands); ``NotReusable`` when the 3-layer template written
-    out for 4 layers is not the 4-layer trace record for record. ``tables``: the uncut model's module
+    """The uncut model's step record, from traces of the model cut to 6 and to 5 layers per stack
+    (``trace_cut`` traces the model as it stands); ``NotReusable`` when the 5-layer template written
+    out for 6 layers is not the 6-layer trace record for record. ``tables``: the uncut model's module
     names, param names, param sizes and each module's direct params."""
     names = _Names(stacks)
     with cut_stacks(model, stacks, CHECK_LAYERS):

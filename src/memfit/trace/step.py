@@ -48,7 +48,7 @@ def trace_training_step(
     ``peft`` (default: full fine-tuning), on ``options.micro_batch`` x ``options.seq_len`` tokens.
 
     ``reuse_layers``: trace a deep model's identical layers once (``memfit.trace.layer_reuse``; None: from
-    ``layer_reuse.MIN_LAYERS`` layers, True: from 5, False: never); ``TraceResult.layer_reuse`` says which
+    ``layer_reuse.MIN_LAYERS`` layers, True: from stacks of 7, False: never); ``TraceResult.layer_reuse`` says which
     was done and why."""
     peft = peft or PeftSpec()
     options = options or TraceOptions()
