@@ -93,6 +93,8 @@ def _trace_training_step(
             materialize()
             with fake_mode:
                 inputs = task_inputs(model, options)
+            if progress:
+                progress("build", 1, 1)
             record = record_step(model, inputs, options, fake_mode=fake_mode, method=peft.method,
                                  build_s=perf_counter() - start, progress=progress)
             for p in model.parameters():
