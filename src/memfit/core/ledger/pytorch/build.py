@@ -50,13 +50,13 @@ def build_torch_timeline(sc: Scenario, *, tracker=None, timeline: Timeline | Non
     elif fw in ("fsdp", "fsdp2"):
         from memfit.core.ledger.pytorch.fsdp import build_fsdp_ledger
 
-        build_fsdp_ledger(t, sc, m, opt, traced)
+        build_fsdp_ledger(t, sc, m, opt, traced, cache=model_cache)
         return t
     else:
         where = record_load(t, sc, m)
         record_setup(t, sc, m, where, opt)
         sink = GradSink()
-    c = build_step_context(sc, m, opt, sink, traced)
+    c = build_step_context(sc, m, opt, sink, traced, cache=model_cache)
     record_steps(t, c)
     from memfit.core.ledger.evaluation import record_evaluation
 
