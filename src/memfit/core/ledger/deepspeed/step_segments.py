@@ -197,15 +197,17 @@ def record_order(layout: StepLayout) -> tuple[int, ...]:
 
 def gather_pass(layout: StepLayout, params: Sequence[GParam], world: int, *, prefetch_bucket_size: int,
                 max_live_parameters: int, max_reuse_distance: int, offload_param: bool, allgather_sequential: bool,
-                complete: bool, persistent_available: bool) -> GatherPass:
-    """Run the coordinator over the layout's order (RECORD mode unless ``complete``)."""
+                complete: bool, persistent_available: bool, tables: dict | None = None) -> GatherPass:
+    """Run the coordinator over the layout's order (RECORD mode unless ``complete``); ``tables``:
+    ``Coordinator``'s, shared by the passes over this layout with params of the same numels (the
+    recommender's, one per scenario and checkpointing)."""
     o = layout.order
     rec = _Recorder()
     co = Coordinator(params, o.params, world, externals=o.externals, prefetch_bucket_size=prefetch_bucket_size,
                      max_live_parameters=max_live_parameters, max_reuse_distance=max_reuse_distance,
                      offload_param=offload_param, allgather_sequential=allgather_sequential,
                      order=record_order(layout) if complete else None, persistent_available=persistent_available,
-                     sink=rec, record_stats=False)
+                     sink=rec, record_stats=False, tables=tables)
     top = 0
     for (is_pre, m), s in zip(o.forward, layout.forward_segment):
         rec.seg = s

@@ -260,7 +260,15 @@ class ScenarioAggregates:
         """``load.checkpoint_shards``: the largest shard (without a layout: every base param in the
         load dtype)."""
         layout = self.scenario.load.checkpoint
-        return layout.largest_shard_bytes if layout is not None else self.n_base * load_bytes
+        if layout is None:
+            return self.n_base * load_bytes
+        return self._cached(("largest-shard",), lambda: layout.largest_shard_bytes)
+
+    def non_pytorch(self):  # noqa: ANN201 (NonPytorch)
+        """``alloc.non_pytorch.non_pytorch_for`` of the scenario (memoized: the candidates share it)."""
+        from memfit.core.alloc.non_pytorch import non_pytorch_for
+
+        return self._cached(("non-pytorch",), lambda: non_pytorch_for(self.scenario))
 
     def _zi_modules(self) -> list[list[int]]:
         def build():
@@ -502,7 +510,8 @@ class ScenarioAggregates:
         gp = gather_pass(self.layout(checkpointing), gparams, self.world, prefetch_bucket_size=prefetch,
                          max_live_parameters=max_live, max_reuse_distance=z.max_reuse_distance,
                          offload_param=offload_copy, allgather_sequential=z.allgather_sequential, complete=complete,
-                         persistent_available=persistent_available)
+                         persistent_available=persistent_available,
+                         tables=self._cached(("coordinator-tables", checkpointing), dict))
         W = self.world
         rest = sum((ceil_div(g.numel, W) * W if W > 1 or offload_copy else 0) * g.element_bytes
                    for g, live in zip(gparams, gp.persist_live) if g.persist and not live)

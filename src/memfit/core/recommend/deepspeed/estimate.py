@@ -23,7 +23,6 @@ from __future__ import annotations
 from operator import add
 
 from memfit.core.ledger.context import DTYPE_BYTES, optimizer_offload
-from memfit.core.alloc.non_pytorch import non_pytorch_for
 from memfit.core.ledger import host_process
 from memfit.core.ledger_types import EVAL_PHASES, PHASES
 from memfit.core.ledger.deepspeed.step_segments import GradSpec
@@ -58,6 +57,41 @@ def estimate_peaks(agg: ScenarioAggregates, c: Candidate) -> tuple[tuple[int, in
         init = agg.memo[key] = initialize_phases(agg, c)
     phases, g, h, n, opt_numel, states_at_init = init
     return phases + _step(agg, c, g, h, n, opt_numel, states_at_init)
+
+
+Limits = tuple[int, int, float]
+"""``(gpu per rank, host per node, NVMe per node)``: what the search keeps a candidate's every phase at or
+under (``confirm._limits``)."""
+
+
+def phase_fits(phase: tuple[int, int, int, int], limits: Limits, ranks_per_node: int) -> bool:
+    """One phase's ``(gpu, host, node, nvme)`` within ``limits`` (NVMe bytes per rank x ranks per node)."""
+    g, _, node, nv = phase
+    return g <= limits[0] and node <= limits[1] and nv * ranks_per_node <= limits[2]
+
+
+def estimate_fitting_peaks(agg: ScenarioAggregates, c: Candidate, limits: Limits
+                           ) -> tuple[tuple[int, int, int, int], ...] | None:
+    """``estimate_peaks`` if every phase is within ``limits`` (``phase_fits``), else None, decided on
+    the phases up to the end of ``initialize`` first (memoized with them, per ``limits``): a candidate
+    those rule out never computes its step phases."""
+    key = ("init", c.stage, c.offload_optimizer, c.offload_param, c.pin_optimizer, c.pin_param, c.zero_init,
+           c.load_dtype, c.low_cpu_mem_usage, c.precision, c.reduce_bucket_size)
+    init = agg.memo.get(key)
+    if init is None:
+        init = agg.memo[key] = initialize_phases(agg, c)
+    R = agg.ranks_per_node
+    ok_key = ("init-fits", key, limits)
+    ok = agg.memo.get(ok_key)
+    if ok is None:
+        ok = agg.memo[ok_key] = all(phase_fits(p, limits, R) for p in init[0])
+    if not ok:
+        return None
+    phases, g, h, n, opt_numel, states_at_init = init
+    step = _step(agg, c, g, h, n, opt_numel, states_at_init)
+    if not all(phase_fits(p, limits, R) for p in step):
+        return None
+    return phases + step
 
 
 def _step(agg: ScenarioAggregates, c: Candidate, g: int, h: int, n: int, opt_numel: int, opt_states_at_init: bool
@@ -135,7 +169,7 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
             st["old_gip"] = True
             live[old_gip_dev] += old_gip
 
-    cublas = non_pytorch_for(sc).cublas_workspace_bytes
+    cublas = agg.non_pytorch().cublas_workspace_bytes
     workers = host_process.worker_part(sc.train.dataloader_workers, sc.train.dataset_tokens)
     pinned_batches = host_process.pinned_batches_bytes(sc)  # host_process.record_pinned_batches
 
