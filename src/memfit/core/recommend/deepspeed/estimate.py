@@ -189,13 +189,7 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
                 alloc_old_gip()
         hpk = live[1]
         gp = gather(complete, persistent_available)[0] if stage3 else None
-        if gp is not None:
-            # a segment's hooks before its activations (step_segments.Segment.before), then the rest
-            acts_before = (0,) + acts.forward[:-1]
-            gpk = live[0] + max(max(map(add, acts.forward, gp.forward_peaks)),
-                                max(map(add, acts_before, gp.forward_before)), acts.after_forward + gp.end_forward)
-        else:
-            gpk = live[0] + max(max(acts.forward), acts.after_forward)
+        gpk = live[0] + _forward_top(agg, acts, gp)
         fwd_end = live[0] + acts.total + (gp.end_forward if gp else 0)
         close(start, gpk, hpk, live[2], end=[fwd_end, live[1], live[2]])
         # ---- backward
@@ -204,18 +198,7 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
         if stage3 and old_gip and not (off_opt and GA == 1):
             alloc_old_gip()
         base = live[0]
-        seq = acts.backward
-        if gr is not None:
-            seq = map(add, seq, gr_peaks)
-        if gp is not None:
-            seq = list(map(add, seq, gp.backward_peaks))
-            # a segment's hooks before its gradients, and after them with its activations freed
-            g_end = gr_ends if gr is not None else (0,) * len(acts.backward_pre)
-            g_start = (0,) + tuple(g_end[:-1])
-            seq += list(map(add, map(add, acts.backward_pre, g_start), gp.backward_before))
-            seq += list(map(add, map(add, acts.backward_post, g_end), gp.backward_after))
-        # the loss's backward runs first, with the forward's gathered params (ActivationPlan.bwd_pre)
-        gpk = base + max(acts.before_backward + (gp.end_forward if gp else 0), max(seq))
+        gpk = base + _backward_top(agg, acts, gp, gr_peaks if gr is not None else None, gr_ends)
         live[0] = base + (gp.end if gp else 0) + end_grads
         if micro and c.stage == 2 and opt.count and z.contiguous_gradients and not off_opt:
             live[0] -= gip_numel * nb  # _after_backward: this micro-step's partition added in and dropped
@@ -290,6 +273,45 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
         live[1] = hpk
     close(start, gpk, hpk, live[2], r0)
     return tuple(out)
+
+
+def _forward_top(agg: ScenarioAggregates, acts, gp) -> int:  # noqa: ANN001
+    """The forward's GPU peak above its start from the activations and the gathered params (ZeRO-3;
+    ``gp`` None otherwise): a segment's hooks before its activations (``step_segments.Segment.before``),
+    then the rest. Memoized per the two (``agg.memo`` keeps both alive, so their ids stay theirs)."""
+    key = ("fwd-top", id(acts), id(gp))
+    v = agg.memo.get(key)
+    if v is None:
+        if gp is not None:
+            acts_before = (0,) + acts.forward[:-1]
+            v = max(max(map(add, acts.forward, gp.forward_peaks)),
+                    max(map(add, acts_before, gp.forward_before)), acts.after_forward + gp.end_forward)
+        else:
+            v = max(max(acts.forward), acts.after_forward)
+        agg.memo[key] = v
+    return v
+
+
+def _backward_top(agg: ScenarioAggregates, acts, gp, gr_peaks, gr_ends) -> int:  # noqa: ANN001
+    """The backward's GPU peak above its start from the activations, the gradients' segments
+    (``gr_peaks``/``gr_ends``, None without optimized params) and the gathered params (``gp``, ZeRO-3);
+    memoized per the three (all kept alive by ``agg.memo``)."""
+    key = ("bwd-top", id(acts), id(gp), id(gr_peaks), id(gr_ends))
+    v = agg.memo.get(key)
+    if v is None:
+        seq = acts.backward
+        if gr_peaks is not None:
+            seq = map(add, seq, gr_peaks)
+        if gp is not None:
+            seq = list(map(add, seq, gp.backward_peaks))
+            # a segment's hooks before its gradients, and after them with its activations freed
+            g_end = gr_ends if gr_peaks is not None else (0,) * len(acts.backward_pre)
+            g_start = (0,) + tuple(g_end[:-1])
+            seq += list(map(add, map(add, acts.backward_pre, g_start), gp.backward_before))
+            seq += list(map(add, map(add, acts.backward_post, g_end), gp.backward_after))
+        # the loss's backward runs first, with the forward's gathered params (ActivationPlan.bwd_pre)
+        v = agg.memo[key] = max(acts.before_backward + (gp.end_forward if gp else 0), max(seq))
+    return v
 
 
 def estimate_phases(agg: ScenarioAggregates, c: Candidate) -> tuple[PhaseEstimate, ...]:
