@@ -26,7 +26,8 @@ from memfit.core.dsconfig import optimizer_states_per_param
 from memfit.core.ledger.context import DTYPE_BYTES, ceil_div, is_adapter_param
 from memfit.core.ledger.deepspeed.module_order import flow_flags
 from memfit.core.ledger.deepspeed.step_activations import ActivationPlan
-from memfit.core.ledger.deepspeed.step_segments import GatherPass, GradSpec, Segment, StepLayout, build_layout, gather_pass, grad_pass
+from memfit.core.ledger.deepspeed.step_segments import (GatherPass, GradSpec, Segment, StepLayout, build_layout, gather_pass,
+                                                        gather_passes_offloaded_and_not, grad_pass)
 from memfit.core.ledger.deepspeed.zero012 import grads_in_partition_numel
 from memfit.core.ledger.deepspeed.zero3 import split_sub_groups
 from memfit.core.ledger.deepspeed.zero3_fetch import GParam, persistent_flags
@@ -507,18 +508,28 @@ class ScenarioAggregates:
             self.memo[key] = v
             return v
         gparams = [GParam(n, e, f) for n, e, f in zip(self.numels, eb, flags)]
-        gp = gather_pass(self.layout(checkpointing), gparams, self.world, prefetch_bucket_size=prefetch,
-                         max_live_parameters=max_live, max_reuse_distance=z.max_reuse_distance,
-                         offload_param=offload_copy, allgather_sequential=z.allgather_sequential, complete=complete,
-                         persistent_available=persistent_available,
-                         tables=self._cached(("coordinator-tables", checkpointing), dict))
         W = self.world
-        rest = sum((ceil_div(g.numel, W) * W if W > 1 or offload_copy else 0) * g.element_bytes
-                   for g, live in zip(gparams, gp.persist_live) if g.persist and not live)
-        # step._Step._persist_bytes: W = 1 gathers nothing unless the partition is offloaded
-        total = sum((ceil_div(g.numel, W) * W if W > 1 or offload_copy else 0) * g.element_bytes
-                    for g in gparams if g.persist)
-        v = self.memo[key] = self.memo[same] = (gp, rest, sum(gp.persist_bytes), total)
+        tables = self._cached(("coordinator-tables", checkpointing), dict)
+        if W > 1:  # one run gives the pass with the partitions offloaded and the one without
+            both = gather_passes_offloaded_and_not(
+                self.layout(checkpointing), gparams, W, prefetch_bucket_size=prefetch, max_live_parameters=max_live,
+                max_reuse_distance=z.max_reuse_distance, allgather_sequential=z.allgather_sequential,
+                complete=complete, persistent_available=persistent_available, tables=tables)
+            passes = {True: both[0], False: both[1]}
+        else:
+            passes = {offload_copy: gather_pass(
+                self.layout(checkpointing), gparams, W, prefetch_bucket_size=prefetch, max_live_parameters=max_live,
+                max_reuse_distance=z.max_reuse_distance, offload_param=offload_copy,
+                allgather_sequential=z.allgather_sequential, complete=complete,
+                persistent_available=persistent_available, tables=tables)}
+        for off, gp in passes.items():
+            rest = sum((ceil_div(g.numel, W) * W if W > 1 or off else 0) * g.element_bytes
+                       for g, live in zip(gparams, gp.persist_live) if g.persist and not live)
+            # step._Step._persist_bytes: W = 1 gathers nothing unless the partition is offloaded
+            total = sum((ceil_div(g.numel, W) * W if W > 1 or off else 0) * g.element_bytes
+                        for g in gparams if g.persist)
+            self.memo[same[:7] + (off,) + same[8:]] = (gp, rest, sum(gp.persist_bytes), total)
+        v = self.memo[key] = self.memo[same]
         return v
 
     def _persistent(self, threshold: int, ds_version: str) -> tuple[list[bool], int]:
