@@ -509,19 +509,13 @@ class ScenarioAggregates:
             return v
         gparams = [GParam(n, e, f) for n, e, f in zip(self.numels, eb, flags)]
         W = self.world
-        tables = self._cached(("coordinator-tables", checkpointing), dict)
-        if W > 1:  # one run gives the pass with the partitions offloaded and the one without
-            both = gather_passes_offloaded_and_not(
-                self.layout(checkpointing), gparams, W, prefetch_bucket_size=prefetch, max_live_parameters=max_live,
-                max_reuse_distance=z.max_reuse_distance, allgather_sequential=z.allgather_sequential,
-                complete=complete, persistent_available=persistent_available, tables=tables)
-            passes = {True: both[0], False: both[1]}
-        else:
-            passes = {offload_copy: gather_pass(
-                self.layout(checkpointing), gparams, W, prefetch_bucket_size=prefetch, max_live_parameters=max_live,
-                max_reuse_distance=z.max_reuse_distance, offload_param=offload_copy,
-                allgather_sequential=z.allgather_sequential, complete=complete,
-                persistent_available=persistent_available, tables=tables)}
+        kw = dict(prefetch_bucket_size=prefetch, max_live_parameters=max_live, max_reuse_distance=z.max_reuse_distance,
+                  allgather_sequential=z.allgather_sequential, complete=complete,
+                  persistent_available=persistent_available,
+                  tables=self._cached(("coordinator-tables", checkpointing), dict))
+        lay = self.layout(checkpointing)
+        passes = (dict(zip((True, False), gather_passes_offloaded_and_not(lay, gparams, W, **kw))) if W > 1 else
+                  {offload_copy: gather_pass(lay, gparams, W, offload_param=offload_copy, **kw)})  # W > 1: one run, both
         for off, gp in passes.items():
             rest = sum((ceil_div(g.numel, W) * W if W > 1 or off else 0) * g.element_bytes
                        for g, live in zip(gparams, gp.persist_live) if g.persist and not live)
