@@ -175,7 +175,7 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
     """The step's per-stage figures; with ``traced`` (``memfit plan --exact``) each stage's activations
     are the trace's (``ledger/pytorch/traced.py``), the rest (casts, dequantized weights, gradients,
     and a checkpointed block's recompute) the recipes' own. ``cache``: the recommender's dict shared
-    between candidates (``ledger.pytorch.build``'s ``model_cache``): the adapters' and the activation
+    between candidates (``ledger.pytorch.build``'s ``step_cache``; a plan passes none): the adapters' and the activation
     model's results (pure functions of the model, the PEFT spec and the numbers in their keys) are
     computed once per distinct input."""
     pm = m.precision
