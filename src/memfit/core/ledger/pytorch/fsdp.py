@@ -326,7 +326,8 @@ class FsdpRun:
 
 
 def build_fsdp_ledger(t: Timeline, sc: Scenario, m: TorchModel, opt: OptimizerModel,
-                      traced: TracedStep | None = None) -> None:
+                      traced: TracedStep | None = None, cache: dict | None = None) -> None:
+    """``cache``: ``step_context.build_step_context``'s (the recommender's, shared between candidates)."""
     run = FsdpRun(t, sc, m, opt)
     where = record_load(t, sc, m, rank0_only=run.loading in ("rank0_host", "rank0_host_quantized"),
                         quant_to_host=run.loading in ("rank0_host_quantized", "every_rank_host_quantized"))
@@ -334,7 +335,7 @@ def build_fsdp_ledger(t: Timeline, sc: Scenario, m: TorchModel, opt: OptimizerMo
     order = {p.name: k for k, p in enumerate(m.params)}
     opt_params = sorted(optimizer_params(sc, run.units, run.S), key=lambda p: order.get(p.name, len(order)))
     sink = GradSink()
-    c = build_step_context(sc, m, opt, sink, traced)
+    c = build_step_context(sc, m, opt, sink, traced, cache=cache)
     c.groups = trainer_groups(opt_params, split=sc.torch.trainer_param_groups)
     declare_step(t, c)
     if run.offload:  # CPUOffloadPolicy / CPUOffload: the optimizer steps on the host shards
