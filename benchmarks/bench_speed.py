@@ -8,7 +8,8 @@ Per case it prints:
 - `memfit recommend` end to end (whole process, median of 5) and its search's candidates/s;
 - the epoch simulation per 1,000 steps of varying shapes (`make_plan` with a 1,000-step epoch minus
   without, best of 3);
-- `memfit plan --exact` (whole process, once: a trace takes seconds; `--no-exact` skips it).
+- `memfit plan --exact` (whole process, once: a trace takes seconds; `--no-exact` skips it), traced with an
+  empty trace cache and then read back from it (``memfit.trace.cache``).
 Every line carries the machine's 1-minute load average, since the machine is shared.
 Targets (issue 22): plan < 0.2 s whole process on the seed; recommend >= 100,000 candidates/s and < 1 s
 end to end; 1,000 epoch steps <= 0.5 s; a 70B --exact <= 5 s.
@@ -41,23 +42,27 @@ def load() -> str:
     return f"load {os.getloadavg()[0]:.2f}"
 
 
-def env() -> dict[str, str]:
+def env(extra: dict[str, str] | None = None) -> dict[str, str]:
     e = dict(os.environ)
+    e.update(extra or {})
     e.pop("PYTHONDONTWRITEBYTECODE", None)
     e["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + e.get("PYTHONPATH", "")
     return e
 
 
-def whole_process(args: list[str], n: int, cmd: list[str] | None = None) -> tuple[float, float, int]:
+def whole_process(args: list[str], n: int, cmd: list[str] | None = None,
+                  extra_env: dict[str, str] | None = None, warm_env: dict[str, str] | None = None) -> tuple[float, float, int]:
     """Median wall and CPU (user + sys of the child) seconds of `python -m memfit.cli ARGS` (or of
-    ``cmd``), and its rc."""
+    ``cmd``), and its rc; ``extra_env`` is added to the measured runs' environment, ``warm_env`` (else
+    ``extra_env``) to the warm-up's."""
     cmd = cmd or [sys.executable, "-m", "memfit.cli", *args]
-    rc = subprocess.run(cmd, env=env(), capture_output=True).returncode  # warm-up: writes the .pyc files
+    rc = subprocess.run(cmd, env=env(extra_env if warm_env is None else warm_env),
+                        capture_output=True).returncode  # warm-up: writes the .pyc files
     walls, cpus = [], []
     for _ in range(n):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
-        rc = subprocess.run(cmd, env=env(), capture_output=True).returncode
+        rc = subprocess.run(cmd, env=env(extra_env), capture_output=True).returncode
         walls.append(time.perf_counter() - t0)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
@@ -150,8 +155,15 @@ def main() -> None:
         print(f"  recommend search: {search_rate(args)} ({load()})")
         print(f"  epoch simulation: {epoch_cost(args)} ({load()})")
         if not a.no_exact:
-            wall, cpu, rc = whole_process(["plan", *args, "--exact"], 1)
-            print(f"  memfit plan --exact whole process: {wall:.2f} s wall, {cpu:.2f} s CPU, rc {rc} ({load()})")
+            with tempfile.TemporaryDirectory() as cache:  # an empty trace cache: the first run traces
+                fresh = {"MEMFIT_CACHE_DIR": cache}
+                wall, cpu, rc = whole_process(["plan", *args, "--exact"], 1, extra_env=fresh,
+                                              warm_env={"MEMFIT_NO_CACHE": "1"})
+                print(f"  memfit plan --exact whole process, traced: {wall:.2f} s wall, {cpu:.2f} s CPU, rc {rc} "
+                      f"({load()})")
+                wall, cpu, rc = whole_process(["plan", *args, "--exact"], 1, extra_env=fresh)
+                print(f"  memfit plan --exact whole process, from the trace cache: {wall:.2f} s wall, {cpu:.2f} s "
+                      f"CPU, rc {rc} ({load()})")
 
 
 if __name__ == "__main__":

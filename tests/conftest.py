@@ -20,7 +20,11 @@ sys.addaudithook(GUARD.hook)
 
 
 def pytest_sessionstart(session):
-    GUARD.allow_temp(session.config._tmp_path_factory.getbasetemp())
+    base = session.config._tmp_path_factory.getbasetemp()
+    GUARD.allow_temp(base)
+    # The trace cache (memfit.trace.cache) of this session only: no test reads what an earlier run left
+    # in ~/.cache, and the CLI's subprocesses inherit it.
+    os.environ["MEMFIT_CACHE_DIR"] = str(base / "memfit-cache")
 
 
 def pytest_sessionfinish(session, exitstatus):

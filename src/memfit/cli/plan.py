@@ -16,7 +16,7 @@ from memfit.cli.common import check_report_path, console, scenario_command, trac
 def plan(
     scenario: Optional[Path] = typer.Argument(None, help="Scenario YAML file (see examples/). Flags override it."),
     report: Optional[Path] = typer.Option(None, "--report", help="Also write a report: .html (charts, self-contained) or .md. Never overwrites a file."),
-    exact: bool = typer.Option(False, "--exact", help="Trace forward/backward from the model's code (needs torch, transformers, peft; seconds) instead of the analytic activation estimate. Every framework; refused in one line where the trace cannot build the model (a bitsandbytes-quantized base)."),
+    exact: bool = typer.Option(False, "--exact", help="Trace forward/backward from the model's code (needs torch, transformers, peft; seconds) instead of the analytic activation estimate. Every framework; refused in one line where the trace cannot build the model (a bitsandbytes-quantized base). Each trace is kept in ~/.cache/memfit/traces (or $MEMFIT_CACHE_DIR) and read back while the model, options, libraries and memfit are the same; MEMFIT_NO_CACHE=1 traces again."),
     json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON (schema: docs/json-schema.md)."),
     all_items: bool = typer.Option(False, "--all-items", help="Show every phase's ledger items, not only the peaks'."),
     *,

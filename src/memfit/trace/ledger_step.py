@@ -59,10 +59,30 @@ def torch_trace_options(sc: Scenario) -> TraceOptions:
 
 
 def trace_scenario(sc: Scenario, *, progress: Callable[[str, int, int], None] | None = None) -> TraceResult:
-    from memfit.trace.step import trace_training_step
+    """The scenario's traced step: read from the trace cache (``memfit.trace.cache``) when the same
+    model, PEFT spec, options, libraries and memfit traced it before; else traced, and kept there."""
+    from dataclasses import replace
+
+    from memfit.trace import cache
 
     source = resolve_model_config(sc.model_ref, trust_remote_code=True)  # accepted when the scenario was built
-    return trace_training_step(source.config_dict(), sc.peft, trace_options_for(sc), progress=progress)
+    config, options = source.config_dict(), trace_options_for(sc)
+    folder = cache.cache_dir()
+    key = cache.trace_key(config, sc.peft, options) if folder is not None else None
+    why = ""
+    if key is not None:
+        hit, why = cache.read(key, folder)
+        if hit is not None:
+            return replace(hit, cached=str(folder / f"{key}.json"))
+    from memfit.trace.step import trace_training_step
+
+    result = trace_training_step(config, sc.peft, options, progress=progress)
+    if key is not None:
+        not_kept = cache.write(key, folder, result)
+        why = "; ".join(w for w in (why, f"not kept: {not_kept}" if not_kept else "") if w)
+    elif folder is not None:
+        why = "not kept: the model's code is the checkpoint's own (auto_map), which the cache key cannot cover"
+    return replace(result, cache_note=why) if why else result
 
 
 def _activations_item(peak: TracePeak, phase: str) -> LedgerItem:
@@ -79,7 +99,7 @@ def ledger_step(sc: Scenario, trace: TraceResult) -> TracedStep:
     fwd = (_activations_item(trace.forward, "forward"),)
     bwd = (_activations_item(trace.backward, "backward"),)
     opts = trace.options
-    from memfit.trace.model_build import TRACED_AS
+    from memfit.trace.results import TRACED_AS
 
     kernel = " (traced through sdpa's flash kernel: the same saved tensors)" if opts.attention in TRACED_AS else ""
     target = f", target {opts.target_len}" if opts.target_len else ""
@@ -90,6 +110,11 @@ def ledger_step(sc: Scenario, trace: TraceResult) -> TracedStep:
             + (", gradient checkpointing" if opts.gradient_checkpointing else "") + ")")
     if trace.layer_reuse and not trace.layer_reuse.startswith("full trace"):
         note += f"; {trace.layer_reuse}"
+    if trace.cached:
+        note += f"; read from the trace cache ({trace.cached}: the same model config, PEFT spec, options, " \
+                "torch/transformers/peft releases and memfit; MEMFIT_NO_CACHE=1 traces again)"
+    elif trace.cache_note:
+        note += f"; trace cache: {trace.cache_note}"
     if sc.framework != "deepspeed":
         note += ("; each module's traced activations are booked in its layer and freed layer by layer in backward"
                  + ("; the recompute of each checkpointed block in backward stays the analytic estimate"

@@ -23,8 +23,7 @@ from memfit.errors import MemfitError
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 PEFT_METHODS = ("full", "freeze", "lora", "prefix", "prompt")  # kept for older callers; apply_peft takes every method
 
-TRACED_AS = {"flash_attention_2": "sdpa", "flash_attention_3": "sdpa", "flex_attention": "sdpa"}
-"""Implementations a CPU cannot run, traced through sdpa's flash kernel (the same saved tensors)."""
+from memfit.trace.results import TRACED_AS  # noqa: E402 (pure data: ledger_step reads it without torch)
 
 
 def build_meta_model(config: Mapping[str, Any], *, attention: str, task: str | None = None) -> torch.nn.Module:

@@ -34,6 +34,8 @@ CATEGORIES = (
 """Allocation categories, in the order ``MemoryBreakdown`` lists them."""
 
 PHASES = ("forward", "backward")
+TRACED_AS = {"flash_attention_2": "sdpa", "flash_attention_3": "sdpa", "flex_attention": "sdpa"}
+"""Implementations a CPU cannot run, traced through sdpa's flash kernel (the same saved tensors)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -246,6 +248,10 @@ class TraceResult:
     layer_reuse: str = ""
     """How the layers were traced: written out from a 5-layer trace (``memfit.trace.layer_reuse``) or the
     full trace, and why."""
+    cached: str = ""
+    """The trace cache file this result was read from (``memfit.trace.cache``); "" when traced in this process."""
+    cache_note: str = ""
+    """Why the trace cache was not used or not written, when it was not ("" otherwise)."""
 
     @property
     def peak_bytes(self) -> int:
