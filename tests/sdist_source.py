@@ -24,6 +24,9 @@ SDISTS = {
     "0.5.10": "871623ee95b2655595195b99a59f1eb3cf2eeb395fb3418d824eb62a350f7b83",
     # pypi.org/project/deepspeed/0.5.8: deepspeed-0.5.8.tar.gz (517,831 bytes): the seed case's release
     "0.5.8": "10001b6c14398bacd5c9f39581e91d336e5d452133088e35c545af3ce40179d7",
+    # pypi.org/project/deepspeed/0.19.1 and 0.19.2 (1,697,014 and 1,756,950 bytes): the params-only cast's edge
+    "0.19.1": "75013c83cf0032046b34c5c9e1dfd02a5a32bfad41919e199fa30ba6fb950d4d",
+    "0.19.2": "7e854b6ebe3d2bfa239f82958372927631c74e5324c7f08f17ce7ff5f6b06969",
 }
 
 WHEELS = {

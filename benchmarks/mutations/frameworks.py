@@ -65,6 +65,11 @@ FRAMEWORK_MUTATIONS: tuple[Mutation, ...] = (
              'out[p.name] = tuple(p.shape)[::-1] if kind == "conv1d" else tuple(p.shape)',
              "out[p.name] = tuple(p.shape)", BNB,
              "GPT-2's Conv1D weights quantized as stored (transformers quantizes their transpose)"),
+    Mutation("moe-pre5-mixtral-order-gate-up-down", "frameworks", "src/memfit/core/families/moe.py",
+             '"mixtral": ("block_sparse_moe", ("w1", "w2", "w3")),', '"mixtral": ("block_sparse_moe", ("w1", "w3", "w2")),',
+             ("tests/replay/test_quant_moe_vs_transformers.py",),
+             "transformers 4.x Mixtral experts named in the wrong registration order (4.51's MixtralBlockSparseTop2MLP: "
+             "w1, w2, w3)"),
     # ---- optimizer states (torch 2.13, bitsandbytes 0.50.2, transformers' Adafactor) -------------------------
     Mutation("bnb8-blocksize-2048", "frameworks", OPT, "BNB_BLOCKSIZE = 256", "BNB_BLOCKSIZE = 2048", OPTIM,
              "8-bit optimizer absmax per 2048 elements instead of per 256"),

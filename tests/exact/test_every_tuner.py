@@ -128,6 +128,10 @@ CASES: dict[str, dict[str, list[dict]]] = {
                         {"target_modules": ALL, "r": 6, "psoft_orth": False, "psoft_mag_b": False,
                          "psoft_svd": "lowrank"}]},
     "POLY": {"llama": [{}, {"target_modules": ALL, "r": 4, "n_tasks": 3, "n_skills": 2, "n_splits": 4}]},
+    # ADAMSS: the KMeans split of each weight's rows among adamss_B.default.i is the weights' (_clustered)
+    "ADAMSS": {"llama": [{}, {"target_modules": ALL, "r": 40, "num_subspaces": 3, "use_dynamic_rank": True},
+                         {"target_modules": ["q_proj", "down_proj"], "num_subspaces": 100, "layers_to_transform": [1]}],
+               "llama-bias": [{"target_modules": ALL, "r": 200, "num_subspaces": 7}]},
     "ROAD": {"llama": [{"group_size": 16}, {"target_modules": ALL, "group_size": 32, "variant": "road_2"},
                        {"target_modules": ALL, "group_size": 16, "variant": "road_4"}]},
 }
@@ -176,9 +180,6 @@ def _cases():
 NOT_PLANNED = frozenset({
     # peft 0.21.2 tuners memfit does not plan yet (issue 21 item 1, not done): each is refused in one line
     # naming it (test_unplanned_tuners_are_refused_in_one_line); planning one means removing it here.
-    # ADAMSS cannot be planned from shapes: its per-subspace A/B shapes come from KMeans over each weight's SVD
-    # (tuners/adamss/layer.py update_layer), so its refusal says why (parse.NOT_PLANNABLE)
-    "ADAMSS",
     # SHADOW: a second transformer (the shadow backbone, built from the base config or loaded from shadow_model)
     # rides the decoder loop, and its auxiliary loss runs the LM head again (a second logits tensor): memfit builds
     # neither the backbone's parameters nor its activations yet
@@ -201,6 +202,8 @@ def test_memfit_plans_every_peft_type():
 
 @pytest.mark.parametrize("peft_type,family,kwargs", list(_cases()))
 def test_counts_equal_peft(peft_type, family, kwargs, tmp_path):
+    if peft_type == "ADAMSS":
+        pytest.importorskip("sklearn")  # peft's AdaMSS clusters with scikit-learn's KMeans
     config_cls = peft.PEFT_TYPE_TO_CONFIG_MAPPING[peft.PeftType(peft_type)]
     config = config_cls(task_type="CAUSAL_LM", **kwargs)
     config.save_pretrained(str(tmp_path))  # the adapter_config.json a user has
@@ -216,11 +219,30 @@ def test_counts_equal_peft(peft_type, family, kwargs, tmp_path):
         finally:
             logging.disable(logging.NOTSET)
     theirs = named_param_specs(real)
+    if peft_type == "ADAMSS":
+        ours_params, theirs = _clustered(ours.params), _clustered(theirs)
+    else:
+        ours_params = ours.params
     assert ours.trainable_params == sum(p.numel() for p in real.parameters() if p.requires_grad)
     assert ours.total_params == sum(p.numel() for p in real.parameters())
-    assert ours.params == theirs
+    assert ours_params == theirs
     ours_added = [(b.name, b.shape, b.dtype, b.persistent) for b in ours.buffers if b.name.startswith("base_model.")]
     assert ours_added == [(b.name, b.shape, b.dtype, b.persistent) for b in _buffers(real, base_buffers)]
+
+
+def _clustered(params) -> tuple:
+    """ADAMSS's parameters with each ``adamss_B.default.i (rows_i, 1)`` as ``(None, 1)`` and, per layer, the sum of
+    the ``rows_i`` (the layer's out width, exact) beside it: how KMeans splits the rows comes from the weights
+    (peft's tuners/adamss/layer.py:188), memfit plans equal splits and says so."""
+    out, rows = [], {}
+    for p in params:
+        layer, sep, _ = p.name.partition(".adamss_B.default.")
+        if sep:
+            rows[layer] = rows.get(layer, 0) + p.shape[0]
+            out.append((p.name, (None, *p.shape[1:]), p.trainable))
+        else:
+            out.append((p.name, p.shape, p.trainable))
+    return tuple(out), rows
 
 
 def _default(f: dataclasses.Field):
@@ -264,6 +286,7 @@ def test_unplanned_tuners_are_refused_in_one_line(peft_type, tmp_path):
     with pytest.raises(MemfitError, match=rf"peft_type '{peft_type}' is not supported; memfit models ") as err:
         load_adapter_config(tmp_path)
     assert "\n" not in str(err.value)
+    assert f"({peft_type}: " in str(err.value), "the refusal says what memfit does not plan"
 
 
 REFUSED = {
@@ -286,11 +309,23 @@ def test_refusals_where_peft_trains_nothing(case, tmp_path):
     assert sum(p.numel() for p in real.parameters() if p.requires_grad) == peft_trainable
 
 
-def test_adamss_refusal_says_why(tmp_path):
-    """ADAMSS's shapes are data-dependent (KMeans over each weight's SVD): its refusal says so, in one line."""
+def test_adamss_split_is_said_and_larger_ranks_are_refused(tmp_path):
+    """ADAMSS: the equal split memfit plans is said in the notes; a subspace_rank above 1 (each subspace's rank is then
+    min(its cluster's size, subspace_rank): the weights') and ASA are refused in one line naming why."""
     from memfit.errors import MemfitError
 
-    (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "ADAMSS", "task_type": "CAUSAL_LM"}))
-    with pytest.raises(MemfitError, match=r"ADAMSS: its trained subspaces' shapes come from KMeans") as err:
-        load_adapter_config(tmp_path)
-    assert "\n" not in str(err.value)
+    spec = load_adapter_config(_write(tmp_path / "ok", {"peft_type": "ADAMSS", "task_type": "CAUSAL_LM"}))
+    assert any("KMeans" in n and "equal splits" in n for n in spec.notes)
+    for key, value, why in (("subspace_rank", 2, r"cluster's row count, subspace_rank\) \(peft 0.21.2 "
+                                                 r"tuners/adamss/layer.py:239"),
+                            ("use_asa", True, r"layer.py:123-124")):
+        path = _write(tmp_path / key, {"peft_type": "ADAMSS", "task_type": "CAUSAL_LM", key: value})
+        with pytest.raises(MemfitError, match=rf"ADAMSS setting {key}={value!r} is not modelled by memfit .*{why}") as err:
+            load_adapter_config(path)
+        assert "\n" not in str(err.value)
+
+
+def _write(folder, raw: dict):
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps(raw))
+    return folder

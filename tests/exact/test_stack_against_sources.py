@@ -85,3 +85,44 @@ def test_fsdp_efficient_loading_matches_the_release(wheels, version):
     assert plain == ("rank0_host" if meta_elsewhere else "every_rank"), version
     assert quant == ("every_rank" if not quant_to_host else "rank0_host_quantized" if rank0_only else
                      "every_rank_host_quantized"), version
+
+
+QUANT_FILE = "transformers/utils/quantization_config.py"
+
+
+@pytest.mark.parametrize("version", ("4.38.0", "4.39.0", "5.0.0"))
+def test_bnb_quant_storage_rule_matches_the_release(request, tmp_path_factory, version):
+    """``bnb_4bit_quant_storage`` is an argument of BitsAndBytesConfig from 4.39.0; 4.38's ``__init__``
+    swallows it in ``**kwargs`` (read off each wheel's quantization_config.py), and the reader then
+    says so and plans uint8 storage."""
+    from conftest import sdist_cache
+    from sdist_source import SourceUnavailable, wheel_files
+
+    from memfit.core.stack.transformers import bnb_reads_quant_storage
+
+    try:
+        src = wheel_files("transformers", version, (QUANT_FILE,), sdist_cache(request, tmp_path_factory))[QUANT_FILE]
+    except SourceUnavailable as e:
+        pytest.fail(f"transformers {version}'s wheel is needed to check memfit's rule: {e}", pytrace=False)
+    init = src[src.index("class BitsAndBytesConfig"):]
+    init = init[init.index("def __init__"):init.index("):", init.index("def __init__"))]
+    takes = "bnb_4bit_quant_storage" in init
+    assert "**kwargs" in init  # an unknown keyword is taken, not refused
+    line = ".".join(version.split(".")[:2])
+    assert bnb_reads_quant_storage(line)[0] is takes
+
+
+def test_bnb_config_reader_follows_the_quant_storage_rule(tmp_path):
+    import json
+
+    from memfit.core.inputs.bnb_config import read_bnb_config
+    from memfit.core.stack.transformers import bnb_reads_quant_storage
+
+    p = tmp_path / "bnb.json"
+    p.write_text(json.dumps({"load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+                             "bnb_4bit_quant_storage": "bfloat16"}))
+    old = read_bnb_config(str(p), quant_storage_read=bnb_reads_quant_storage("4.38"))
+    assert old.values["quantization.quant_storage"] == "uint8"
+    assert any("bnb_4bit_quant_storage = bfloat16 is ignored: transformers 4.38" in w for w in old.warnings)
+    new = read_bnb_config(str(p), quant_storage_read=bnb_reads_quant_storage("4.39"))
+    assert new.values["quantization.quant_storage"] == "bf16" and not new.warnings

@@ -12,7 +12,7 @@ Older releases, from their source (``transformers`` v4.48.1 ``models/mixtral/mod
 ``MixtralBlockSparseTop2MLP`` with ``w1``/``w2``/``w3`` as ``nn.Linear`` per expert and
 ``self.gate = nn.Linear(hidden_dim, num_experts, bias=False)``, all quantized by that release's
 ``replace_with_bnb_linear`` (``isinstance(module, (nn.Linear, Conv1D))``); memfit does not plan that
-layout and says so in a note (checked below).
+layout for those releases (``families.moe.per_expert_params``, checked below against 4.51.0's source).
 """
 
 from __future__ import annotations
@@ -92,17 +92,70 @@ def test_real_quantized_mixtral_holds_what_memfit_counts():
     assert sum(quantized_bytes(Q, s) for s in mine.values()) + shared_bytes(Q) == held
 
 
-def test_pre_5_releases_are_said_out_loud():
-    from memfit.core.quant import quant_notes
+PRE5_BLOCK = {"mixtral": ("MixtralBlockSparseTop2MLP", "MixtralSparseMoeBlock"),
+              "qwen2_moe": ("Qwen2MoeMLP", "Qwen2MoeSparseMoeBlock"), "qwen3_moe": ("Qwen3MoeMLP", "Qwen3MoeSparseMoeBlock")}
 
-    class _V:
-        transformers = "4.48"  # Stack.transformers is the release line
 
-    class _R:
-        bitsandbytes_version_given = True
+@pytest.mark.parametrize("model_type", sorted(PRE5_BLOCK))
+def test_pre_5_layout_is_the_releases_and_bitsandbytes_quantizes_every_expert(request, tmp_path_factory, model_type):
+    """transformers 4.51.0's own modeling file (the wheel, sha256-pinned): each expert's three
+    ``nn.Linear`` in registration order, the sparse block's attribute name, and the router an
+    ``nn.Linear``; memfit's shape for that release names and sizes every expert's weights so, and
+    quantizes each of them and the router (4.51's ``replace_with_bnb_linear`` converts every
+    ``nn.Linear`` outside ``lm_head``). The count equals the fused 5.x layout's."""
+    import re
 
-    m, _ = _memfit("mixtral")
-    sc = type("Sc", (), dict(quant=Q, versions=_V(), runtime=_R(), framework="torch", model=m))()
-    assert any("builds each expert as nn.Linear" in n for n in quant_notes(sc))
-    _V.transformers = "5.24"
-    assert not any("builds each expert" in n for n in quant_notes(sc))
+    from conftest import sdist_cache
+    from sdist_source import SourceUnavailable, wheel_files
+
+    path = f"transformers/models/{model_type}/modeling_{model_type}.py"
+    try:
+        src = wheel_files("transformers", "4.51.0", (path,), sdist_cache(request, tmp_path_factory))[path]
+    except SourceUnavailable as e:
+        pytest.fail(f"transformers 4.51.0's wheel is needed: {e}", pytrace=False)
+    expert_cls, block_cls = PRE5_BLOCK[model_type]
+    body = src[src.index(f"class {expert_cls}("):]
+    body = body[:body.index("def forward")]
+    linears = re.findall(r"self\.(\w+) = nn\.Linear\(self\.(\w+), self\.(\w+)", body)
+    assert len(linears) == 3
+    block_attr = re.search(rf"self\.(\w+) = {block_cls}\(config\)", src).group(1)
+    block = src[src.index(f"class {block_cls}("):]
+    assert re.search(r"self\.gate = nn\.Linear\(", block[:block.index("def forward")])  # the router: a Linear
+    dims = {"hidden_dim": "d", "hidden_size": "d", "ffn_dim": "i", "intermediate_size": "i"}
+
+    cfg = _config(model_type)
+    src_cfg = ModelConfigSource(name=model_type, config=cfg, path=None, origin="local")
+    fused = build_model_shape(src_cfg)
+    old = build_model_shape(src_cfg, transformers_line="4.51")
+    assert sum(p.numel for p in old.params) == sum(p.numel for p in fused.params)
+    d = cfg["hidden_size"]
+    i = cfg.get("moe_intermediate_size", cfg["intermediate_size"])
+    E = cfg.get("num_local_experts", cfg.get("num_experts"))
+    size = {"d": d, "i": i}
+    shapes = {p.name: p.shape for p in old.params}
+    layer0 = [n for n in shapes if n.startswith(f"model.layers.0.{block_attr}.experts.")]
+    assert layer0 == [f"model.layers.0.{block_attr}.experts.{e}.{name}.weight" for e in range(E)
+                      for name, _, _ in linears]
+    for e in range(E):
+        for name, fan_in, fan_out in linears:
+            assert shapes[f"model.layers.0.{block_attr}.experts.{e}.{name}.weight"] == (size[dims[fan_out]],
+                                                                                     size[dims[fan_in]])
+    mine = quantized_weights(old.params, Q, model_type)
+    every_linear = {n for n in shapes if n.endswith(".weight") and len(shapes[n]) == 2 and "norm" not in n
+                    and "embed_tokens" not in n and n != "lm_head.weight"}
+    assert set(mine) == every_linear
+    assert f"model.layers.0.{block_attr}.gate.weight" in mine
+
+
+def test_pre_5_adapters_on_separate_experts_are_one_line():
+    from memfit.core.scenario.build import build_scenario
+    from memfit.core.scenario.inputs import ScenarioInputs
+    from memfit.errors import MemfitError
+
+    with pytest.raises(MemfitError, match=r"adapters on transformers 4.x's separate experts \(model\.layers\.0\."
+                                          r"block_sparse_moe\.experts\.0\.w1 and the others\)"):
+        build_scenario(ScenarioInputs(model="mistralai/Mixtral-8x7B-v0.1", peft_method="lora",
+                                      peft_options={"target_modules": "all-linear"}, transformers_version="4.48"))
+    sc = build_scenario(ScenarioInputs(model="mistralai/Mixtral-8x7B-v0.1", peft_method="full",
+                                       transformers_version="4.48"))  # every expert trains: no adapter, planned
+    assert any(".block_sparse_moe.experts.7.w2.weight" in p.name and p.trainable for p in sc.model.params)

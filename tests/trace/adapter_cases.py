@@ -67,3 +67,12 @@ def linear_weight_casts(model: torch.nn.Module, autocast: str | None) -> int:
                if isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32 and id(m) not in skip
                and not hasattr(m, "base_layer"))  # a tuner layer that subclasses nn.Linear (GraLoRA's): its
     # .weight is the base layer's, counted there
+
+
+def cuda_only_copies(model: torch.nn.Module) -> int:
+    """Bytes a forward on CUDA copies to the device and keeps, which the CPU trace cannot see: AdaMSS's
+    ``scatter_index`` (peft 0.21.2 ``tuners/adamss/layer.py``: a plain dict attribute, so neither
+    ``_move_adapter_to_device_of_base_layer`` nor ``model.to()`` moves it; ``forward`` copies it with
+    ``.to(adapter_delta.device)`` and ``scatter`` keeps the copy; on the CPU ``.to()`` returns the tensor itself)."""
+    return sum(idx.numel() * idx.element_size() for m in model.modules()
+               for idx in (getattr(m, "scatter_index", None) or {}).values())

@@ -20,7 +20,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from adapter_cases import CONTEXTS, SHAPES, TOKENS, TOLERANCE_BYTES, linear_weight_casts, planned_layer  # noqa: E402
+from adapter_cases import (CONTEXTS, SHAPES, TOKENS, TOLERANCE_BYTES, cuda_only_copies, linear_weight_casts,  # noqa: E402
+                           planned_layer)
 
 from memfit.trace.adapters import build_adapted_layer, trace_adapted_layer  # noqa: E402
 
@@ -97,6 +98,8 @@ CASES = {
     "peanut-depth": ("PEANUT", {"r": 8, "depth": 2}),
     "peanut-gelu": ("PEANUT", {"r": 4, "depth": 1, "act_fn": "gelu"}),
     "gralora-hybrid-dropout": ("GRALORA", {"r": 8, "gralora_k": 4, "hybrid_r": 4, "gralora_dropout": 0.1}),
+    "adamss": ("ADAMSS", {}),
+    "adamss-k3": ("ADAMSS", {"r": 16, "num_subspaces": 3}),
 }
 
 
@@ -142,7 +145,7 @@ def test_adapter_layer_matches_trace(case, context):
                                     adapter_dtype=adapter)
         if peft_type == "POLY":  # PolyModel.forward(task_ids=...) sets them on every layer by these hooks
             model.base_model._register_pre_hooks(torch.zeros(1, dtype=torch.long))
-        casts = linear_weight_casts(model, autocast)
+        casts = linear_weight_casts(model, autocast) - cuda_only_copies(model)
         for tokens in TOKENS:
             traced = trace_adapted_layer(peft_type, config, in_features=in_f, out_features=out_f, tokens=tokens,
                                          dtype=base, adapter_dtype=adapter, autocast=autocast, model=model)
@@ -157,6 +160,7 @@ BIASED = {  # tuners whose tensors depend on the base layer's bias: the same com
     "glora-vectors": ("GLORA", {"config_A_B": "constant", "config_C": "vector", "config_D_E": "vector"}),
     "glora-c-only": ("GLORA", {"config_A_B": "none", "config_C": "lora", "config_D_E": "none"}),
     "deft": ("DEFT", {"r": 4}),  # the bias-free product is base(x) - bias
+    "adamss": ("ADAMSS", {"r": 16}),  # the bias is a column of the SVD'd weight: newB is (r, in + 1)
 }
 
 
@@ -168,7 +172,7 @@ def test_biased_adapter_layer_matches_trace(case, context):
     for in_f, out_f in SHAPES:
         model = build_adapted_layer(peft_type, config, in_features=in_f, out_features=out_f, dtype=base,
                                     adapter_dtype=adapter, bias=True)
-        casts = linear_weight_casts(model, autocast)
+        casts = linear_weight_casts(model, autocast) - cuda_only_copies(model)
         for tokens in TOKENS:
             traced = trace_adapted_layer(peft_type, config, in_features=in_f, out_features=out_f, tokens=tokens,
                                          dtype=base, adapter_dtype=adapter, autocast=autocast, bias=True, model=model)

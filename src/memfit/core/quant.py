@@ -7,7 +7,8 @@ embeddings (``lm_head``), tied weights and the module of the model's last parame
 other parameter stay in the load dtype, a mixture-of-experts block's fused 3-D expert params
 (``gate_up_proj``, ``down_proj``) and its router (``MOE_ROUTERS``) too. Releases before 5.0 built each
 expert as ``nn.Linear`` (Mixtral's ``block_sparse_moe.experts.N.w1/w2/w3`` and ``gate``), which they
-quantized: not modelled (memfit's shapes are 5.x's fused ones; ``quant_notes`` says so).
+quantized: the model shape of such a release has that layout (``families.moe.per_expert_params``), and
+every one of those Linears, the router included, is quantized here like any other.
 
 4-bit (``Linear4bit``/``Params4bit``; ``bitsandbytes/functional.py:quantize_4bit``, CUDA kernel
 ``backends/cuda/ops.py``, bitsandbytes 0.50.2), for a weight of ``n`` elements:
@@ -42,7 +43,6 @@ from functools import lru_cache
 
 from memfit.core.lean_dataclass import dataclass
 from memfit.core.frameworks.pytorch import QuantSettings
-from memfit.core.stack.releases import at_least
 
 BLOCKSIZE_4BIT = 64
 """bitsandbytes/functional.py:quantize_4bit: ``blocksize=64`` (also what Params4bit uses)."""
@@ -197,12 +197,6 @@ def quant_notes(sc) -> tuple[str, ...]:  # noqa: ANN001 (Scenario)
     if q.skip_modules is not None and not q.skip_modules:
         notes.append("llm_int8_skip_modules is an empty list: every Linear is quantized, the output head too "
                      "(transformers adds its default skips only when the key is absent)")
-    line = sc.versions.transformers
-    moe = any(p.name.endswith((".experts.gate_up_proj", ".experts.down_proj")) for p in sc.model.params)
-    if moe and line is not None and not at_least(line, "5.0"):
-        notes.append(f"transformers {line} builds each expert as nn.Linear (w1/w2/w3) and its router as nn.Linear, and "
-                     "bitsandbytes quantizes them all; this plan keeps 5.x's fused experts and router in the load dtype "
-                     "(not modelled per release: the experts take about a quarter of what the plan gives them)")
     if sc.framework == "deepspeed" and not (sc.load.zero_init and sc.deepspeed.zero.stage == 3):
         notes.append("4-bit base under DeepSpeed without zero.Init: from_pretrained quantizes each weight on the GPU "
                      "as it loads; the plan's load phase still stages the packed weights in host memory first")

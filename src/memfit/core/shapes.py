@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from memfit.core.families import TRANSFORMERS_MODEL_TYPES, NoPureBuilder, family_for
 from memfit.core.model import ModelShape
+from memfit.core.stack.releases import at_least
 from memfit.errors import MemfitError
 
 if TYPE_CHECKING:
@@ -31,11 +32,15 @@ __all__ = ["NoPureBuilder", "build_model_shape", "modelled_architecture"]
 
 
 def build_model_shape(
-    source: ModelConfigSource, *, task: str | None = None, trust_remote_code: bool = False
+    source: ModelConfigSource, *, task: str | None = None, trust_remote_code: bool = False,
+    transformers_line: str | None = None,
 ) -> ModelShape:
     """Every parameter and buffer of the model ``source`` describes, with its architecture numbers.
 
     ``task``: one of ``memfit.core.families.heads.TASKS`` (default: from ``architectures[0]``).
+    ``transformers_line``: the release that builds it (``"4.48"``); None: transformers 5's layout.
+    Before 5.0 a mixture-of-experts model's experts are separate ``nn.Linear`` modules
+    (``families.moe.per_expert_params``); everything else is built the same.
     """
     config = source.config
     remote = "auto_map" in config
@@ -45,6 +50,16 @@ def build_model_shape(
             "transformers ships: the exact path builds it from a local directory with --trust-remote-code"
         )
     shape = family_for(config).build(source.name, config, task)
+    if transformers_line is not None and not at_least(transformers_line, "5.0"):
+        from dataclasses import replace
+
+        from memfit.core.families.moe import PER_EXPERT_LAYOUT, per_expert_params
+
+        if shape.arch.num_experts > 1 and source.model_type in PER_EXPERT_LAYOUT:
+            shape = replace(shape, params=per_expert_params(source.model_type, shape.params), notes=(
+                *shape.notes, f"transformers {transformers_line} builds each expert as its own module of three "
+                "nn.Linear (the 5.x layout fuses them): parameters named and shaped as that release has them; the "
+                "experts' activations are those of 5.x's grouped experts (an estimate for the per-expert loop)"))
     if remote:
         from dataclasses import replace
 

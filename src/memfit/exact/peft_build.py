@@ -88,13 +88,14 @@ def build_peft_meta_model(model: torch.nn.Module, spec: PeftSpec) -> torch.nn.Mo
     ``torch.device("meta")`` when ``model`` is on the meta device.
     """
     import torch
-    from peft import get_peft_model
 
     validate_peft_spec(spec)
-    if spec.method in ("full", "freeze"):
+    if spec.method in ("full", "freeze"):  # no peft (nor the bitsandbytes it imports: seconds of CPU)
         for name, param in model.named_parameters():
             param.requires_grad_(spec.method == "full" or trained_under_freeze(name, spec))
         return model
+    from peft import get_peft_model
+
     config = peft_config_for(model, spec)
     on_meta = any(p.device.type == "meta" for p in model.parameters())
     if on_meta:

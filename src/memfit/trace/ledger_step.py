@@ -81,13 +81,15 @@ def ledger_step(sc: Scenario, trace: TraceResult) -> TracedStep:
     opts = trace.options
     from memfit.trace.model_build import TRACED_AS
 
-    kernel = f" (traced through sdpa's flash kernel: the same saved tensors)" if opts.attention in TRACED_AS else ""
+    kernel = " (traced through sdpa's flash kernel: the same saved tensors)" if opts.attention in TRACED_AS else ""
     target = f", target {opts.target_len}" if opts.target_len else ""
     note = (f"Forward/backward traced from the model's code ({trace.architecture}, micro-batch {opts.micro_batch} x "
             f"seq {opts.seq_len}{target}, {opts.dtype}, {opts.attention}{kernel}"
             + (f", autocast {opts.autocast}" if opts.autocast else "")
             + (f", adapters {opts.adapter_dtype}" if opts.adapter_dtype else "")
             + (", gradient checkpointing" if opts.gradient_checkpointing else "") + ")")
+    if trace.layer_reuse and not trace.layer_reuse.startswith("full trace"):
+        note += f"; {trace.layer_reuse}"
     if sc.framework != "deepspeed":
         note += ("; each module's traced activations are booked in its layer and freed layer by layer in backward"
                  + ("; the recompute of each checkpointed block in backward stays the analytic estimate"

@@ -243,6 +243,9 @@ class TraceResult:
     events: tuple[StepEvent, ...]
     """Module order and activation-side bytes through the step (what ZeRO-3 replays)."""
     timings: TraceTimings
+    layer_reuse: str = ""
+    """How the layers were traced: written out from a 5-layer trace (``memfit.trace.layer_reuse``) or the
+    full trace, and why."""
 
     @property
     def peak_bytes(self) -> int:

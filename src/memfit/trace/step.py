@@ -26,26 +26,14 @@ from memfit.trace.model_build import (
     build_meta_model,
     materialize_fake,
 )
-from memfit.trace.results import (
-    CATEGORIES,
-    MemoryBreakdown,
-    ModuleBytes,
-    StepEvent,
-    TracedModule,
-    TracedParam,
-    TraceOptions,
-    TracePeak,
-    TraceResult,
-    TraceTimings,
-)
+from memfit.trace.record import ParamRecord, StepRecord, trace_result
+from memfit.trace.results import TraceOptions, TraceResult, TraceTimings
 from memfit.trace.deepspeed.zero3_linear import zero3_linear_patched
 from memfit.trace.graph_release import graph_nodes, release_nodes
 from memfit.trace.memory_watch import MemoryWatch
 
 ProgressCallback = Callable[[str, int, int], None]
 """``progress(stage, done, total)``: stage is ``build``, ``forward`` or ``backward``."""
-
-_PARAM_CATS = frozenset({tk.PARAM_TRAINABLE, tk.PARAM_FROZEN, tk.BUFFER})
 
 
 def trace_training_step(
@@ -54,19 +42,29 @@ def trace_training_step(
     options: TraceOptions | None = None,
     *,
     progress: ProgressCallback | None = None,
+    reuse_layers: bool | None = None,
 ) -> TraceResult:
     """Trace forward + loss + backward of the model ``config`` (a config.json mapping) trained with
-    ``peft`` (default: full fine-tuning), on ``options.micro_batch`` x ``options.seq_len`` tokens."""
+    ``peft`` (default: full fine-tuning), on ``options.micro_batch`` x ``options.seq_len`` tokens.
+
+    ``reuse_layers``: trace a deep model's identical layers once (``memfit.trace.layer_reuse``; None: from
+    ``layer_reuse.MIN_LAYERS`` layers, True: from stacks of 7, False: never); ``TraceResult.layer_reuse`` says which
+    was done and why."""
     peft = peft or PeftSpec()
     options = options or TraceOptions()
     with quiet_libraries():
-        return _trace_training_step(config, peft, options, progress)
+        return _trace_training_step(config, peft, options, progress, reuse_layers)
 
 
 def _trace_training_step(
-    config: Mapping[str, Any], peft: PeftSpec, options: TraceOptions, progress: ProgressCallback | None
+    config: Mapping[str, Any], peft: PeftSpec, options: TraceOptions, progress: ProgressCallback | None,
+    reuse_layers: bool | None = None,
 ) -> TraceResult:
+    from dataclasses import replace
+
     from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from memfit.trace import layer_reuse
 
     start = perf_counter()
     if progress:
@@ -78,17 +76,64 @@ def _trace_training_step(
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs(options))
     model.train()
     fake_mode = FakeTensorMode()
-    materialize_fake(model, fake_mode, TORCH_DTYPES[options.dtype])
-    if options.adapter_dtype is not None and options.adapter_dtype != options.dtype:
-        recast_adapters(model, fake_mode, TORCH_DTYPES[options.adapter_dtype])
+
+    def materialize() -> None:
+        materialize_fake(model, fake_mode, TORCH_DTYPES[options.dtype])
+        if options.adapter_dtype is not None and options.adapter_dtype != options.dtype:
+            recast_adapters(model, fake_mode, TORCH_DTYPES[options.adapter_dtype])
+
+    if reuse_layers is False:
+        decision = layer_reuse.ReuseDecision((), "layer reuse off")
+    else:
+        decision = layer_reuse.decide(model, min_layers=layer_reuse.CHECK_LAYERS + 1 if reuse_layers
+                                      else layer_reuse.MIN_LAYERS)
+    reason = decision.reason
+    if decision.stacks:
+        def trace_cut() -> StepRecord:
+            materialize()
+            with fake_mode:
+                inputs = task_inputs(model, options)
+            if progress:
+                progress("build", 1, 1)
+            record = record_step(model, inputs, options, fake_mode=fake_mode, method=peft.method,
+                                 build_s=perf_counter() - start, progress=progress)
+            for p in model.parameters():
+                p.grad = None
+            return record
+
+        try:
+            record = layer_reuse.reused_record(model, decision.stacks, trace_cut, model_tables(model))
+            layers = " and ".join(f"{s.layers} layers of {s.prefix}" for s in decision.stacks)
+            return replace(trace_result(record), layer_reuse=(
+                f"{layers} written out from traces of the first {layer_reuse.TEMPLATE_LAYERS} and "
+                f"{layer_reuse.CHECK_LAYERS} (equal record for record at {layer_reuse.CHECK_LAYERS})"))
+        except (layer_reuse.NotReusable, MemfitError) as exc:
+            reason = str(exc)
+    materialize()
     with fake_mode:
         inputs = task_inputs(model, options)
     build_s = perf_counter() - start
     if progress:
         progress("build", 1, 1)
-    return trace_model(
+    result = trace_model(
         model, inputs, options, fake_mode=fake_mode, method=peft.method, build_s=build_s, progress=progress
     )
+    return replace(result, layer_reuse=f"full trace ({reason})")
+
+
+def model_tables(model: torch.nn.Module) -> tuple[list[str], list[str], list[int], list[tuple[int, ...]]]:
+    """Module names, param names, param sizes and each module's direct params (indices), as
+    ``record_step`` numbers them."""
+    named = list(model.named_modules())
+    param_index: dict[int, int] = {}
+    param_names, numels = [], []
+    for name, p in model.named_parameters():
+        param_index[id(p)] = len(param_names)
+        param_names.append(name)
+        numels.append(p.numel())
+    module_params = [tuple(param_index[id(p)] for p in m.parameters(recurse=False) if id(p) in param_index)
+                     for _, m in named]
+    return [n for n, _ in named], param_names, numels, module_params
 
 
 def recast_adapters(model: torch.nn.Module, fake_mode: Any, dtype: torch.dtype) -> None:
@@ -169,6 +214,21 @@ def trace_model(
 
     ``fake_mode`` is the ``FakeTensorMode`` the model's tensors belong to, or None for real tensors.
     """
+    return trace_result(record_step(model, inputs, options, fake_mode=fake_mode, method=method, build_s=build_s,
+                                    progress=progress))
+
+
+def record_step(
+    model: torch.nn.Module,
+    inputs: Mapping[str, torch.Tensor],
+    options: TraceOptions,
+    *,
+    fake_mode: Any = None,
+    method: str = "full",
+    build_s: float = 0.0,
+    progress: ProgressCallback | None = None,
+) -> StepRecord:
+    """``trace_model``'s step, as the tracker's raw log (``trace_result`` turns it into a ``TraceResult``)."""
     tracker = tk.AllocationTracker(granularity_bytes=options.granularity_bytes)
     tracker.autocast_dtype = TORCH_DTYPES[options.autocast] if options.autocast else None
     named = list(model.named_modules())
@@ -247,37 +307,24 @@ def trace_model(
             h.remove()
 
     end_backward_at = len(tracker.log)
-    snapshots = tk.replay_log(tracker.log, [tracker.peak_at[0], tracker.peak_at[1], end_forward_at, end_backward_at])
-    traced_params = tuple(
-        TracedParam(name=n, numel=p.numel(), element_bytes=p.element_size(), trainable=p.requires_grad)
-        for n, p in zip(param_names, params)
-    )
     base = getattr(model, "base_model", None)
     inner = getattr(base, "model", None) if base is not None else None
-    arch = type(model).__name__ + (f"({type(inner).__name__})" if inner is not None else "")
-    result = TraceResult(
+    record = StepRecord(
         model_type=str(getattr(getattr(model, "config", None), "model_type", "")),
-        architecture=arch,
-        method=method,
-        options=options,
-        params=traced_params,
-        modules=tuple(TracedModule(name=n, params=module_params[i]) for i, n in enumerate(names)),
-        param_bytes=sum(round_param(p, options) for p in params),
-        trainable_param_bytes=sum(round_param(p, options) for p in params if p.requires_grad),
-        forward=_peak("forward", snapshots[tracker.peak_at[0]], tracker.log, tracker.peak_at[0], names),
-        backward=_peak("backward", snapshots[tracker.peak_at[1]], tracker.log, tracker.peak_at[1], names),
-        end_of_forward=_breakdown(snapshots[end_forward_at]),
-        end_of_backward=_breakdown(snapshots[end_backward_at]),
-        events=_step_events(tracker.events, names),
-        timings=TraceTimings(build_s=build_s, forward_s=timings[0], backward_s=timings[1]),
-    )
+        architecture=type(model).__name__ + (f"({type(inner).__name__})" if inner is not None else ""),
+        method=method, options=options, names=tuple(names),
+        params=tuple(ParamRecord(name=n, numel=p.numel(), element_bytes=p.element_size(), trainable=p.requires_grad,
+                                 rounded_bytes=round_param(p, options)) for n, p in zip(param_names, params)),
+        module_params=tuple(module_params), log=tracker.log[:end_backward_at], events=tuple(tracker.events),
+        marks=tuple(tracker.marks), end_forward_at=end_forward_at,
+        timings=TraceTimings(build_s=build_s, forward_s=timings[0], backward_s=timings[1]))
     # the graph (loss, kept outputs, the node last run) freed one node at a time: recursively, a deep
     # model overflows the C stack (graph_release's docstring)
     nodes = graph_nodes([loss, *_tensors_in(outputs)])
     tracker._node = None
     loss = outputs = None
     release_nodes(nodes)
-    return result
+    return record
 
 
 @contextlib.contextmanager
@@ -447,85 +494,3 @@ def _tensors_in(obj: Any, depth: int = 0) -> list[torch.Tensor]:
                 found += _tensors_in(getattr(layer, attr, None), depth + 1)
         return found
     return []
-
-
-# ------------------------------------------------------------------------------------ results
-def _breakdown(live: dict[int, list]) -> MemoryBreakdown:
-    totals = [0] * len(CATEGORIES)
-    for nbytes, cat, _module, _op in live.values():
-        totals[cat] += nbytes
-    return MemoryBreakdown(**{f"{c}_bytes": totals[i] for i, c in enumerate(CATEGORIES)})
-
-
-def _module_name(names: list[str], idx: int) -> str:
-    if idx == tk.NO_MODULE:
-        return "<outside modules>"
-    return names[idx] or "<root>"
-
-
-def _peak(phase: str, live: dict[int, list], log: list[tuple], at: int, names: list[str]) -> TracePeak:
-    by: dict[tuple[int, int], int] = {}
-    for nbytes, cat, module, _op in live.values():
-        if cat in _PARAM_CATS:
-            continue
-        by[(module, cat)] = by.get((module, cat), 0) + nbytes
-    rows = sorted(by.items(), key=lambda kv: -kv[1])
-    last = log[at - 1] if at > 0 else None
-    module, op = tk.NO_MODULE, ""
-    if last is not None and last[0] == tk.ALLOC:
-        module, op = last[4], str(last[5]) if last[5] is not None else ""
-    return TracePeak(
-        phase=phase,
-        peak_bytes=sum(v[0] for v in live.values()),
-        breakdown=_breakdown(live),
-        by_module=tuple(
-            ModuleBytes(module=_module_name(names, m), category=CATEGORIES[c], bytes=b) for (m, c), b in rows
-        ),
-        module=_module_name(names, module),
-        op=op,
-    )
-
-
-def _step_events(raw: list[tuple[str, int, int, int, int]], names: list[str]) -> tuple[StepEvent, ...]:
-    """Tracker events with backward ``node`` marks turned into ``bwd_pre``/``bwd_post`` per module.
-
-    A module's backward spans from the first to the last autograd node created under it or under
-    one of its children (what DeepSpeed's pre-/post-backward hooks bracket); ``bwd_pre`` is emitted
-    outermost first, ``bwd_post`` innermost first.
-    """
-    index = {n: i for i, n in enumerate(names)}
-    chains: dict[int, tuple[int, ...]] = {}
-
-    def chain(m: int) -> tuple[int, ...]:
-        if m not in chains:
-            parts = names[m].split(".") if names[m] else []
-            chains[m] = tuple(index[".".join(parts[:k])] for k in range(len(parts) + 1) if ".".join(parts[:k]) in index)
-        return chains[m]
-
-    last: dict[int, int] = {}
-    for j, (kind, module, *_rest) in enumerate(raw):
-        if kind == "node":
-            for a in chain(module):
-                last[a] = j
-    depth = {i: (n.count(".") + 1 if n else 0) for i, n in enumerate(names)}
-    out: list[StepEvent] = []
-    open_: set[int] = set()
-    pending = 0
-    for j, (kind, module, param, act, act_peak) in enumerate(raw):
-        pending = max(pending, act_peak)
-        if kind == "node" or kind == "end_backward":
-            closing = [a for a in open_ if last[a] < j] if kind == "node" else list(open_)
-            for a in sorted(closing, key=lambda a: -depth[a]):
-                out.append(StepEvent(kind="bwd_post", module=a, act_bytes=act, act_peak_bytes=pending))
-                pending = act
-                open_.discard(a)
-            if kind == "node":
-                for a in chain(module):
-                    if a not in open_:
-                        open_.add(a)
-                        out.append(StepEvent(kind="bwd_pre", module=a, act_bytes=act, act_peak_bytes=pending))
-                        pending = act
-                continue
-        out.append(StepEvent(kind=kind, module=module, param=param, act_bytes=act, act_peak_bytes=pending))
-        pending = act
-    return tuple(out)

@@ -70,6 +70,9 @@ class AllocationTracker(TorchDispatchMode):
         self.peak = [0, 0]
         self.peak_at = [0, 0]
         self.events: list[tuple[str, int, int, int, int]] = []  # (kind, module, param, act, act_peak)
+        self.marks: list[tuple[int, int]] = []
+        """(log position, code) in call order: code >= 0 is the index of an event, -1 - p a ``set_phase(p)``
+        (``memfit.trace.layer_reuse`` rebuilds a log from them)."""
         self.stack: list[int] = []
         self._node = None
         self._node_module = NO_MODULE
@@ -144,12 +147,14 @@ class AllocationTracker(TorchDispatchMode):
         return ((k, v[0], v[1], v[2]) for k, v in list(self._live.items()))
 
     def set_phase(self, phase: int) -> None:
+        self.marks.append((len(self.log), -1 - phase))
         self.phase = phase
         self.peak[phase] = self.current
         self.peak_at[phase] = len(self.log)
 
     def event(self, kind: str, module: int = NO_MODULE, param: int = -1) -> None:
         """Close the current segment with a named event (module order for ZeRO-3)."""
+        self.marks.append((len(self.log), len(self.events)))
         self.events.append((kind, module, param, self.act, self._seg_max))
         self._seg_max = self.act
 

@@ -236,6 +236,11 @@ def _attention(arch: ArchSpec, L: LayerLayout, c: Ctx, *, masked: bool, qk_norm:
             k_need = c.adapted("k_proj", "qkv_proj") or skv != s
             n -= 0 if k_need else C * t * hq
             n -= C * b * skv * hq if not q_need and (c.gqa or kd != C) else 0
+            # the probabilities' cast to the compute dtype (the softmax keeps its own fp32 output) is kept by
+            # probs @ v for v's gradient only: v needs none through a frozen v_proj (prefix tuning's virtual
+            # values need one)
+            v_need = c.adapted("v_proj", "qkv_proj") or skv != s
+            n -= C * b * a * s * skv if not v_need and (q_need or k_need) and soft != C else 0
         if not c.trains("o_proj"):
             n -= C * t * hq  # the merged heads are o_proj's input only
         return n

@@ -143,3 +143,54 @@ def moe_block(model_type: str, moe: MoeLayout, d: int) -> list[Entry]:
 def dense_block(model_type: str, moe: MoeLayout, d: int) -> list[Entry]:
     """A dense layer's MLP in a mixture-of-experts model."""
     return swiglu("feed_forward" if model_type == "llama4_text" else "mlp", d, moe.dense_size)
+
+
+PER_EXPERT_LAYOUT: dict[str, tuple[str, tuple[str, str, str]]] = {
+    "mixtral": ("block_sparse_moe", ("w1", "w2", "w3")),
+    "qwen2_moe": ("mlp", ("gate_proj", "up_proj", "down_proj")),
+    "qwen3_moe": ("mlp", ("gate_proj", "up_proj", "down_proj")),
+}
+"""Before transformers 5.0 each expert is its own module of three ``nn.Linear`` (v4.51.0
+``modeling_mixtral.py``: ``MixtralSparseMoeBlock.gate`` then ``experts = nn.ModuleList([
+MixtralBlockSparseTop2MLP ...])`` with ``w1 (d -> i)``, ``w2 (i -> d)``, ``w3 (d -> i)``, the block
+``self.block_sparse_moe``; Qwen2-MoE and Qwen3-MoE ``Qwen*MoeMLP`` with ``gate_proj``, ``up_proj``,
+``down_proj`` under ``self.mlp``): per model type, the block's name and the expert's three Linears
+in registration order (the gate-like, the down, the up projection for Mixtral; gate, up, down for
+Qwen)."""
+
+
+def per_expert_params(model_type: str, params):  # noqa: ANN001, ANN201 (ParamSpec tuples)
+    """``params`` (transformers 5's fused experts) as a pre-5.0 release names and shapes them: each
+    ``mlp.experts.gate_up_proj`` ``(E, 2 i, d)`` / ``down_proj`` ``(E, d, i)`` pair becomes E experts of
+    three 2-D Linear weights, the block renamed where that release named it otherwise (Mixtral's
+    ``block_sparse_moe``). The parameter count is unchanged. ``params`` unchanged for another
+    model type."""
+    from dataclasses import replace
+
+    if model_type not in PER_EXPERT_LAYOUT:
+        return tuple(params)
+    block, (first, second, third) = PER_EXPERT_LAYOUT[model_type]
+    by_name = {p.name: p for p in params}
+    out = []
+    for p in params:
+        head, sep, tail = p.name.partition(".mlp.")
+        if not sep or not head.startswith("model.layers."):
+            out.append(p)
+            continue
+        pre = f"{head}.{block}."
+        if tail == "experts.down_proj":
+            continue  # emitted with gate_up_proj, expert by expert
+        if tail == "experts.gate_up_proj":
+            E, two_i, d = p.shape
+            i = two_i // 2
+            down = by_name[f"{head}.mlp.experts.down_proj"]
+            for e in range(E):
+                x = f"{pre}experts.{e}."
+                if model_type == "mixtral":  # w1 (gate), w2 (down), w3 (up)
+                    shapes = ((first, (i, d)), (second, down.shape[1:]), (third, (i, d)))
+                else:  # gate_proj, up_proj, down_proj
+                    shapes = ((first, (i, d)), (second, (i, d)), (third, down.shape[1:]))
+                out.extend(replace(p, name=f"{x}{n}.weight", shape=tuple(s)) for n, s in shapes)
+            continue
+        out.append(replace(p, name=pre + tail) if block != "mlp" else p)
+    return tuple(out)

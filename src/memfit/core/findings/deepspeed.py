@@ -71,6 +71,9 @@ def deepspeed_findings(sc: Scenario, phases: tuple[PhaseLedger, ...], verdict: V
             f"from_pretrained loads in fp32 unless told otherwise: {fmt_both(_item(_phase(phases, 'load'), 'load.weights'))} "
             f"per process before DeepSpeed casts it to {ds.precision}. Pass torch_dtype=torch.{_torch(ds.precision)} "
             f"to halve that.")))
+    cast = _cast_mismatch(sc)
+    if cast is not None:
+        out.append(cast)
     out.append(Finding(id="estimates", severity="info", message=(
         "Exact (byte for byte from DeepSpeed's code): parameters, partitions, optimizer buffers and states. "
         "Estimated: activations (analytic; `memfit trace` gives the exact figure), params gathered at a given "
@@ -158,3 +161,26 @@ def _allocator_finding(sc: Scenario, phases: tuple[PhaseLedger, ...]) -> Finding
         f"PyTorch (CUDA context, NCCL); that is the figure the verdict uses. nvidia-smi would show about "
         f"{fmt_bytes(ph.gpu_nvidia_smi_bytes)}. Cached segments are released and the allocation retried "
         f"{retries} time(s) over the run."))
+
+
+def _cast_mismatch(sc: Scenario) -> Finding | None:
+    """A tuner whose forward raises under the params-only cast (``peft.cast_mismatch``), on a release that
+    casts so, with a model built in fp32 outside zero.Init (the case checked against peft's forward)."""
+    from memfit.core.peft.cast_mismatch import RAISES_UNDER_PARAMS_ONLY_CAST
+    from memfit.core.stack.deepspeed import casts_params_only
+
+    why = RAISES_UNDER_PARAMS_ONLY_CAST.get(sc.peft.method)
+    ds = sc.deepspeed
+    if why is None or ds.precision == "fp32" or sc.load.dtype != "fp32" or sc.load.zero_init:
+        return None
+    entry = sc.versions.entry("deepspeed") if sc.versions is not None else None
+    params_only, release = casts_params_only(entry.version if entry else None, entry.line if entry else "0.19")
+    if not params_only:
+        return None
+    return Finding(id="tuner-dtype-mismatch", severity="error", message=(
+        f"This run stops at its first forward: {release}, and {sc.peft.method}'s forward then multiplies two "
+        f"dtypes ({why}), which torch refuses (\"expected m1 and m2 to have the same dtype\"; peft's own forward "
+        f"on a model built in fp32 and cast so). The memory figures are what it would need if it ran. Loading the "
+        f"model in {ds.precision} (torch_dtype=torch.{_torch(ds.precision)}) before peft builds the adapters, or "
+        f"DeepSpeed 0.19.1 or earlier (module.{_torch(ds.precision)}() casts the buffers too), avoids this cast "
+        f"(not checked here)."))

@@ -17,7 +17,9 @@ _QUANT_TYPES = ("fp4", "nf4")
 _STORAGE_MODELLED = ("uint8", "float16", "bfloat16", "float32")
 
 
-def read_bnb_config(path: str) -> Sourced:
+def read_bnb_config(path: str, *, quant_storage_read: tuple[bool, str] = (True, "")) -> Sourced:
+    """``quant_storage_read``: whether the stack's BitsAndBytesConfig reads ``bnb_4bit_quant_storage``,
+    and why not (``stack/transformers.py:bnb_reads_quant_storage``)."""
     raw = read_mapping(path, "BitsAndBytesConfig file")
     where = path
     if "quantization_config" in raw:  # a model's config.json
@@ -46,6 +48,14 @@ def read_bnb_config(path: str) -> Sourced:
         raise MemfitError(f"{o('bnb_4bit_quant_type')}: invalid value {quant_type!r:.40}; valid: fp4, nf4 "
                           "(bitsandbytes' 4-bit types)")
     storage = raw.get("bnb_4bit_quant_storage") or "uint8"
+    reads_storage, why = quant_storage_read
+    if not reads_storage and "bnb_4bit_quant_storage" in raw:
+        if storage not in BNB_QUANT_STORAGE:
+            raise MemfitError(f"{o('bnb_4bit_quant_storage')}: invalid value {storage!r:.40}; valid: "
+                              f"{', '.join(BNB_QUANT_STORAGE)}")
+        out.warnings.append(f"{o('bnb_4bit_quant_storage')} = {storage} is ignored: {why}")
+        raw = {k: v for k, v in raw.items() if k != "bnb_4bit_quant_storage"}
+        storage = "uint8"
     if storage not in BNB_QUANT_STORAGE:
         raise MemfitError(f"{o('bnb_4bit_quant_storage')}: invalid value {storage!r:.40}; valid: "
                           f"{', '.join(BNB_QUANT_STORAGE)}")

@@ -60,8 +60,9 @@ def _read_files(inputs) -> list[Sourced]:
         files.append(read_accelerate_config(inputs.accelerate_config))
     if inputs.bnb_config:
         from memfit.core.inputs.bnb_config import read_bnb_config
+        from memfit.core.stack.resolve import bnb_quant_storage_read
 
-        files.append(read_bnb_config(inputs.bnb_config))
+        files.append(read_bnb_config(inputs.bnb_config, quant_storage_read=bnb_quant_storage_read(inputs)))
     return files
 
 

@@ -33,20 +33,35 @@ class LeanTimeline(Timeline):
         pass
 
     def alloc(self, key: str, nbytes: int) -> None:
+        # the hot path of the recommender's torch search: _observe inlined, and only the device that
+        # grew is compared with its peak (the others cannot have passed theirs: frees only lower them)
         if nbytes == 0:
             return
         meta = self._meta[key]
-        self._live[key] = self._live.get(key, 0) + nbytes
-        self._dev_live[meta.device] += nbytes
-        if meta.device in HOST:
-            self._host += nbytes
+        live = self._live
+        live[key] = live.get(key, 0) + nbytes
+        dev = meta.device
+        dev_live = self._dev_live
+        now = dev_live[dev] = dev_live[dev] + nbytes
+        cur = self._cur
+        if dev is Device.GPU:
+            if cur is not None and now > cur[0]:
+                cur[0] = now
+        elif dev is Device.NVME:
+            if cur is not None and now > cur[3]:
+                cur[3] = now
+        else:  # HOST
+            host = self._host = self._host + nbytes
             if meta.rank0_only:
                 self._rank0 += nbytes
-        self._observe()
+            if cur is not None and host > cur[1]:
+                cur[1] = host
+                cur[2] = self._rank0
 
     def alloc_many(self, key: str, sizes) -> None:  # noqa: ANN001
+        alloc = self.alloc
         for n in sizes:
-            self.alloc(key, n)
+            alloc(key, n)
 
     def free(self, key: str, nbytes: int | None = None) -> None:
         live = self._live.get(key, 0)

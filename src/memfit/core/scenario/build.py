@@ -37,6 +37,7 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
     else:
         spec = parse_peft_options(method, **inputs.peft_options)
     model = apply_peft(base, spec)
+    _refuse_adapters_on_separate_experts(model, inputs)
 
     count, gpu = parse_gpus(inputs.gpus or f"1x{DEFAULT_GPU}")
     nodes = inputs.nodes if inputs.nodes is not None else 1
@@ -123,7 +124,16 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
 
         ds, ds_notes = apply_release_defaults(ds, raw, stack)
         stack_notes += ds_notes
+    if inputs.fsdp_loading is not None and fw.framework not in ("fsdp", "fsdp2"):
+        raise MemfitError(f"{_said(inputs, 'fsdp_loading')}: applies to FSDP only (the framework is {fw.framework})")
+    if inputs.fsdp_loading is not None:
+        from memfit.core.scenario.types import FSDP_LOADINGS
+
+        if inputs.fsdp_loading in FSDP_LOADINGS:
+            stack_notes += (f"FSDP loading {inputs.fsdp_loading} ({_said(inputs, 'fsdp_loading')}, the script's own "
+                            f"loader; not the stack's from_pretrained path): {FSDP_LOADINGS[inputs.fsdp_loading]}",)
     load = LoadSettings(dtype=inputs.load_dtype or "fp32", zero_init=bool(inputs.zero_init), low_cpu_mem_usage=low_cpu,
+                        fsdp_loading=inputs.fsdp_loading,
                         checkpoint=_checkpoint_layout(inputs, source, model))
     if spec.method == "delora" and fw.framework == "deepspeed" and ds.zero.stage == 3 and load.zero_init:
         # peft 0.21 tuners/delora/layer.py DeloraLayer.update_layer: w_norm = torch.norm(w.data, dim=0) of
@@ -261,13 +271,34 @@ def _bitsandbytes(inputs: ScenarioInputs, stack) -> dict:
             if inputs.bitsandbytes_version else {})
 
 
+def _refuse_adapters_on_separate_experts(model, inputs: ScenarioInputs) -> None:  # noqa: ANN001 (ModelShape)
+    """Before transformers 5.0 each expert is its own nn.Linear (``families.moe.per_expert_params``):
+    peft can adapt them (``all-linear`` does), but each sees only the tokens routed to it, which the
+    adapters' activation model does not follow: refused in one line rather than planned as if every
+    expert saw every token."""
+    import re
+
+    from memfit.core.peft.adapter_params import is_adapter_param
+
+    hit = next((m.group(1) for p in model.params if p.trainable and is_adapter_param(p.name)
+                for m in [re.search(r"(model\.layers\.\d+\.[\w.]*?experts\.\d+\.\w+)\.", p.name)] if m), None)
+    if hit is not None:
+        raise MemfitError(f"{_said(inputs, 'peft_options')}: adapters on transformers 4.x's separate experts "
+                          f"({hit} and the others) are not modelled (each expert runs on its "
+                          "routed tokens only); target the attention projections, or plan on transformers 5.x")
+
+
 def _model_shape(source, inputs: ScenarioInputs):
     """The pure builder's shapes, or, for a model_type transformers ships without a pure builder,
     the meta build's (torch and transformers run: slower, and said so in the shape's notes)."""
     from memfit.core.shapes import NoPureBuilder, build_model_shape
 
     try:
-        return build_model_shape(source, task=inputs.task, trust_remote_code=bool(inputs.trust_remote_code))
+        from memfit.core.stack.resolve import resolve_stack
+
+        line = resolve_stack(inputs, framework=inputs.framework or "torch").transformers
+        return build_model_shape(source, task=inputs.task, trust_remote_code=bool(inputs.trust_remote_code),
+                                 transformers_line=line)
     except NoPureBuilder:
         from memfit.core.families import TRANSFORMERS_MODEL_TYPES
 

@@ -42,7 +42,7 @@ RUNTIME_KEYS = {"torch_version", "alloc_conf", "cuda_version", "pin_memory_backe
                 "transformers_version", "bitsandbytes_version"}
 HARDWARE_KEYS = {"gpus", "nodes", "cpu_ram", "nvme", "shared_gpu", "host_reserve"}
 EVAL_KEYS = {"strategy", "batch", "seq_len", "generate", "max_new_tokens", "generation_max_length", "num_beams", "steps"}
-LOAD_KEYS = {"dtype", "zero_init", "low_cpu_mem_usage", "checkpoint_index", "max_shard_size"}
+LOAD_KEYS = {"dtype", "zero_init", "low_cpu_mem_usage", "checkpoint_index", "max_shard_size", "fsdp_loading"}
 TRAIN_KEYS = {"seq_len", "micro_batch", "gradient_checkpointing", "model_parameters", "attention", "dataloader_workers",
           "dataloader_pin_memory",
           "dataset_tokens", "task", "target_len", "lengths", "batching", "max_seq_length", "precision", "grad_accum",
@@ -72,6 +72,9 @@ class ScenarioInputs:
     load_dtype: str | None = None
     zero_init: bool | None = None
     low_cpu_mem_usage: bool | None = None
+    fsdp_loading: str | None = None
+    """How the script's own loader fills an FSDP model (``types.FSDP_LOADINGS``); None: as the stack's
+    ``from_pretrained`` does under FSDP (``stack.transformers.fsdp_efficient_loading``)."""
     checkpoint_index: str | None = None
     """A ``model.safetensors.index.json``: the checkpoint's shards (else ``max_shard_size``)."""
     max_shard_size: str | None = None

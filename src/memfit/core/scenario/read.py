@@ -163,6 +163,7 @@ def read_scenario_mapping(raw: Any, p: Path) -> ScenarioInputs:
         gpus=_scalar_text(hw.get("gpus")), nodes=hw.get("nodes"),
         cpu_ram=_scalar_text(hw.get("cpu_ram")), nvme=_scalar_text(hw.get("nvme")),
         load_dtype=load.get("dtype"), zero_init=load.get("zero_init"), low_cpu_mem_usage=load.get("low_cpu_mem_usage"),
+        fsdp_loading=_scalar_text(load.get("fsdp_loading")),
         checkpoint_index=(str(p.parent / load["checkpoint_index"]) if load.get("checkpoint_index") is not None
                           and not Path(str(load["checkpoint_index"])).is_absolute() else load.get("checkpoint_index")),
         max_shard_size=None if load.get("max_shard_size") is None else str(load["max_shard_size"]),

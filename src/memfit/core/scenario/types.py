@@ -28,6 +28,16 @@ nothing changed), 0.6.x (Feb 2022) and 0.5.x (Jan 2022, the seed case's era)."""
 DTYPES = ("fp32", "fp16", "bf16")
 
 
+FSDP_LOADINGS = {
+    "rank0_host": "rank 0 reads the weights into its host memory, the other ranks build on the meta device",
+    "rank0_host_quantized": "each weight is quantized on the GPU, its packed storage kept on rank 0's host (meta "
+                            "elsewhere), its quantization state on the GPU",
+    "every_rank_host_quantized": "each weight is quantized on the GPU, its packed storage kept on every rank's host",
+    "every_rank": "every rank loads the whole model (a bitsandbytes model onto its GPU)",
+}
+"""``LoadSettings.fsdp_loading``'s values: the loading modes of ``FsdpRun`` (``ledger/pytorch/fsdp.py``)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoadSettings:
     """How the user's script builds the model before ``deepspeed.initialize``."""
@@ -41,6 +51,13 @@ class LoadSettings:
     """from_pretrained loads weights straight into the model (current transformers always does);
     False: older transformers built a random model and held the state dict too (2x host memory)."""
 
+    fsdp_loading: str | None = None
+    """Under FSDP, how the script's own loader fills the model, one of ``FSDP_LOADINGS``, given where
+    the script does not load through ``from_pretrained`` (e.g. Answer.AI's fsdp_qlora train.py with
+    ``low_memory``: rank 0 quantizes each weight on its GPU and keeps it on its host, the other ranks
+    on the meta device, as ``rank0_host_quantized``). None: as the stack's ``from_pretrained`` does
+    (``stack.transformers.fsdp_efficient_loading``)."""
+
     from_checkpoint: bool = True
     """Weights are read from a checkpoint (from_pretrained). False: built from the config with
     random weights (from_config), as replays do; no checkpoint is held in host memory."""
@@ -51,6 +68,9 @@ class LoadSettings:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise MemfitError(f"load dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.fsdp_loading is not None and self.fsdp_loading not in FSDP_LOADINGS:
+            raise MemfitError(f"load.fsdp_loading: invalid value {self.fsdp_loading!r:.40}; valid: "
+                              f"{', '.join(FSDP_LOADINGS)}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

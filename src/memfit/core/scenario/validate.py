@@ -47,6 +47,7 @@ beyond any real run, and small enough that every size computed from it stays exa
 _YAML_KEY = {**{k: f"hardware.{k}" for k in HARDWARE_KEYS}, **{k: f"train.{k}" for k in TRAIN_KEYS},
              **{k: f"runtime.{k}" for k in RUNTIME_KEYS},
              "load_dtype": "load.dtype", "zero_init": "load.zero_init", "low_cpu_mem_usage": "load.low_cpu_mem_usage",
+             "fsdp_loading": "load.fsdp_loading",
              "checkpoint_index": "load.checkpoint_index", "max_shard_size": "load.max_shard_size",
              "peft_method": "peft.method", "peft_options": "peft", "ds_version": "deepspeed_version",
              "deepspeed_inline": "deepspeed",

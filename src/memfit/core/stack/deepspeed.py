@@ -68,21 +68,51 @@ def check_release(release: str | None, stage: int) -> None:
                           "give the release the run used (ZeRO-3 arrived in a later 0.3.x, not modelled) or stage 1 or 2")
 
 
+def _patch(version: str | None) -> int | None:
+    """The patch number of ``version`` (``0.19.8`` -> 8); None when it names none."""
+    from memfit.core.stack.lines import split_local
+
+    if not version:
+        return None
+    parts = split_local(version)[0].lstrip("v").split(".")
+    return int("".join(ch for ch in parts[2] if ch.isdigit()) or 0) if len(parts) > 2 else None
+
+
+def _since_0_19(version: str | None, release: str, patch_min: int) -> tuple[bool, bool]:
+    """``(release is 0.19.<patch_min> or later, the 0.19 patch was assumed)``: a 0.19 release that names
+    no patch is taken as 0.19.8, the source read."""
+    from memfit.core.stack.lines import at_least
+
+    patch = _patch(version)
+    if release == "0.19" and patch is None:
+        return 8 >= patch_min, True
+    return at_least(release, "0.20") or (release == "0.19" and patch >= patch_min), False
+
+
+def casts_params_only(version: str | None, release: str | None) -> tuple[bool, str]:
+    """Whether ``deepspeed.initialize`` under fp16/bf16 casts only the parameters, keeping fp32 buffers
+    (``engine.py:_configure_distributed_model``: "Cast params only; preserve fp32 buffers ... Replaces
+    blanket module.half()/bfloat16()", from 0.19.2; 0.19.1 and before call ``self.module.half()`` /
+    ``self.module.bfloat16()``, which cast the floating buffers too)."""
+    if release is None:
+        return False, "DeepSpeed not installed"
+    new, assumed = _since_0_19(version, release, 2)
+    if assumed:
+        return True, "DeepSpeed 0.19 (0.19.8 assumed): parameters only are cast, from 0.19.2"
+    return new, (f"DeepSpeed {version or release}: " + ("parameters only are cast, fp32 buffers kept (from 0.19.2)"
+                                                       if new else "module.half()/bfloat16() casts the buffers too "
+                                                       "(until 0.19.1)"))
+
+
 def offload_pin_memory_default(version: str | None, release: str | None) -> tuple[bool, str]:
     """``offload_param`` / ``offload_optimizer`` ``pin_memory`` when the JSON leaves it out:
     False up to 0.19.4 (``OFFLOAD_*_PIN_MEMORY_DEFAULT = False`` in 0.5.10/0.6.0;
     ``offload_config.py: pin_memory: bool = False`` in 0.7.7-0.19.4), True from 0.19.5."""
-    from memfit.core.stack.lines import at_least, split_local
-
     if release is None:
         return True, "DeepSpeed not installed"
-    patch = None
-    if version:
-        parts = split_local(version)[0].lstrip("v").split(".")
-        patch = int("".join(ch for ch in parts[2] if ch.isdigit()) or 0) if len(parts) > 2 else None
-    if release == "0.19" and patch is None:
+    new, assumed = _since_0_19(version, release, 5)
+    if assumed:
         return True, "DeepSpeed 0.19 (0.19.8 assumed): pin_memory defaults to true from 0.19.5"
-    new = at_least(release, "0.20") or (release == "0.19" and patch is not None and patch >= 5)
     return new, (f"DeepSpeed {version or release}: offload pin_memory defaults to "
                  f"{'true (from 0.19.5)' if new else 'false (until 0.19.4)'}")
 

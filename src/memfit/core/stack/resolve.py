@@ -153,6 +153,15 @@ def trainer_cpu_ram_loading(inputs: Any) -> tuple[bool, str]:
     return trainer_reads_cpu_ram_efficient_loading(line)
 
 
+def bnb_quant_storage_read(inputs: Any) -> tuple[bool, str]:
+    """Whether this stack's BitsAndBytesConfig reads ``bnb_4bit_quant_storage``, and why not
+    (``stack/transformers.py:bnb_reads_quant_storage``)."""
+    from memfit.core.stack.transformers import bnb_reads_quant_storage
+
+    return bnb_reads_quant_storage(resolve_stack(inputs, framework=getattr(inputs, "framework", None) or "torch")
+                                   .transformers)
+
+
 def trainer_fsdp_wrap(inputs: Any) -> tuple[str, str] | None:
     """The Trainer's auto-wrap policy for a PEFT LoRA model under FSDP: peft's
     ``fsdp_auto_wrap_policy`` from transformers 4.39 (``trainer.py:_fsdp_qlora_plugin_updates``; 5.x

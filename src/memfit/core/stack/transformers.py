@@ -134,3 +134,14 @@ def fsdp_efficient_loading(line: str | None, *, quantized: bool) -> tuple[str, s
         return "rank0_host", (f"transformers {line}: only rank 0 reads the weights; the other ranks build the model on "
                               "the meta device (cpu_ram_efficient_loading, since 4.36)")
     return "every_rank", f"transformers {line}: every rank loads the weights (rank-0-only loading arrived in 4.36)"
+
+
+def bnb_reads_quant_storage(line: str | None) -> tuple[bool, str]:
+    """Whether ``BitsAndBytesConfig`` reads ``bnb_4bit_quant_storage``: from transformers 4.39.0
+    (``utils/quantization_config.py``: the argument and ``self.bnb_4bit_quant_storage``). 4.38.2's
+    ``__init__`` takes it into ``**kwargs`` and drops it without a word, so the packed weights stay
+    ``uint8`` (``Params4bit``'s storage)."""
+    if line is None or at_least(line, "4.39"):
+        return True, ""
+    return False, (f"transformers {line}'s BitsAndBytesConfig has no bnb_4bit_quant_storage (it arrived in 4.39.0; "
+                   "4.38 drops it with its other unknown keyword arguments): the packed 4-bit weights are uint8")

@@ -77,7 +77,9 @@ def lokr(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
 def oft(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     """``OFTRotationModule.forward``: the rotation (Cayley-Neumann: the skew matrix and the powers the
     series multiplies, ``(r, b, b)`` each; without it ``linalg.solve``'s LU, pivots and result) and the
-    input rotated by ``einsum`` (``x`` in the adapter's dtype)."""
+    input rotated by ``einsum`` (``x`` in the adapter's dtype). The einsum keeps the rotation it reads (``R``,
+    its repeat under ``block_share``, or its cast) for ``x``'s gradient only: a first block whose input needs no
+    gradient does not keep it (unless it is ``linalg.solve``'s own result, which the solve keeps)."""
     rows, n = layer.shape("oft_R.default.weight")
     b = round((1 + math.sqrt(1 + 8 * n)) / 2)
     r = layer.in_features // b
@@ -88,20 +90,24 @@ def oft(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
         if ctx.autocast:  # every bmm casts the skew matrix again; R (or its repeat) is cast for the einsum
             fixed = (max(2 * terms - 3, 1) - (1 if share else 0)) * rows * b * b * ctx.autocast + (
                 r * b * b * ctx.autocast if share else 0)
+            for_x = (r if share else rows) * b * b * ctx.autocast
         else:  # the skew matrix and the powers the next bmm reads, R for the einsum (R's repeat if shared)
             fixed = (max(terms - 2, 0) + (0 if share else 1)) * rows * b * b * A + (r * b * b * A if share else 0)
+            for_x = (r if share else rows) * b * b * A
     else:  # linalg.solve on fp32 (the identity is fp32): I + Q, the LU, pivots, R; R cast for the einsum
         fixed = 3 * rows * b * b * 4 + rows * b * 4
         cast = ctx.autocast or (A if A != 4 else 0)
-        fixed += (r if share else rows) * b * b * cast if cast else (r * b * b * 4 if share else 0)
+        for_x = (r if share else rows) * b * b * cast if cast else (r * b * b * 4 if share else 0)
+        fixed += for_x
     elem, is_input = adapter_input(ctx)
-    return matmul_input(elem, is_input, layer.in_features, ctx) + Saved(fixed=fixed)
+    return matmul_input(elem, is_input, layer.in_features, ctx) + Saved(fixed=fixed, fixed_grad_only=for_x)
 
 
 def boft(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
     """``BOFTLayer``'s Linear forward: the Cayley transform of every block by ``linalg.solve`` (LU, pivots,
     result), the block-diagonal and ``boft_P`` cast to ``x``'s dtype, their product, ``x @ rotation``
-    (keeps ``x`` and the rotation), and ``result * boft_s`` (keeps the base output and the scale)."""
+    (keeps ``x`` and, for ``x``'s gradient only, the rotation), and ``result * boft_s`` (keeps the base output and
+    the scale)."""
     f, blocks, h, _ = layer.shape("boft_R")
     i, o = layer.in_features, layer.out_features
     A, Dx = ctx.adapter, ctx.stream
@@ -110,9 +116,10 @@ def boft(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
         fixed += f * i * i * Dx
     fixed += 2 * i * i * Dx  # the identity boft_rotation starts from (kept by @) and the rotation (kept by x @)
     fixed += o * Dx + o * max(A, Dx)  # the ones boft_s multiplies, and the scale kept by result * scale
+    for_x = i * i * Dx  # the rotation, kept by x @ rotation for x's gradient only (not in a first block)
     if ctx.autocast:
-        return matmul_input(Dx, True, i, ctx) + Saved(per_token=o * ctx.autocast, fixed=fixed)
-    return Saved(keeps_input=True, per_token=o * Dx, fixed=fixed)
+        return matmul_input(Dx, True, i, ctx) + Saved(per_token=o * ctx.autocast, fixed=fixed, fixed_grad_only=for_x)
+    return Saved(keeps_input=True, per_token=o * Dx, fixed=fixed, fixed_grad_only=for_x)
 
 
 def hra(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:

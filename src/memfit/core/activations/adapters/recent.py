@@ -168,4 +168,32 @@ def hira(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
             + Saved(fixed=weight + (r * i + o * r) * factors, fixed_grad_only=weight))
 
 
-FORMULAS = {"beft": beft, "frod": frod, "hira": hira, "peanut": peanut, "lily": lily, "glora": glora, "deft": deft}
+
+
+def adamss(layer: AdaptedLayer, spec: PeftSpec, ctx: DtypeContext) -> Saved:
+    """``AdamssLayer``'s Linear forward (peft 0.21.2 ``tuners/adamss/layer.py``), in ``D``, the base weight's dtype
+    (``self.dtype``; ``P``: a matmul's output, autocast's or ``D``): ``projected = F.linear(x.to(D) [| 1],
+    newB.to(D))`` keeps nothing of ``x`` (``newB`` is a buffer, fp32: ``cast_adapter_dtype`` upcasts a BufferDict's
+    16-bit entries and DeepSpeed's cast leaves buffers), and for the input's gradient ``newB``'s ``D`` copy (or
+    autocast's 16-bit one); each of the ``K`` subspaces' ``F.linear(projected, A_i.to(D))`` keeps ``projected``
+    ``(tokens, r)`` (one tensor for all ``K``) and, for ``projected``'s gradient, ``A_i``'s cast when it is one;
+    ``F.linear(h_i, B_i.to(D))`` keeps ``h_i`` ``(tokens, 1)`` and ``B_i``'s cast (``out`` rows in all); the
+    ``scatter`` into the output's order keeps its int64 index, ``scatter_index.to(device)``: a plain dict attribute
+    that ``model.to()`` does not move, so on CUDA a copy of ``out`` int64 per forward (on the CPU the tensor
+    itself); the cat, the add and the casts keep nothing."""
+    o = layer.out_features
+    i = layer.in_features + (1 if layer.bias else 0)
+    k = sum(1 for name in layer.tensors if name.startswith("adamss_A."))
+    r = layer.shape("adamss_A")[1]
+    D, AC = ctx.base or ctx.stream, ctx.autocast
+    P = AC or D
+    cast = ctx.adapter != D or bool(AC and AC != D)  # A_i.to(D) (or autocast's copy) is not the parameter itself
+    a_cast = k * operand(r, D, ctx) if cast else 0
+    b_cast = operand(o, D, ctx) if cast else 0
+    new_b = operand(r * i, D, ctx) if D != 4 or (AC and AC != D) else 0  # newB (fp32) is not kept itself
+    index = 8 * o
+    return Saved(per_token=(r + k) * P, fixed=index + b_cast + a_cast + new_b, fixed_grad_only=a_cast + new_b)
+
+
+FORMULAS = {"beft": beft, "frod": frod, "hira": hira, "peanut": peanut, "lily": lily, "glora": glora, "deft": deft,
+            "adamss": adamss}

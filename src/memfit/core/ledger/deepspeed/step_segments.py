@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 from memfit.core.lean_dataclass import dataclass
 from memfit.core.ledger.deepspeed.module_order import ModuleOrder, build_module_order
-from memfit.core.ledger.deepspeed.zero3_fetch import Coordinator, FetchStat, GParam
+from memfit.core.ledger.deepspeed.zero3_fetch import AG_STAGING, Coordinator, FetchStat, GParam
 
 Event = tuple[str, int]
 """``(ledger key, +bytes)`` for an allocation, ``(ledger key, -bytes)`` for a free of one tensor."""
@@ -197,22 +197,68 @@ def record_order(layout: StepLayout) -> tuple[int, ...]:
 
 def gather_pass(layout: StepLayout, params: Sequence[GParam], world: int, *, prefetch_bucket_size: int,
                 max_live_parameters: int, max_reuse_distance: int, offload_param: bool, allgather_sequential: bool,
-                complete: bool, persistent_available: bool) -> GatherPass:
-    """Run the coordinator over the layout's order (RECORD mode unless ``complete``)."""
+                complete: bool, persistent_available: bool, tables: dict | None = None) -> GatherPass:
+    """Run the coordinator over the layout's order (RECORD mode unless ``complete``); ``tables``:
+    ``Coordinator``'s, shared by the passes over this layout with params of the same numels (the
+    recommender's, one per scenario and checkpointing)."""
+    co, fwd, bwd, top = _run(layout, params, world, prefetch_bucket_size=prefetch_bucket_size,
+                             max_live_parameters=max_live_parameters, max_reuse_distance=max_reuse_distance,
+                             offload_param=offload_param, allgather_sequential=allgather_sequential,
+                             complete=complete, persistent_available=persistent_available, tables=tables)
+    return _pass(layout, params, co, fwd, bwd, top)
+
+
+def gather_passes_offloaded_and_not(layout: StepLayout, params: Sequence[GParam], world: int, *,
+                                    prefetch_bucket_size: int, max_live_parameters: int, max_reuse_distance: int,
+                                    allgather_sequential: bool, complete: bool, persistent_available: bool,
+                                    tables: dict | None = None) -> tuple[GatherPass, GatherPass]:
+    """``gather_pass`` with ``offload_param`` True and False, from one run of the coordinator (``world``
+    > 1). With more than one rank the offload changes none of the coordinator's decisions, only adds
+    the partitions' copies to the GPU (``AG_STAGING``: ``Coordinator._gather`` and ``register``, the
+    only places that read ``offload`` when W > 1), so the pass without it is the same events with
+    those taken out (``tests/core/test_gather_pair.py`` compares both with two runs)."""
+    if world <= 1:
+        raise ValueError("with one rank the offload changes what a gather puts on the GPU: run gather_pass twice")
+    co, fwd, bwd, top = _run(layout, params, world, prefetch_bucket_size=prefetch_bucket_size,
+                             max_live_parameters=max_live_parameters, max_reuse_distance=max_reuse_distance,
+                             offload_param=True, allgather_sequential=allgather_sequential,
+                             complete=complete, persistent_available=persistent_available, tables=tables)
+    return _pass(layout, params, co, fwd, bwd, top), _pass(layout, params, co, _without(fwd, AG_STAGING),
+                                                           _without(bwd, AG_STAGING), top)
+
+
+def _without(recorded: tuple[list, set[int]], key: str) -> tuple[list, set[int]]:
+    """Recorded ``(events, marks)`` with the events of ``key`` taken out, each mark moved back by the
+    events taken out before it."""
+    events, marks = recorded
+    kept = []
+    before = [0] * (len(events) + 1)  # before[i]: events kept among the first i
+    for i, e in enumerate(events):
+        if e[1][0] != key:
+            kept.append(e)
+        before[i + 1] = len(kept)
+    return kept, {before[m] for m in marks}
+
+
+def _run(layout: StepLayout, params: Sequence[GParam], world: int, *, prefetch_bucket_size: int,
+         max_live_parameters: int, max_reuse_distance: int, offload_param: bool, allgather_sequential: bool,
+         complete: bool, persistent_available: bool, tables: dict | None):
+    """The coordinator over the layout's order: it, the forward's and the backward's recorded
+    ``(events, marks)``, and the highest gathered + flat bytes at any hook."""
     o = layout.order
     rec = _Recorder()
     co = Coordinator(params, o.params, world, externals=o.externals, prefetch_bucket_size=prefetch_bucket_size,
                      max_live_parameters=max_live_parameters, max_reuse_distance=max_reuse_distance,
                      offload_param=offload_param, allgather_sequential=allgather_sequential,
                      order=record_order(layout) if complete else None, persistent_available=persistent_available,
-                     sink=rec, record_stats=False)
+                     sink=rec, record_stats=False, tables=tables)
     top = 0
     for (is_pre, m), s in zip(o.forward, layout.forward_segment):
         rec.seg = s
         co.fetch(m, True) if is_pre else co.release(m)
         rec.mark()
         top = max(top, co.gathered_bytes + co.flat_bytes)
-    fwd_events, fwd_marks = rec.events, rec.marks
+    fwd = (rec.events, rec.marks)
     rec.events, rec.marks = [], set()
     for (is_pre, m), recompute, s in zip(o.backward, o.backward_forward, layout.backward_segment):
         rec.seg = s
@@ -222,8 +268,13 @@ def gather_pass(layout: StepLayout, params: Sequence[GParam], world: int, *, pre
     rec.seg = layout.n_segments
     co.finish()
     rec.mark()
-    forward, end_fwd = _segments(fwd_events, layout.n_segments, marks=fwd_marks)
-    backward, end = _segments(rec.events, layout.n_segments + 1, end_fwd, marks=rec.marks)
+    return co, fwd, (rec.events, rec.marks), top
+
+
+def _pass(layout: StepLayout, params: Sequence[GParam], co: Coordinator, fwd: tuple[list, set[int]],
+          bwd: tuple[list, set[int]], top: int) -> GatherPass:
+    forward, end_fwd = _segments(fwd[0], layout.n_segments, marks=fwd[1])
+    backward, end = _segments(bwd[0], layout.n_segments + 1, end_fwd, marks=bwd[1])
     persist = tuple(q.persist and co.data[i] > 0 for i, q in enumerate(params))
     return GatherPass(forward=forward, backward=backward, end_forward=end_fwd, end=end, stats=tuple(co.stats),
                       persist_live=persist,

@@ -132,16 +132,37 @@ class Coordinator:
                  prefetch_bucket_size: int, max_live_parameters: int, max_reuse_distance: int,
                  offload_param: bool, allgather_sequential: bool = False, order: Sequence[int] | None = None,
                  persistent_available: bool = False, sink: Sink | None = None, record_stats: bool = True,
-                 externals: Sequence[Sequence[int]] | None = None) -> None:
+                 externals: Sequence[Sequence[int]] | None = None, tables: dict | None = None) -> None:
+        """``tables``: a dict shared by coordinators over the same ``modules``, ``externals``, params'
+        numels and ``order`` (a RECORD pass's and a complete one's), in which the tables built from
+        those alone (each module's params, the parameter queue, each param's uses, the elements
+        before each order position) are kept for the next one instead of rebuilt."""
         self.p = params
-        self.own = [tuple(sorted(set(m))) for m in modules]
-        self.externals = [tuple(e) for e in externals] if externals is not None else [()] * len(modules)
-        # a module's external params are registered the first time its forward reads them (RECORD);
-        # a complete trace was recorded with them
-        self.registered = [order is not None or not e for e in self.externals]
+        built = tables.get(order is not None) if tables is not None else None
+        if built is None:
+            own = [tuple(sorted(set(m))) for m in modules]
+            ext = [tuple(e) for e in externals] if externals is not None else [()] * len(modules)
+            # a module's external params are registered the first time its forward reads them (RECORD);
+            # a complete trace was recorded with them
+            registered = [order is not None or not e for e in ext]
+            mods = [tuple(sorted(set(o) | set(e))) if r else o for o, e, r in zip(own, ext, registered)]
+            queue: list[tuple[int, int]] = []  # (param, step id last used at) in recorded order
+            uses: list[list[int]] = [[] for _ in params]  # per param, the order positions using it
+            cum = [0]  # elements traversed before each order position (the reuse window's walk)
+            for step, m in enumerate(order if order is not None else ()):
+                for q in mods[m]:
+                    queue.append((q, step))
+                    uses[q].append(step)
+                cum.append(cum[-1] + sum(params[q].numel for q in mods[m]))
+            built = (own, ext, registered, mods, queue, uses, cum)
+            if tables is not None:
+                tables[order is not None] = built
+        own, ext, registered, mods, queue, uses, cum = built
+        self.own = own
+        self.externals = ext
+        self.registered = list(registered)  # register() changes these two: this coordinator's own copies
+        self.modules = list(mods)
         self.pending: int | None = None
-        self.modules = [tuple(sorted(set(o) | set(e))) if r else o
-                        for o, e, r in zip(self.own, self.externals, self.registered)]
         self.W = world
         self.prefetch = prefetch_bucket_size
         self.max_live = max_live_parameters
@@ -171,14 +192,9 @@ class Coordinator:
         self.step_id = 0
         self.complete = order is not None
         self.order = tuple(order) if order is not None else ()
-        self.queue: list[tuple[int, int]] = []  # (param, step id last used at) in recorded order
-        self.uses: list[list[int]] = [[] for _ in range(n)]  # per param, the order positions using it
-        self.cum = [0]  # elements traversed before each order position (the reuse window's walk)
-        for step, m in enumerate(self.order):
-            for q in self.modules[m]:
-                self.queue.append((q, step))
-                self.uses[q].append(step)
-            self.cum.append(self.cum[-1] + sum(params[q].numel for q in self.modules[m]))
+        self.queue = queue  # read only from here on (shared through ``tables``)
+        self.uses = uses
+        self.cum = cum
         self.record_stats = record_stats
         self.qpos = 0
         self.recent = [-(10**10)] * n  # __most_recent_step_id_param_fetched_for

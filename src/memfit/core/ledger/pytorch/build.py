@@ -15,16 +15,18 @@ from memfit.core.scenario.types import Scenario
 
 
 def build_torch_ledger(sc: Scenario, timeline: Timeline | None = None,
-                       model_cache: dict | None = None) -> tuple[PhaseLedger, ...]:
+                       model_cache: dict | None = None, step_cache: dict | None = None) -> tuple[PhaseLedger, ...]:
     """The phase ledgers; with ``timeline`` (a ``LeanTimeline``) the recipes write into it instead and
     its ``peaks()`` are the result (``memfit.core.recommend``'s fast path, which also shares the
-    model-state view between candidates through ``model_cache``)."""
-    t = build_torch_timeline(sc, timeline=timeline, model_cache=model_cache)
+    model-state view between candidates through ``model_cache``, and the step context's activation
+    figures through ``step_cache``: ``step_context.build_step_context``'s ``cache``)."""
+    t = build_torch_timeline(sc, timeline=timeline, model_cache=model_cache, step_cache=step_cache)
     return t.phases() if timeline is None else ()
 
 
 def build_torch_timeline(sc: Scenario, *, tracker=None, timeline: Timeline | None = None,  # noqa: ANN001
-                         model_cache: dict | None = None, traced: TracedStep | None = None) -> Timeline:
+                         model_cache: dict | None = None, traced: TracedStep | None = None,
+                         step_cache: dict | None = None) -> Timeline:
     """Every recipe of the run, in the order of the real code (``tracker``: the allocator simulators
     of ``ledger.build.memory_tracker``; ``timeline``: write into this one instead; ``traced``: the
     step's activations from ``memfit plan --exact``'s trace, ``ledger/pytorch/traced.py``)."""
@@ -50,13 +52,13 @@ def build_torch_timeline(sc: Scenario, *, tracker=None, timeline: Timeline | Non
     elif fw in ("fsdp", "fsdp2"):
         from memfit.core.ledger.pytorch.fsdp import build_fsdp_ledger
 
-        build_fsdp_ledger(t, sc, m, opt, traced)
+        build_fsdp_ledger(t, sc, m, opt, traced, cache=step_cache)
         return t
     else:
         where = record_load(t, sc, m)
         record_setup(t, sc, m, where, opt)
         sink = GradSink()
-    c = build_step_context(sc, m, opt, sink, traced)
+    c = build_step_context(sc, m, opt, sink, traced, cache=step_cache)
     record_steps(t, c)
     from memfit.core.ledger.evaluation import record_evaluation
 

@@ -75,9 +75,16 @@ class FsdpRun:
         from memfit.core.stack.transformers import fsdp_efficient_loading
 
         self.t, self.sc, self.m, self.opt = t, sc, m, opt
-        self.loading, self.loading_why = (fsdp_efficient_loading(sc.versions.transformers, quantized=sc.quant.enabled)
-                                          if sc.fsdp.cpu_ram_efficient_loading else
-                                          ("every_rank", "cpu_ram_efficient_loading off: every rank loads"))
+        if sc.load.fsdp_loading is not None:  # the script's own loader, as given
+            from memfit.core.scenario.types import FSDP_LOADINGS
+
+            self.loading, self.loading_why = sc.load.fsdp_loading, (
+                f"load.fsdp_loading {sc.load.fsdp_loading} (the script's own loader, given): "
+                f"{FSDP_LOADINGS[sc.load.fsdp_loading]}")
+        else:
+            self.loading, self.loading_why = (fsdp_efficient_loading(sc.versions.transformers, quantized=sc.quant.enabled)
+                                              if sc.fsdp.cpu_ram_efficient_loading else
+                                              ("every_rank", "cpu_ram_efficient_loading off: every rank loads"))
         """``stack.transformers.fsdp_efficient_loading``'s mode: rank0_host, rank0_host_quantized, every_rank."""
         self.fsdp2 = sc.framework == "fsdp2"
         self.S = shard_group_size(sc)
@@ -319,7 +326,8 @@ class FsdpRun:
 
 
 def build_fsdp_ledger(t: Timeline, sc: Scenario, m: TorchModel, opt: OptimizerModel,
-                      traced: TracedStep | None = None) -> None:
+                      traced: TracedStep | None = None, cache: dict | None = None) -> None:
+    """``cache``: ``step_context.build_step_context``'s (the recommender's, shared between candidates)."""
     run = FsdpRun(t, sc, m, opt)
     where = record_load(t, sc, m, rank0_only=run.loading in ("rank0_host", "rank0_host_quantized"),
                         quant_to_host=run.loading in ("rank0_host_quantized", "every_rank_host_quantized"))
@@ -327,7 +335,7 @@ def build_fsdp_ledger(t: Timeline, sc: Scenario, m: TorchModel, opt: OptimizerMo
     order = {p.name: k for k, p in enumerate(m.params)}
     opt_params = sorted(optimizer_params(sc, run.units, run.S), key=lambda p: order.get(p.name, len(order)))
     sink = GradSink()
-    c = build_step_context(sc, m, opt, sink, traced)
+    c = build_step_context(sc, m, opt, sink, traced, cache=cache)
     c.groups = trainer_groups(opt_params, split=sc.torch.trainer_param_groups)
     declare_step(t, c)
     if run.offload:  # CPUOffloadPolicy / CPUOffload: the optimizer steps on the host shards

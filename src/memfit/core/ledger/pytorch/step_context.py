@@ -157,11 +157,28 @@ def torch_adapters(sc: Scenario, m: TorchModel) -> AdapterActivations | None:
     return replace(acts, layers=tuple(replace(layer, quantized=layer.module in modules) for layer in acts.layers))
 
 
+def _memo(cache: dict | None, objs: tuple, values: tuple, build):  # noqa: ANN001, ANN202
+    """``build()``, memoized in ``cache`` (None: not memoized) per the identity of ``objs`` (kept alive
+    with the entry, so an id is never reused while it is a key) and the hashable ``values``."""
+    if cache is None:
+        return build()
+    key = ("step_context", tuple(id(o) for o in objs), values)
+    hit = cache.get(key)
+    if hit is not None:
+        return hit[1]
+    v = build()
+    cache[key] = (objs, v)
+    return v
+
+
 def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: GradSink,
-                       traced: TracedStep | None = None) -> StepContext:
+                       traced: TracedStep | None = None, cache: dict | None = None) -> StepContext:
     """The step's per-stage figures; with ``traced`` (``memfit plan --exact``) each stage's activations
     are the trace's (``ledger/pytorch/traced.py``), the rest (casts, dequantized weights, gradients,
-    and a checkpointed block's recompute) the recipes' own."""
+    and a checkpointed block's recompute) the recipes' own. ``cache``: the recommender's dict shared
+    between candidates (``ledger.pytorch.build``'s ``step_cache``; a plan passes none): the adapters' and the activation
+    model's results (pure functions of the model, the PEFT spec and the numbers in their keys) are
+    computed once per distinct input."""
     pm = m.precision
     ckpt = sc.train.gradient_checkpointing
     # the activations' element size: the residual stream's dtype, i.e. the input embedding's (fp32 under
@@ -177,12 +194,16 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
     # the matmul outputs' element size: autocast's 16-bit dtype (under AMP on an fp32 stream they are
     # 16-bit while the residual sums stay fp32)
     C = DTYPE_BYTES[pm.autocast] if pm.autocast else None
-    adapters = torch_adapters(sc, m)
+    adapters = _memo(cache, (m, sc.model, sc.peft), (sc.load.dtype, sc.runtime.bitsandbytes_version),
+                     lambda: torch_adapters(sc, m))
     target = sc.train.target_len
-    est = estimate_activation_bytes(sc.model.arch, sc.peft, seq_len=sc.train.seq_len,
-                                    micro_batch=sc.train.micro_batch, dtype_bytes=D, gradient_checkpointing=ckpt,
-                                    attention=sc.train.attention, compute_bytes=C, adapters=adapters,
-                                    target_len=target, kernels=sc.accelerator, float16=fp16)
+    split = {"seq_len": sc.train.seq_len, "micro_batch": sc.train.micro_batch, "dtype_bytes": D,
+             "gradient_checkpointing": ckpt, "attention": sc.train.attention, "compute_bytes": C,
+             "adapters": adapters, "kernels": sc.accelerator, "target_len": target, "float16": fp16}
+    act_objs = (sc.model.arch, sc.peft, adapters)
+    act_key = tuple(v for k, v in split.items() if k != "adapters")
+    est = _memo(cache, act_objs, ("est", *act_key),
+                lambda: estimate_activation_bytes(sc.model.arch, sc.peft, **split))
     n_st = m.stages
     stages = [Stage() for _ in range(n_st)]
     blocks = n_st - 2
@@ -245,16 +266,15 @@ def build_step_context(sc: Scenario, m: TorchModel, opt: OptimizerModel, sink: G
         held = est.total_bytes - est.embedding_bytes - est.head_bytes - sum(
             stages[i].act for i in range(1, n_st - 1))
         stages[-1].act += max(held, 0)  # the eager causal mask, kept with the head
-    split = {"seq_len": sc.train.seq_len, "micro_batch": sc.train.micro_batch, "dtype_bytes": D,
-             "gradient_checkpointing": ckpt, "attention": sc.train.attention, "compute_bytes": C,
-             "adapters": adapters, "kernels": sc.accelerator, "target_len": target, "float16": fp16}
-    at = split_estimate(est, sc.model.arch, sc.peft, **split)
+    at = _memo(cache, act_objs, ("split", *act_key), lambda: split_estimate(est, sc.model.arch, sc.peft, **split))
     _split_stages(stages, est, at, head_extra=stages[-1].act - est.head_bytes)
     if dropped:
         stages[-1].outputs = (dropped,)
         if not ckpt:  # the cache's k and v (model outputs) that no kernel keeps die with the outputs
-            bare = estimate_activation_bytes(sc.model.arch, sc.peft, keep_outputs=False, **split)
-            at_bare = split_estimate(bare, sc.model.arch, sc.peft, keep_outputs=False, **split)
+            bare = _memo(cache, act_objs, ("bare", *act_key),
+                         lambda: estimate_activation_bytes(sc.model.arch, sc.peft, keep_outputs=False, **split))
+            at_bare = _memo(cache, act_objs, ("bare-split", *act_key),
+                            lambda: split_estimate(bare, sc.model.arch, sc.peft, keep_outputs=False, **split))
             for k, st in enumerate(stages[1:-1]):
                 kept, left = (est.first_layer_bytes, bare.first_layer_bytes) if k == 0 else (est.layer_bytes,
                                                                                             bare.layer_bytes)

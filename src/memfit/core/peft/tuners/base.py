@@ -73,6 +73,8 @@ class Tuner:
     """A tuner that does not inject per-layer adapters (prompt learning, ...): the whole shape."""
     bias: bool = False
     """Its config has ``bias`` (``none``/``all``/``<prefix>only``)."""
+    note: str = ""
+    """Said in the plan's notes whenever the tuner is planned (what memfit assumes that no config decides)."""
     prompt_learning: bool = False
     """A ``PromptLearningConfig``: its config also holds ``num_virtual_tokens``, ``token_dim``,
     ``num_layers``, ``num_transformer_submodules`` and ``num_attention_heads`` (read into ``PeftSpec``)."""

@@ -100,7 +100,7 @@ def read_tuner(tuner: Tuner, raw: Mapping[str, Any], *, cli: bool = False) -> Pe
     convert, ``None`` means not given, and an unknown key is an error; a JSON file's values are taken
     as typed and an unknown key is ignored as peft ignores it (said in the notes).
     """
-    notes: list[str] = []
+    notes: list[str] = [tuner.note] if tuner.note else []
     settings: dict[str, Any] = {}
     fields: dict[str, Any] = {}
     for name, value in raw.items():

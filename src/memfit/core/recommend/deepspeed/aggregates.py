@@ -27,7 +27,8 @@ from memfit.core.dsconfig import optimizer_states_per_param
 from memfit.core.ledger.context import DTYPE_BYTES, ceil_div, is_adapter_param
 from memfit.core.ledger.deepspeed.module_order import flow_flags
 from memfit.core.ledger.deepspeed.step_activations import ActivationPlan
-from memfit.core.ledger.deepspeed.step_segments import GatherPass, GradSpec, Segment, StepLayout, build_layout, gather_pass, grad_pass
+from memfit.core.ledger.deepspeed.step_segments import (GatherPass, GradSpec, Segment, StepLayout, build_layout, gather_pass,
+                                                        gather_passes_offloaded_and_not, grad_pass)
 from memfit.core.ledger.deepspeed.zero012 import grads_in_partition_numel
 from memfit.core.ledger.deepspeed.zero3 import split_sub_groups
 from memfit.core.ledger.deepspeed.zero3_fetch import GParam, persistent_flags
@@ -261,7 +262,15 @@ class ScenarioAggregates:
         """``load.checkpoint_shards``: the largest shard (without a layout: every base param in the
         load dtype)."""
         layout = self.scenario.load.checkpoint
-        return layout.largest_shard_bytes if layout is not None else self.n_base * load_bytes
+        if layout is None:
+            return self.n_base * load_bytes
+        return self._cached(("largest-shard",), lambda: layout.largest_shard_bytes)
+
+    def non_pytorch(self):  # noqa: ANN201 (NonPytorch)
+        """``alloc.non_pytorch.non_pytorch_for`` of the scenario (memoized: the candidates share it)."""
+        from memfit.core.alloc.non_pytorch import non_pytorch_for
+
+        return self._cached(("non-pytorch",), lambda: non_pytorch_for(self.scenario))
 
     def _zi_modules(self) -> list[list[int]]:
         def build():
@@ -500,17 +509,22 @@ class ScenarioAggregates:
             self.memo[key] = v
             return v
         gparams = [GParam(n, e, f) for n, e, f in zip(self.numels, eb, flags)]
-        gp = gather_pass(self.layout(checkpointing), gparams, self.world, prefetch_bucket_size=prefetch,
-                         max_live_parameters=max_live, max_reuse_distance=z.max_reuse_distance,
-                         offload_param=offload_copy, allgather_sequential=z.allgather_sequential, complete=complete,
-                         persistent_available=persistent_available)
         W = self.world
-        rest = sum((ceil_div(g.numel, W) * W if W > 1 or offload_copy else 0) * g.element_bytes
-                   for g, live in zip(gparams, gp.persist_live) if g.persist and not live)
-        # step._Step._persist_bytes: W = 1 gathers nothing unless the partition is offloaded
-        total = sum((ceil_div(g.numel, W) * W if W > 1 or offload_copy else 0) * g.element_bytes
-                    for g in gparams if g.persist)
-        v = self.memo[key] = self.memo[same] = (gp, rest, sum(gp.persist_bytes), total)
+        kw = dict(prefetch_bucket_size=prefetch, max_live_parameters=max_live, max_reuse_distance=z.max_reuse_distance,
+                  allgather_sequential=z.allgather_sequential, complete=complete,
+                  persistent_available=persistent_available,
+                  tables=self._cached(("coordinator-tables", checkpointing), dict))
+        lay = self.layout(checkpointing)
+        passes = (dict(zip((True, False), gather_passes_offloaded_and_not(lay, gparams, W, **kw))) if W > 1 else
+                  {offload_copy: gather_pass(lay, gparams, W, offload_param=offload_copy, **kw)})  # W > 1: one run, both
+        for off, gp in passes.items():
+            rest = sum((ceil_div(g.numel, W) * W if W > 1 or off else 0) * g.element_bytes
+                       for g, live in zip(gparams, gp.persist_live) if g.persist and not live)
+            # step._Step._persist_bytes: W = 1 gathers nothing unless the partition is offloaded
+            total = sum((ceil_div(g.numel, W) * W if W > 1 or off else 0) * g.element_bytes
+                        for g in gparams if g.persist)
+            self.memo[same[:7] + (off,) + same[8:]] = (gp, rest, sum(gp.persist_bytes), total)
+        v = self.memo[key] = self.memo[same]
         return v
 
     def _persistent(self, threshold: int, ds_version: str) -> tuple[list[bool], int]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 from operator import add
 
 from memfit.core.ledger.context import DTYPE_BYTES, optimizer_offload
-from memfit.core.alloc.non_pytorch import non_pytorch_for
 from memfit.core.ledger import host_process
 from memfit.core.ledger_types import EVAL_PHASES, PHASES
 from memfit.core.ledger.deepspeed.step_segments import GradSpec
@@ -58,6 +57,41 @@ def estimate_peaks(agg: ScenarioAggregates, c: Candidate) -> tuple[tuple[int, in
         init = agg.memo[key] = initialize_phases(agg, c)
     phases, g, h, n, opt_numel, states_at_init = init
     return phases + _step(agg, c, g, h, n, opt_numel, states_at_init)
+
+
+Limits = tuple[int, int, float]
+"""``(gpu per rank, host per node, NVMe per node)``: what the search keeps a candidate's every phase at or
+under (``confirm._limits``)."""
+
+
+def phase_fits(phase: tuple[int, int, int, int], limits: Limits, ranks_per_node: int) -> bool:
+    """One phase's ``(gpu, host, node, nvme)`` within ``limits`` (NVMe bytes per rank x ranks per node)."""
+    g, _, node, nv = phase
+    return g <= limits[0] and node <= limits[1] and nv * ranks_per_node <= limits[2]
+
+
+def estimate_fitting_peaks(agg: ScenarioAggregates, c: Candidate, limits: Limits
+                           ) -> tuple[tuple[int, int, int, int], ...] | None:
+    """``estimate_peaks`` if every phase is within ``limits`` (``phase_fits``), else None, decided on
+    the phases up to the end of ``initialize`` first (memoized with them, per ``limits``): a candidate
+    those rule out never computes its step phases."""
+    key = ("init", c.stage, c.offload_optimizer, c.offload_param, c.pin_optimizer, c.pin_param, c.zero_init,
+           c.load_dtype, c.low_cpu_mem_usage, c.precision, c.reduce_bucket_size)
+    init = agg.memo.get(key)
+    if init is None:
+        init = agg.memo[key] = initialize_phases(agg, c)
+    R = agg.ranks_per_node
+    ok_key = ("init-fits", key, limits)
+    ok = agg.memo.get(ok_key)
+    if ok is None:
+        ok = agg.memo[ok_key] = all(phase_fits(p, limits, R) for p in init[0])
+    if not ok:
+        return None
+    phases, g, h, n, opt_numel, states_at_init = init
+    step = _step(agg, c, g, h, n, opt_numel, states_at_init)
+    if not all(phase_fits(p, limits, R) for p in step):
+        return None
+    return phases + step
 
 
 def _step(agg: ScenarioAggregates, c: Candidate, g: int, h: int, n: int, opt_numel: int, opt_states_at_init: bool
@@ -135,7 +169,7 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
             st["old_gip"] = True
             live[old_gip_dev] += old_gip
 
-    cublas = non_pytorch_for(sc).cublas_workspace_bytes
+    cublas = agg.non_pytorch().cublas_workspace_bytes
     workers = host_process.worker_part(sc.train.dataloader_workers, sc.train.dataset_tokens)
     pinned_batches = host_process.pinned_batches_bytes(sc)  # host_process.record_pinned_batches
 
@@ -155,13 +189,7 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
                 alloc_old_gip()
         hpk = live[1]
         gp = gather(complete, persistent_available)[0] if stage3 else None
-        if gp is not None:
-            # a segment's hooks before its activations (step_segments.Segment.before), then the rest
-            acts_before = (0,) + acts.forward[:-1]
-            gpk = live[0] + max(max(map(add, acts.forward, gp.forward_peaks)),
-                                max(map(add, acts_before, gp.forward_before)), acts.after_forward + gp.end_forward)
-        else:
-            gpk = live[0] + max(max(acts.forward), acts.after_forward)
+        gpk = live[0] + _forward_top(agg, acts, gp)
         fwd_end = live[0] + acts.total + (gp.end_forward if gp else 0)
         close(start, gpk, hpk, live[2], end=[fwd_end, live[1], live[2]])
         # ---- backward
@@ -170,18 +198,7 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
         if stage3 and old_gip and not (off_opt and GA == 1):
             alloc_old_gip()
         base = live[0]
-        seq = acts.backward
-        if gr is not None:
-            seq = map(add, seq, gr_peaks)
-        if gp is not None:
-            seq = list(map(add, seq, gp.backward_peaks))
-            # a segment's hooks before its gradients, and after them with its activations freed
-            g_end = gr_ends if gr is not None else (0,) * len(acts.backward_pre)
-            g_start = (0,) + tuple(g_end[:-1])
-            seq += list(map(add, map(add, acts.backward_pre, g_start), gp.backward_before))
-            seq += list(map(add, map(add, acts.backward_post, g_end), gp.backward_after))
-        # the loss's backward runs first, with the forward's gathered params (ActivationPlan.bwd_pre)
-        gpk = base + max(acts.before_backward + (gp.end_forward if gp else 0), max(seq))
+        gpk = base + _backward_top(agg, acts, gp, gr_peaks if gr is not None else None, gr_ends)
         live[0] = base + (gp.end if gp else 0) + end_grads
         if micro and c.stage == 2 and opt.count and z.contiguous_gradients and not off_opt:
             live[0] -= gip_numel * nb  # _after_backward: this micro-step's partition added in and dropped
@@ -256,6 +273,45 @@ def _step_relative(agg: ScenarioAggregates, c: Candidate, opt_numel: int, opt_st
         live[1] = hpk
     close(start, gpk, hpk, live[2], r0)
     return tuple(out)
+
+
+def _forward_top(agg: ScenarioAggregates, acts, gp) -> int:  # noqa: ANN001
+    """The forward's GPU peak above its start from the activations and the gathered params (ZeRO-3;
+    ``gp`` None otherwise): a segment's hooks before its activations (``step_segments.Segment.before``),
+    then the rest. Memoized per the two (``agg.memo`` keeps both alive, so their ids stay theirs)."""
+    key = ("fwd-top", id(acts), id(gp))
+    v = agg.memo.get(key)
+    if v is None:
+        if gp is not None:
+            acts_before = (0,) + acts.forward[:-1]
+            v = max(max(map(add, acts.forward, gp.forward_peaks)),
+                    max(map(add, acts_before, gp.forward_before)), acts.after_forward + gp.end_forward)
+        else:
+            v = max(max(acts.forward), acts.after_forward)
+        agg.memo[key] = v
+    return v
+
+
+def _backward_top(agg: ScenarioAggregates, acts, gp, gr_peaks, gr_ends) -> int:  # noqa: ANN001
+    """The backward's GPU peak above its start from the activations, the gradients' segments
+    (``gr_peaks``/``gr_ends``, None without optimized params) and the gathered params (``gp``, ZeRO-3);
+    memoized per the three (all kept alive by ``agg.memo``)."""
+    key = ("bwd-top", id(acts), id(gp), id(gr_peaks), id(gr_ends))
+    v = agg.memo.get(key)
+    if v is None:
+        seq = acts.backward
+        if gr_peaks is not None:
+            seq = map(add, seq, gr_peaks)
+        if gp is not None:
+            seq = list(map(add, seq, gp.backward_peaks))
+            # a segment's hooks before its gradients, and after them with its activations freed
+            g_end = gr_ends if gr_peaks is not None else (0,) * len(acts.backward_pre)
+            g_start = (0,) + tuple(g_end[:-1])
+            seq += list(map(add, map(add, acts.backward_pre, g_start), gp.backward_before))
+            seq += list(map(add, map(add, acts.backward_post, g_end), gp.backward_after))
+        # the loss's backward runs first, with the forward's gathered params (ActivationPlan.bwd_pre)
+        v = agg.memo[key] = max(acts.before_backward + (gp.end_forward if gp else 0), max(seq))
+    return v
 
 
 def estimate_phases(agg: ScenarioAggregates, c: Candidate) -> tuple[PhaseEstimate, ...]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 
 from memfit.core.ledger.context import DTYPE_BYTES, optimizer_offload
-from memfit.core.alloc.non_pytorch import non_pytorch_for
 from memfit.core.ledger import host_process
 from memfit.core.recommend.deepspeed.aggregates import ScenarioAggregates
 from memfit.core.recommend.deepspeed.space import Candidate
@@ -54,7 +53,7 @@ def initialize_phases(agg: ScenarioAggregates, c: Candidate) -> tuple:
         t.host(agg.buffer_bytes)  # module buffers, in their own dtypes; they stay on the host
         t.host(agg.n_adapter * 4)
         t.phase()  # initialize.cast: skipped
-        t.gpu(_context_bytes(sc))
+        t.gpu(_context_bytes(agg))
         t.host(cuda_host)
         t.phase()  # initialize.move: skipped
     else:
@@ -71,7 +70,7 @@ def initialize_phases(agg: ScenarioAggregates, c: Candidate) -> tuple:
         t.host(agg.buffer_bytes)  # module buffers, in their own dtypes
         t.host(agg.n_adapter * 4)
         t.phase()  # initialize.cast: per-param .to(precision) where the model sits
-        t.gpu(_context_bytes(sc))
+        t.gpu(_context_bytes(agg))
         t.host(cuda_host)
         buffers = agg.buffer_bytes
         if c.precision != "fp32":
@@ -115,9 +114,9 @@ def initialize_phases(agg: ScenarioAggregates, c: Candidate) -> tuple:
     return t.peaks(agg.ranks_per_node), t.g, t.h, t.n, opt_numel, _states_at_init(agg, c, opt, new=new, off_opt=off_opt)
 
 
-def _context_bytes(sc) -> int:  # noqa: ANN001
+def _context_bytes(agg: ScenarioAggregates) -> int:
     """``non_pytorch.record_cuda_context``: CUDA context + NCCL buffers per rank."""
-    np = non_pytorch_for(sc)
+    np = agg.non_pytorch()
     return np.context_bytes + np.nccl_bytes
 
 

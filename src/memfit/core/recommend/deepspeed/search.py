@@ -27,7 +27,7 @@ from memfit.core.recommend.deepspeed.aggregates import ScenarioAggregates
 from memfit.core.recommend.confirm import (_fast_exact_diff, _fits, _limits, confirmation_order,
                                            enough_fitting, headroom_words, rank_by_level, rejection,
                                            rejection_notes)
-from memfit.core.recommend.deepspeed.estimate import estimate_peaks, phase_names
+from memfit.core.recommend.deepspeed.estimate import estimate_fitting_peaks, phase_names
 from memfit.core.recommend.patch import (
     Change,
     candidate_inputs,
@@ -165,8 +165,7 @@ def search(prep: Prepared, *, headroom: float | None = None, progress: Progress 
 
     check_headroom(headroom)
     hw = prep.scenario.hardware
-    gpu_limit, host_limit, nvme_limit = _limits(hw, headroom)
-    R = hw.gpus_per_node
+    limits = _limits(hw, headroom)
     agg = prep.aggregates
     base = prep.base
     valid = prep.valid
@@ -181,8 +180,8 @@ def search(prep: Prepared, *, headroom: float | None = None, progress: Progress 
         n += 1
         if progress is not None and n % 4096 == 0:
             progress(n, total)
-        peaks = estimate_peaks(agg, c)
-        if any(g > gpu_limit or node > host_limit or nv * R > nvme_limit for g, _, node, nv in peaks):
+        peaks = estimate_fitting_peaks(agg, c, limits)  # None: some phase over the limits
+        if peaks is None:
             continue
         fitting.setdefault(c.signature, []).append((c, peaks, estimate_step_time(agg, c), count_changes(base, c)))
     elapsed = time.perf_counter() - t0

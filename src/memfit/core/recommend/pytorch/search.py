@@ -149,7 +149,7 @@ def fast_peaks(inputs: ScenarioInputs, sc: Scenario, c: TorchCandidate, cache: d
         return None
     t = LeanTimeline(ranks_per_node=csc.hardware.gpus_per_node, accelerator=csc.accelerator)
     try:
-        build_torch_ledger(csc, t, cache.setdefault("models", {}))
+        build_torch_ledger(csc, t, cache.setdefault("models", {}), step_cache=cache.setdefault("step_context", {}))
     except MemfitError:
         return None
     return tuple(p[1:] for p in t.peaks())
