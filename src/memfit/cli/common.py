@@ -3,6 +3,7 @@ trace's progress display. Heavy imports stay inside the functions."""
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 from typing import Optional
@@ -124,10 +125,13 @@ def _flag_name(param) -> str:
     return decls[0].split("/")[0] if decls else "--" + param.name.replace("_", "-")
 
 
-def _scenario_params() -> list:
+@functools.cache
+def _scenario_params() -> tuple:
+    """``_scenario_flags``' parameters, their annotations evaluated: once per process (each command's
+    decoration and each run read them; evaluating the 60 annotations is 60 compilations)."""
     import inspect
 
-    return list(inspect.signature(_scenario_flags, eval_str=True).parameters.values())
+    return tuple(inspect.signature(_scenario_flags, eval_str=True).parameters.values())
 
 
 def inputs_from_flags(**given) -> "ScenarioInputs":  # noqa: F821

@@ -24,9 +24,9 @@ histogram), or JSON: a list of counts, ``{"lengths": [...]}`` or ``{"<length>": 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.errors import MemfitError
 
 BATCHING_RULES = ("pad-longest", "bucket", "pack")

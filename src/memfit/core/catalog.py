@@ -22,11 +22,12 @@ import functools
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.families.transformers_types import TRANSFORMERS_MODEL_TYPES, TRANSFORMERS_VERSION
 from memfit.errors import MemfitError
 

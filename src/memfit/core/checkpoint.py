@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.errors import MemfitError
 
 SAVED_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "fp32": 4, "fp16": 2, "bf16": 2}

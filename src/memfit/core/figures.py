@@ -24,8 +24,8 @@ Each figure is the largest over the run's phases, with the phase it peaks in. Pu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.ledger_types import Failure, PhaseLedger, Plan
 
 GPU_OOM_RELEVANT = "GPU OOM-relevant peak"

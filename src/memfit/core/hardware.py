@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.errors import MemfitError
 
 GiB = 2**30

@@ -5,8 +5,9 @@ Renderers (terminal, JSON, Markdown, HTML) take these and never recompute.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import Enum
+
+from memfit.core.lean_dataclass import dataclass
 
 
 class Device(str, Enum):

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import MappingProxyType
+
+from memfit.core.lean_dataclass import dataclass
 
 
 @dataclass(frozen=True, slots=True)

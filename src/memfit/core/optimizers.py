@@ -55,8 +55,8 @@ Each is read from the code it mirrors (torch 2.13, transformers 5.24, bitsandbyt
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.frameworks.pytorch import TorchSettings
 
 BNB_BLOCKSIZE = 256

@@ -25,8 +25,8 @@ param.data.to(torch.float32)``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.errors import MemfitError
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}

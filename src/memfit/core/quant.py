@@ -39,9 +39,9 @@ for the input gradient. The dequantized weight is a transient of one layer at a 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from functools import lru_cache
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.frameworks.pytorch import QuantSettings
 
 BLOCKSIZE_4BIT = 64

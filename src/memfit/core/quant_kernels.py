@@ -23,9 +23,9 @@ Read from the release tags' source (``git show <tag>:bitsandbytes/autograd/_func
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.errors import MemfitError
 
 DEFAULT_BNB_VERSION = "0.50.2"

@@ -14,8 +14,8 @@ categories params, grads and optimizer (no activations, buffers or CUDA context)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.frameworks.deepspeed import DeepSpeedSettings, OptimizerSettings, ZeroSettings
 from memfit.core.hardware import GpuSpec, Hardware
 from memfit.core.ledger.build import build_ledger

@@ -5,7 +5,8 @@ recipes and the recommender.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+
+from memfit.core.lean_dataclass import dataclass
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,8 +25,8 @@ their log-softmax and adds the running scores (``rows x vocab`` fp32 each). Slid
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.model import ArchSpec
 
 

@@ -44,8 +44,9 @@ modelled); GPT-2 and GPT-J (no ``LayerLayout``) are planned with CUDA's kernels 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
+
+from memfit.core.lean_dataclass import dataclass
 
 KERNEL_SETS = ("cuda", "cpu")
 

@@ -25,8 +25,8 @@ Pure Python; evaluated once per plan (the recommender's estimator uses the sums)
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.activations.estimate import ActivationEstimate
 
 Term = tuple[int, tuple[tuple[str, int], ...]]

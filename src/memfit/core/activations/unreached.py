@@ -20,8 +20,8 @@ Pure: no torch, transformers or peft.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.model import ArchSpec
 
 PRECISION_MODES = ("fp32", "amp-bf16", "amp-fp16", "bf16", "fp16")

@@ -16,8 +16,8 @@ Anything torch rejects, or a key that torch version does not know, is a one-line
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.alloc.versions import CONF_KEYS, TorchVersion, keys_for
 from memfit.errors import MemfitError
 

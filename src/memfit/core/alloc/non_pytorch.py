@@ -55,8 +55,8 @@ NCCL (world size > 1; one communicator per rank, the default process group DeepS
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.alloc.versions import TorchVersion, version_key
 
 MiB = 2**20

@@ -22,9 +22,9 @@ reserved (history enabled mid-run) reports frees of unknown blocks as divergence
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Iterable
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.alloc.blocks import Block, TraceEvent
 from memfit.core.alloc.conf import AllocConf
 from memfit.core.alloc.device_caching import CudaCachingAllocator, OutOfMemory

@@ -24,8 +24,9 @@ figures a CUDA plan takes from the simulator.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.alloc.conf import AllocConf
 from memfit.core.alloc.device_caching import CudaCachingAllocator
 

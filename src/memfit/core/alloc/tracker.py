@@ -15,8 +15,8 @@ Items known to bypass torch's pinned cache are listed in ``OUTSIDE_TORCH_PINNED`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.alloc.conf import AllocConf
 from memfit.core.alloc.device_caching import CudaCachingAllocator
 from memfit.core.alloc.pinned_host import PAGE, PinnedHostAllocator

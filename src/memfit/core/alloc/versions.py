@@ -15,8 +15,8 @@ Provenance, per rule (what was read for this table):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.errors import MemfitError
 
 

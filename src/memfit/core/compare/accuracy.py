@@ -16,9 +16,9 @@ within it. Fewer than ``MIN_FIGURES`` figures give no margin (0) and say so.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from statistics import median
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.compare.public_run import CaseComparison
 
 FIGURE_KINDS = ("allocated", "reserved", "nvidia-smi", "host")

@@ -19,8 +19,8 @@ allocation goes to the group of both keys, compared with the sum of their planne
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.ledger_types import Device, Plan
 from memfit.core.records.types import StackFrame
 

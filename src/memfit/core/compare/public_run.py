@@ -18,9 +18,9 @@ makes "at risk" wrong.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.records.public_run import Measurement, PublicRun, window_phases
 from memfit.errors import MemfitError
 

@@ -14,8 +14,9 @@ began have no frames: they are counted as ``before trace``.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.compare.frames import FrameReader
 from memfit.core.records.types import ALLOCATOR_ACTIONS, MemorySnapshot, StackFrame, TraceEvent
 

@@ -15,7 +15,8 @@ Renderers take these and never recompute.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+
+from memfit.core.lean_dataclass import dataclass
 
 QUANTITIES = ("allocated", "reserved", "pinned", "nvidia_smi", "host")
 QUANTITY_TITLES = {"allocated": "allocated (GPU)", "reserved": "reserved (GPU)", "pinned": "pinned (host)",

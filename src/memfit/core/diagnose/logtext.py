@@ -4,9 +4,9 @@ tracebacks in them (frames with their source lines)."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.diagnose.results import Frame
 from memfit.core.reading import MAX_LOG_BYTES, MAX_LOG_LINES, read_bytes
 from memfit.errors import MemfitError

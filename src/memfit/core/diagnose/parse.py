@@ -4,8 +4,8 @@ figures their messages print, grouped into one event per failure and rank."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.diagnose.logtext import (LogLine, _clean_lines, _frame_match, _STOP, _tracebacks,
                                            _window)
 from memfit.core.diagnose.results import MEMORY_KINDS, EventKind, Frame, LogEvent, OomNumbers

@@ -3,9 +3,9 @@ docstring for the glossary)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import Enum
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.ledger_types import Failure, Finding, LedgerItem
 
 GiB = 2**30

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.diagnose.logtext import LogLine
 from memfit.core.diagnose.results import Frame
 

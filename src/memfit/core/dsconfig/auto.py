@@ -6,8 +6,9 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.errors import MemfitError
 
 AUTO = "auto"

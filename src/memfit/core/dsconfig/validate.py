@@ -7,8 +7,9 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.frameworks.deepspeed import Bf16Settings, Fp16Settings, OffloadSettings, ZeroSettings
 from memfit.core.dsconfig.auto import AUTO, INT64_MAX
 from memfit.errors import MemfitError

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
 from itertools import accumulate
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.batch_shapes import LengthDistribution
 
 MAX_SHAPES = 32

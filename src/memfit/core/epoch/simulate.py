@@ -32,8 +32,9 @@ allocator's malloc and free in one loop, the same blocks and stats) and ``state_
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.alloc.device_caching import CudaCachingAllocator
 from memfit.core.alloc.ops import run_ops
 from memfit.core.epoch.shapes import EpochShapes, default_distribution, epoch_shapes

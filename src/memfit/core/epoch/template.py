@@ -19,9 +19,9 @@ released by ``step()``) and tensors made inside it that outlive it (``carry_out`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from math import gcd, lcm
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.ledger_types import Device
 
 STEP_START, STEP_END = "step2.forward", ("eval.forward", "eval.generate", "save")

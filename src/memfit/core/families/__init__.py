@@ -13,10 +13,10 @@ path, never through remote code).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.families import bert, bloom, deberta, falcon, gpt2, gpt_neox, gptj, llama, opt, t5
 from memfit.core.families.heads import TASKS
 from memfit.core.families.transformers_types import TRANSFORMERS_MODEL_TYPES

@@ -27,9 +27,10 @@ layer type for Gemma 3 (``{sliding,full}_attention_inv_freq``); DeepSeek's route
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.families import moe as moe_mod
 from memfit.core.families.blocks import Entry, embedding, linear, prefixed, rms_norm, specs, stack, stack_layers
 from memfit.core.families.config_fields import divide_heads, read_bool, read_float, read_int

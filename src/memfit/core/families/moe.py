@@ -21,9 +21,9 @@ Which layers have experts: Qwen-MoE ``(i + 1) % decoder_sparse_step == 0`` and n
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.families.blocks import Entry, linear, prefixed
 from memfit.core.families.config_fields import read_int, read_int_list
 from memfit.core.families.validate import check_experts

@@ -15,7 +15,8 @@ Glossary:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+
+from memfit.core.lean_dataclass import dataclass
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

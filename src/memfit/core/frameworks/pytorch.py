@@ -17,8 +17,8 @@ Glossary:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.errors import MemfitError
 
 FRAMEWORKS = ("deepspeed", "torch", "ddp", "fsdp", "fsdp2")

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import types
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Any
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.frameworks.pytorch import (FRAMEWORKS, DdpSettings, FsdpSettings, QuantSettings, TorchSettings)
 from memfit.core.hardware import Hardware
 from memfit.errors import MemfitError

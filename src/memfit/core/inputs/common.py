@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.errors import MemfitError
 
 MAX_COUNT = 2**31 - 1

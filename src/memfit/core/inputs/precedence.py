@@ -24,9 +24,9 @@ New inputs plug in here: a reader in ``core/inputs/<kind>.py`` returns a ``Sourc
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.errors import MemfitError
 
 LAYERS = ("flag", "scenario", "training_args", "accelerate_config", "bnb_config", "deepspeed", "stack",

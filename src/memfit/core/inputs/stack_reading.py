@@ -8,8 +8,9 @@ and ``accelerate env`` output (``env_report``) and ``ds_report`` output (``ds_re
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.errors import MemfitError
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.peft.adapter_params import ADAPTER_MARKERS, is_adapter_param  # noqa: F401 (re-exported)
 from memfit.core.scenario.types import Scenario
 

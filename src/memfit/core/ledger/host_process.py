@@ -58,10 +58,10 @@ NCCL's host buffers (only with the shared-memory transport between ranks without
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.ledger.timeline import Timeline
 from memfit.core.ledger_types import Device
 

@@ -17,9 +17,10 @@ tensors and re-allocates the remainder; each such call is listed in ``granularit
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, field, replace
 from typing import Callable
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.ledger_types import Device, LedgerItem, PhaseLedger
 
 HOST = (Device.CPU_PINNED, Device.CPU_PAGEABLE)

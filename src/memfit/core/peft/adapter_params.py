@@ -6,9 +6,9 @@ import re
 
 
 def _markers() -> tuple[str, ...]:
-    from memfit.core.peft.tuners import TUNERS
+    from memfit.core.peft.tuners import PREFIXES
 
-    prefixes = {t.prefix for t in TUNERS.values() if t.prefix}
+    prefixes = set(PREFIXES)
     return ("lora_", "prompt_encoder", "prefix_encoder", "modules_to_save", *sorted(prefixes - {"lora_"}))
 
 

@@ -16,8 +16,8 @@ under ``base_model.model.`` (``PeftModel`` -> ``<Tuner>Model`` -> the transforme
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.model import BufferSpec, ModelShape, ParamSpec
 from memfit.core.peft.modules import (
     TASK_MODULES_TO_SAVE,

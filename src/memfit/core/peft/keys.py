@@ -11,9 +11,10 @@ key). Every tuner's table (and LoRA's, ``lora_keys.py``) is checked against peft
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
+
+from memfit.core.lean_dataclass import dataclass
 
 TYPES = ("int", "float", "number", "bool", "str", "list", "dict", "int_or_list", "str_or_list", "any")
 

@@ -4,8 +4,8 @@ under ``base_model.`` plus ``prompt_encoder.default.*`` (peft 0.21 ``tuners/pref
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.model import ArchSpec, ModelShape, ParamSpec
 from memfit.core.peft.modules import (
     ADAPTER_NAME,

@@ -7,8 +7,9 @@ into the trained model's parameters.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
+
+from memfit.core.lean_dataclass import dataclass
 
 
 PROMPT_METHODS = frozenset({"prompt", "p_tuning", "multitask_prompt_tuning", "cpt"})

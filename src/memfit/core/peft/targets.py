@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.model import ModelShape, ParamSpec
 from memfit.core.peft.modules import (
     OUTPUT_HEAD_NAMES,

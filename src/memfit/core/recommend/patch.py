@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.recommend.deepspeed.space import Candidate
 from memfit.core.scenario.types import Scenario
 from memfit.core.scenario.inputs import ScenarioInputs

@@ -5,9 +5,9 @@ alike; the renderers and ``files`` read them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.hardware import Hardware
 from memfit.core.ledger_types import Plan
 from memfit.core.recommend.patch import Change

@@ -34,8 +34,8 @@ The constants are round figures from the DeepSpeed papers and vendor sheets, for
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.ledger.context import DTYPE_BYTES, ceil_div
 from memfit.core.recommend.deepspeed.aggregates import ScenarioAggregates
 from memfit.core.recommend.deepspeed.space import Candidate

@@ -23,10 +23,11 @@ as the Trainer opens it (relative to the working directory: transformers
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from pathlib import Path
 from typing import Any
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.recommend.file_edits import DELETE, Changes, edit_json, edit_yaml
 from memfit.core.scenario.inputs import ScenarioInputs
 from memfit.errors import MemfitError

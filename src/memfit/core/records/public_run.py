@@ -15,10 +15,10 @@ Measurement kinds and the plan figure each is compared with, like for like (the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.hardware import MAX_SIZE_BYTES
 from memfit.errors import MemfitError
 

@@ -18,7 +18,8 @@ No torch here; renderers and ``memfit compare`` take these objects and never re-
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+
+from memfit.core.lean_dataclass import dataclass
 
 TRACE_ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
                  "segment_map", "segment_unmap", "oom", "snapshot")

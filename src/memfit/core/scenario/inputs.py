@@ -24,8 +24,10 @@ never "not given"; booleans are true/false or the words yes/no/on/off; numbers a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import field, fields, replace
 from typing import Any
+
+from memfit.core.lean_dataclass import dataclass
 
 SCENARIO_KEYS = {"name", "model", "peft", "deepspeed", "deepspeed_version", "hardware", "load", "train",
         "trust_remote_code", "accelerator", "runtime",

@@ -7,8 +7,9 @@ the real thing) and resolved (for the ledger).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.batch_shapes import BatchShape, LengthDistribution
 from memfit.core.checkpoint import CheckpointLayout
 from memfit.core.frameworks.deepspeed import DeepSpeedSettings

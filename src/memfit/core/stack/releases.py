@@ -17,8 +17,8 @@ always said as an assumption (``Stack.notes``).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.stack.lines import at_least, line_key, split_local
 from memfit.errors import MemfitError
 

@@ -3,8 +3,8 @@ models for it, and where that came from (given, read from a file, or assumed).""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.stack.releases import ORDER, library
 
 

@@ -19,11 +19,12 @@ first (``BaseTunerLayer._cast_input_dtype``): a copy when the dtypes differ.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.model import ModelShape
 from memfit.core.peft.modules import CONV1D_LAYER_NAMES, CONV1D_MODEL_TYPES, EMBEDDING_LAYER_NAMES
 from memfit.core.peft.spec import PeftSpec
@@ -145,14 +146,13 @@ def out_elem(ctx: DtypeContext) -> int:
     return ctx.autocast or ctx.adapter
 
 
-def _formulas() -> Mapping[str, Formula]:
+@functools.cache
+def formulas() -> Mapping[str, Formula]:
+    """memfit method -> the formula of one adapted layer. Its three modules are imported on the first
+    adapted layer (a plan with none, full fine-tuning or prompt/prefix tuning, imports none of them)."""
     from memfit.core.activations.adapters import lora, others, recent
 
     return MappingProxyType({**lora.FORMULAS, **others.FORMULAS, **recent.FORMULAS})
-
-
-FORMULAS: Mapping[str, Formula] = _formulas()
-"""memfit method -> the formula of one adapted layer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +214,7 @@ class AdapterActivations:
     def saved(self, layer: AdaptedLayer, stream_bytes: int) -> Saved:
         ctx = DtypeContext(stream_bytes, self.adapter_bytes, self.autocast_bytes, self.base_bytes or stream_bytes,
                            self.upcast)
-        formula = FORMULAS.get(self.method)
+        formula = formulas().get(self.method)
         if formula is None:  # a tuner without a formula plans no adapted layers here (none reach this)
             raise AssertionError(f"no activation formula for {self.method}")
         return formula(layer, self.spec, ctx)

@@ -6,9 +6,9 @@ bitsandbytes QLoRA). What the run is comes from the scenario when one is given, 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.diagnose.results import LogEvent
 
 if TYPE_CHECKING:

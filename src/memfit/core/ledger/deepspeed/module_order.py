@@ -37,7 +37,8 @@ prefetches a little earlier), and the order of a block's children is their regis
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+from memfit.core.lean_dataclass import dataclass
 
 PROMPT_ENCODER = "prompt_encoder"
 LORA_CHILDREN = ("lora_A",)

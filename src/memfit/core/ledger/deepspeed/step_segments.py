@@ -25,8 +25,8 @@ per-segment numbers the ledger allocates, without walking the parameters per can
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.ledger.deepspeed.module_order import ModuleOrder, build_module_order
 from memfit.core.ledger.deepspeed.zero3_fetch import AG_STAGING, Coordinator, FetchStat, GParam
 

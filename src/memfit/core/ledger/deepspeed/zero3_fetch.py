@@ -39,8 +39,9 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
+
+from memfit.core.lean_dataclass import dataclass
 
 PCO = "deepspeed/runtime/zero/partitioned_param_coordinator.py"
 P30 = "deepspeed/runtime/zero/partition_parameters.py"

@@ -18,8 +18,9 @@ own, nested in its block's unit, so the blocks' flat parameters hold frozen weig
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.ledger.pytorch.params import TorchModel, TParam
 from memfit.core.quant import STORAGE_BYTES, storage_elements
 from memfit.core.scenario.types import Scenario

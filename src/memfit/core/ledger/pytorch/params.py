@@ -9,8 +9,8 @@ recommender's estimator; see ``memfit.core.precision`` and ``memfit.core.quant``
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.frameworks.pytorch import QuantSettings
 from memfit.core.ledger.context import is_adapter_param
 from memfit.core.peft.modules import layer_kind

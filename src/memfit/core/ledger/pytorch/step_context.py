@@ -4,8 +4,9 @@ per plan from the scenario and read by the recording functions (``memfit.core.le
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.activations.adapters import AdapterActivations, Quantization, adapter_activations, quantized_layers
 from memfit.core.activations.analytic import estimate_activation_bytes
 from memfit.core.activations.tensors import ActivationTensors, split_estimate

@@ -11,8 +11,8 @@ when the peak is the loss) live while the peak's stage runs and are freed there.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.ledger_types import TracedStep
 
 

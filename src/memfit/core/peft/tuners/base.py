@@ -7,10 +7,11 @@ builds the whole model).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from types import MappingProxyType
 from typing import Any
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.model import ModelShape
 from memfit.core.peft.inject import AdapterTensor
 from memfit.core.peft.keys import (EXCLUDE, FAN_IN_FAN_OUT, INIT, LAYERS, LAYERS_PATTERN, MODULES_TO_SAVE,  # noqa: F401

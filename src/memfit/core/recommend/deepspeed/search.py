@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.plan import make_plan
 from memfit.core.recommend.deepspeed.aggregates import ScenarioAggregates
 from memfit.core.recommend.confirm import (_fast_exact_diff, _fits, _limits, confirmation_order,

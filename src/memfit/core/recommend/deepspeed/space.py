@@ -14,8 +14,8 @@ The values tried for each setting are the user's own plus a few common alternati
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.scenario.types import Scenario
 
 REDUCE_BUCKET_CHOICES = (50_000_000, 200_000_000, 500_000_000)

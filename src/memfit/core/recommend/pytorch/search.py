@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
+from memfit.core.lean_dataclass import dataclass
 from memfit.core.hardware import Hardware
 from memfit.core.ledger.lean_timeline import LeanTimeline
 from memfit.core.ledger.pytorch.build import build_torch_ledger
