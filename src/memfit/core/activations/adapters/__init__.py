@@ -156,6 +156,15 @@ def formulas() -> Mapping[str, Formula]:
 
 
 @functools.cache
+def no_cache_methods() -> frozenset[str]:
+    """Methods whose peft model refuses a base whose config has ``use_cache`` true (X-LoRA: ``xlora.py``), so it
+    is trained without a key/value cache."""
+    from memfit.core.activations.adapters import xlora
+
+    return xlora.NO_KV_CACHE
+
+
+@functools.cache
 def model_formulas() -> Mapping[str, Callable[["AdapterActivations", DtypeContext], Saved]]:
     """memfit method -> what the method keeps outside its adapted layers, before the blocks (X-LoRA's
     classifier and scalings: ``xlora.py``)."""
@@ -219,6 +228,12 @@ class AdapterActivations:
     embedding_trains: bool = False
     """A module before the first block trains (``input_embedding_trains``): the first block's input needs a
     gradient, so that block keeps what the later ones keep."""
+
+    @property
+    def kv_cache(self) -> bool:
+        """The model keeps its key/value cache in the outputs (unless checkpointing): not under a method whose
+        peft model refuses a base that caches (``no_cache_methods``: X-LoRA)."""
+        return self.method not in no_cache_methods()
 
     def _ctx(self, stream_bytes: int) -> DtypeContext:
         return DtypeContext(stream_bytes, self.adapter_bytes, self.autocast_bytes, self.base_bytes or stream_bytes,

@@ -19,8 +19,9 @@ input (``x_mod`` or the dropped copy, per expert) and its ``(tokens, r)`` output
 The whole model, before the blocks (``classifier.py:XLoraClassifier.forward``, its dtype the base's): the
 first Linear keeps the last hidden state (in the stream's dtype, from the no-grad pass); each hidden layer
 of width ``xlora_size`` keeps its ReLU output and, with ``xlora_dropout_p > 0``, the dropout's mask and
-output (the next Linear's input); the scalings ``(tokens, layers, experts)`` are kept once, the softmax's
-output (or the reshaped logits without softmax), whose views every layer's product keeps.
+output (the next Linear's input); the scalings are kept once, whose views every layer's product keeps: the
+softmax's ``(tokens, layers, experts)`` output, or without softmax the logits themselves (``(tokens, experts)``
+unless ``layerwise_scalings``: ``reshape`` of the expanded view to its own shape is a view).
 """
 
 from __future__ import annotations
@@ -65,10 +66,14 @@ def classifier(acts: AdapterActivations, ctx: DtypeContext) -> Saved:
     dropout = spec.setting("xlora_dropout_p", 0.2) or 0.0
     for _ in range(depth - 1):
         per += size * c + ((size + size * c) if dropout > 0 else 0)
-    soft = 4 if ctx.autocast and spec.setting("enable_softmax", True) else c  # autocast runs softmax in fp32
-    per += L * n * soft
+    if spec.setting("enable_softmax", True):  # softmax keeps its (tokens, layers, experts) output (fp32 under autocast)
+        per += L * n * (4 if ctx.autocast else c)
+    else:  # the logits themselves: reshape of the expanded (tokens, 1 -> layers, experts) view is a view
+        per += (L * n if spec.setting("layerwise_scalings", False) else n) * c
     return Saved(per_token=per)
 
 
+NO_KV_CACHE = frozenset({"xlora"})
+"""``XLoraModel.__init__`` raises ``use_cache must be False``: the model is trained without a key/value cache."""
 FORMULAS = {"xlora": xlora}
 MODEL_FORMULAS = {"xlora": classifier}

@@ -154,10 +154,8 @@ TUNER = Tuner(
            "classifier.py (XLoraClassifier), layer.py (XLoraLinearLayer.forward)",
     build=xlora, experts="adapters",
     note="XLORA: peft refuses a base whose config has use_cache true (XLoraModel.__init__); memfit plans it with "
-         "use_cache false, as it must be trained. Its activations are an estimate (core/activations/adapters/"
-         "xlora.py): +2.5% above a fake-tensor trace of peft's forward on a 3-layer Llama in fp32, not yet explained "
-         "(tests/trace/test_tuner_activations_vs_trace.py); the no-grad scaling pass's transient peak (every hidden "
-         "state and the logits) is not planned",
+         "use_cache false (no key/value cache kept), as it must be trained. The no-grad scaling pass's transient "
+         "peak (every hidden state and the logits, freed before the scaled pass) is not planned",
     keys=keys(
         hidden_size=sized("int", None, "the classifier's input width; must be the model's hidden size (peft takes "
                                        "4096 when it is absent)"),
