@@ -221,6 +221,7 @@ XLORA_CASES = {
     "xlora-deep-no-dropout": {"hidden_size": H, "xlora_depth": 3, "xlora_size": 32, "xlora_dropout_p": 0.0,
                               "enable_softmax": False},
     "xlora-layerwise-no-softmax": {"hidden_size": H, "layerwise_scalings": True, "enable_softmax": False},
+    "xlora-trained-experts": {"hidden_size": H, "use_trainable_adapters": True},
 }
 
 
