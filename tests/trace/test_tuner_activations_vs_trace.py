@@ -225,16 +225,8 @@ XLORA_CASES = {
 }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("case", list(XLORA_CASES))
-def test_xlora_activations_match_the_trace(case, tmp_path):
-    """X-LoRA: two experts saved by peft (one on q and v, one on every Linear with dropout), the classifier's depth,
-    width, dropout and layerwise scalings as the case says; peft loads the experts from those folders. The model
-    does not cache (peft's XLoraModel refuses one that does). Its no-grad scaling pass keeps nothing: the trace's
-    saved tensors are the second pass's and the classifier's. Traced in fp32: under DeepSpeed's params-only cast
-    of an fp32 build peft's forward raises (the classifier makes its dummy scalings in the dtype it was built in,
-    ``XLoraClassifier.dtype``, fp32, and ``x * scalings`` then meets the bf16 ``lora_A``). The model keeps no
-    key/value cache (``AdapterActivations.kv_cache``): with it the plan was 294,912 B (k and v of 3 layers) over."""
+def _xlora_raw(tmp_path, settings: dict) -> dict:
+    """An X-LoRA adapter config naming ``XLORA_EXPERTS``, each saved by peft into ``tmp_path`` first."""
     import torch
     import transformers
     from peft import LoraConfig, get_peft_model
@@ -246,8 +238,35 @@ def test_xlora_activations_match_the_trace(case, tmp_path):
         base = transformers.AutoModelForCausalLM.from_config(hf)
         get_peft_model(base, LoraConfig(task_type="CAUSAL_LM", **expert)).save_pretrained(str(tmp_path / f"e{i}"))
         adapters[str(i)] = str(tmp_path / f"e{i}")
-    spec, planned = _plan({"peft_type": "XLORA", "adapters": adapters, **XLORA_CASES[case]}, elem=4)
+    return {"peft_type": "XLORA", "adapters": adapters, **settings}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(XLORA_CASES))
+def test_xlora_activations_match_the_trace(case, tmp_path):
+    """X-LoRA: two experts saved by peft (one on q and v, one on every Linear with dropout), the classifier's depth,
+    width, dropout and layerwise scalings as the case says; peft loads the experts from those folders. The model
+    does not cache (peft's XLoraModel refuses one that does). Its no-grad scaling pass keeps nothing: the trace's
+    saved tensors are the second pass's and the classifier's. Traced in fp32: under DeepSpeed's params-only cast
+    of an fp32 build peft's forward raises (the classifier makes its dummy scalings in the dtype it was built in,
+    ``XLoraClassifier.dtype``, fp32, and ``x * scalings`` then meets the bf16 ``lora_A``). The model keeps no
+    key/value cache (``AdapterActivations.kv_cache``): with it the plan was 294,912 B (k and v of 3 layers) over."""
+    spec, planned = _plan(_xlora_raw(tmp_path, XLORA_CASES[case]), elem=4)
     traced = _traced(spec, dtype="fp32", config={**CONFIG, "use_cache": False})
     err = (planned - traced) / traced
     print(f"{case:12s} trace {traced:>12,} B  plan {planned:>12,} B  {err:+.3%}")
     assert abs(err) <= TOLERANCE, (case, traced, planned)
+
+
+@pytest.mark.slow
+def test_xlora_forward_raises_on_a_cast_fp32_build(tmp_path):
+    """X-LoRA's classifier keeps the dtype the model had when peft built it as a plain attribute
+    (``XLoraClassifier.dtype``), so on an fp32 build cast to bf16 afterwards (DeepSpeed's cast, of the parameters
+    or of the whole module: no cast reaches an attribute) the scaling pass's dummy scalings are fp32 and
+    ``x * scalings`` meets the bf16 ``lora_A``: the plan's note says to load the model in its training dtype."""
+    from memfit.errors import MemfitError
+
+    spec, _ = _plan(_xlora_raw(tmp_path, XLORA_CASES["xlora"]))
+    assert any("load the model in the dtype it trains in" in n for n in spec.notes)
+    with pytest.raises((RuntimeError, MemfitError), match="same dtype"):
+        _traced(spec, config={**CONFIG, "use_cache": False})

@@ -155,7 +155,10 @@ TUNER = Tuner(
     build=xlora, experts="adapters",
     note="XLORA: peft refuses a base whose config has use_cache true (XLoraModel.__init__); memfit plans it with "
          "use_cache false (no key/value cache kept), as it must be trained. The no-grad scaling pass's transient "
-         "peak (every hidden state and the logits, freed before the scaled pass) is not planned",
+         "peak (every hidden state and the logits, freed before the scaled pass) is not planned. On a model built in "
+         "fp32 and cast to 16 bits afterwards (DeepSpeed's cast) peft's forward raises (the classifier keeps its build "
+         "dtype as an attribute, XLoraClassifier.dtype, for the scaling pass's dummy scalings): load the model in the "
+         "dtype it trains in",
     keys=keys(
         hidden_size=sized("int", None, "the classifier's input width; must be the model's hidden size (peft takes "
                                        "4096 when it is absent)"),
