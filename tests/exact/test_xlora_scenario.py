@@ -86,3 +86,23 @@ def test_xlora_on_a_quantized_base_is_refused_in_one_line(tmp_path):
                                       quantization={"method": "4bit"}, load_dtype="bf16", precision="amp_bf16",
                                       accelerator="cpu"))
     assert "\n" not in str(err.value)
+
+
+def test_exact_build_sets_what_peft_requires_of_the_base(tmp_path):
+    """``Tuner.model_config``: a base whose config caches (transformers' default) is built with ``use_cache``
+    false, as the plan has it; peft itself raises on the cached one."""
+    from memfit.core.peft.parse import load_adapter_config
+    from memfit.exact.peft_build import build_peft_meta_model
+    from memfit.replay.deepspeed.record_fixtures import TINY_LLAMA
+
+    cfg = {k: v for k, v in dict(TINY_LLAMA, num_hidden_layers=2).items() if k not in ("model_type", "architectures")}
+    adapter = _folder(tmp_path, {**cfg, "use_cache": False})
+    spec = load_adapter_config(adapter)
+    hf = transformers.LlamaConfig(**cfg, use_cache=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError, match="use_cache"):
+            peft.get_peft_model(transformers.AutoModelForCausalLM.from_config(hf),
+                                peft.PeftConfig.from_pretrained(adapter, adapters=dict(spec.setting("adapters"))))
+        built = build_peft_meta_model(transformers.AutoModelForCausalLM.from_config(hf), spec)
+    assert built.base_model.lora_model.model.config.use_cache is False

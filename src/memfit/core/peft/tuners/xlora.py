@@ -26,6 +26,8 @@ with ``C`` the experts' count, times the adapted layers' count with ``layerwise_
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from memfit.core.model import ModelShape, ParamSpec
 from memfit.core.peft.lora import LORA_KINDS, lora_layer_params, lora_rank, lora_target_layers
 from memfit.core.peft.modules import ADAPTER_NAME, TASK_MODULES_TO_SAVE, layer_kind, own_params, task_type
@@ -152,7 +154,7 @@ TUNER = Tuner(
     peft_type="XLORA", method="xlora", prefix="internal_xlora_classifier",
     source="peft/tuners/xlora/model.py (XLoraModel.__init__, _load_adapter_into_lora_model, convert_layers_to_xlora), "
            "classifier.py (XLoraClassifier), layer.py (XLoraLinearLayer.forward)",
-    build=xlora, experts="adapters",
+    build=xlora, experts="adapters", model_config=MappingProxyType({"use_cache": False}),
     note="XLORA: peft refuses a base whose config has use_cache true (XLoraModel.__init__); memfit plans it with "
          "use_cache false (no key/value cache kept), as it must be trained. The no-grad scaling pass's transient "
          "peak (every hidden state and the logits, freed before the scaled pass) is not planned. On a model built in "
