@@ -134,6 +134,24 @@ CASES: dict[str, dict[str, list[dict]]] = {
                "llama-bias": [{"target_modules": ALL, "r": 200, "num_subspaces": 7}]},
     "ROAD": {"llama": [{"group_size": 16}, {"target_modules": ALL, "group_size": 32, "variant": "road_2"},
                        {"target_modules": ALL, "group_size": 16, "variant": "road_4"}]},
+    # XLORA: "adapters" lists names of EXPERTS, saved by peft into tmp_path first (_save_experts); "./" names one
+    # by a path relative to the X-LoRA folder, where the test runs peft (peft reads it from the working directory)
+    "XLORA": {"llama": [{"hidden_size": 64, "adapters": ["qv"]},
+                        {"hidden_size": 64, "adapters": ["qv", "q-down", "all"], "layerwise_scalings": True},
+                        {"hidden_size": 64, "adapters": ["qv", "./q-down", "all"], "xlora_depth": 2, "xlora_size": 16},
+                        {"hidden_size": 64, "adapters": ["q-down", "embed"], "xlora_depth": 3, "xlora_size": 24,
+                         "layerwise_scalings": True, "xlora_dropout_p": 0.0},
+                        {"hidden_size": 64, "adapters": ["qv", "all"], "xlora_depth": 2, "xlora_size": 8,
+                         "use_trainable_adapters": True}],
+              "llama-bias": [{"hidden_size": 64, "adapters": ["qv", "q-down"], "xlora_depth": 2, "xlora_size": 8}]},
+}
+EXPERTS = {  # name -> the LoraConfig of an X-LoRA expert (each saved by get_peft_model + save_pretrained)
+    "qv": dict(r=4, target_modules=["q_proj", "v_proj"]),
+    "q-down": dict(r=2, target_modules=["q_proj", "down_proj"], lora_dropout=0.1),
+    "all": dict(r=3, target_modules=ALL, rank_pattern={"down_proj": 5}, layers_to_transform=[1]),
+    "embed": dict(r=2, target_modules=["embed_tokens", "k_proj"]),
+    "c_attn": dict(r=4, target_modules=["c_attn"]),
+    "c_attn-fc": dict(r=2, target_modules=["c_attn", "c_fc"]),
 }
 
 
@@ -164,7 +182,8 @@ def _buffers(model: torch.nn.Module, base: set[str]) -> list[BufferSpec]:
     out = []
     for name, b in model.named_buffers():
         plain = name.replace(".base_layer", "")
-        if plain.removeprefix("base_model.model.") in base or plain.removeprefix("base_model.") in base:
+        if any(plain.removeprefix(root) in base for root in ("base_model.model.", "base_model.",
+                                                             "base_model.lora_model.model.")):  # X-LoRA's
             continue
         out.append(BufferSpec(name, tuple(b.shape), _DTYPES[b.dtype], name in persistent))
     return out
@@ -184,10 +203,6 @@ NOT_PLANNED = frozenset({
     # rides the decoder loop, and its auxiliary loss runs the LM head again (a second logits tensor): memfit builds
     # neither the backbone's parameters nor its activations yet
     "SHADOW",
-    # XLORA: its LoRA experts are other checkpoints named by path or hub id (config.adapters, loaded when peft
-    # builds it: their sizes are in files memfit is not given), and its forward runs the model twice (a no-grad
-    # scaling pass, then the scaled one)
-    "XLORA",
 })
 
 
@@ -201,13 +216,17 @@ def test_memfit_plans_every_peft_type():
 
 
 @pytest.mark.parametrize("peft_type,family,kwargs", list(_cases()))
-def test_counts_equal_peft(peft_type, family, kwargs, tmp_path):
+def test_counts_equal_peft(peft_type, family, kwargs, tmp_path, monkeypatch):
     if peft_type == "ADAMSS":
         pytest.importorskip("sklearn")  # peft's AdaMSS clusters with scikit-learn's KMeans
     config_cls = peft.PEFT_TYPE_TO_CONFIG_MAPPING[peft.PeftType(peft_type)]
+    if "adapters" in kwargs:  # X-LoRA: its experts saved first, the config in their parent folder
+        kwargs = {**kwargs, "adapters": _save_experts(kwargs["adapters"], family, tmp_path)}
+        monkeypatch.chdir(tmp_path)  # where peft reads a relative expert folder from
     config = config_cls(task_type="CAUSAL_LM", **kwargs)
     config.save_pretrained(str(tmp_path))  # the adapter_config.json a user has
     model = _build(family)
+    model.config.use_cache = False  # X-LoRA's XLoraModel refuses a model that caches (a no-op for the others)
     shape = _shape_of(model)
     base_buffers = {n for n, _ in model.named_buffers()}
     ours = apply_peft(shape, load_adapter_config(tmp_path))
@@ -228,6 +247,21 @@ def test_counts_equal_peft(peft_type, family, kwargs, tmp_path):
     assert ours_params == theirs
     ours_added = [(b.name, b.shape, b.dtype, b.persistent) for b in ours.buffers if b.name.startswith("base_model.")]
     assert ours_added == [(b.name, b.shape, b.dtype, b.persistent) for b in _buffers(real, base_buffers)]
+
+
+def _save_experts(names: list[str], family: str, folder) -> dict[str, str]:
+    """Each of ``EXPERTS[name]`` built by peft on ``family`` and saved into ``folder/<name>``: the ``adapters``
+    mapping an X-LoRA config names them by (``"0"``, ``"1"``, ... -> absolute paths, or relative to ``folder``
+    for a ``./`` name)."""
+    out = {}
+    for name in names:
+        plain = name.removeprefix("./")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            expert = peft.get_peft_model(_build(family), peft.LoraConfig(task_type="CAUSAL_LM", **EXPERTS[plain]))
+            expert.save_pretrained(str(folder / plain))
+        out[str(len(out))] = name if name.startswith("./") else str(folder / plain)  # peft needs them named 0, 1, ...
+    return out
 
 
 def _clustered(params) -> tuple:
@@ -329,3 +363,60 @@ def _write(folder, raw: dict):
     folder.mkdir()
     (folder / "adapter_config.json").write_text(json.dumps(raw))
     return folder
+
+
+def _xlora_folder(tmp_path, family: str, adapters: dict[str, str], **kwargs):
+    folder = tmp_path / "xlora"
+    peft.XLoraConfig(task_type="CAUSAL_LM", hidden_size=64, adapters=adapters, **kwargs).save_pretrained(str(folder))
+    return folder
+
+
+@pytest.mark.parametrize("case", ["gpt2", "names"])
+def test_xlora_refuses_what_peft_cannot_train(case, tmp_path):
+    """Where peft 0.21.2's X-LoRA raises, memfit refuses in one line saying why: on GPT-2 peft cannot load the
+    experts ('Got unexpected keys': its key rework only fits models whose layers are under ``model.``); with
+    experts not named 0, 1, ... it builds but its first forward raises KeyError."""
+    from memfit.errors import MemfitError
+
+    family, names, message, raised = {
+        "gpt2": ("gpt2", ["c_attn", "c_attn-fc"], "cannot load its experts into GPT2LMHeadModel", ValueError),
+        "names": ("llama", ["qv", "q-down"], "raises KeyError unless they are named '0', '1'", KeyError),
+    }[case]
+    adapters = _save_experts(names, family, tmp_path)
+    if case == "names":
+        adapters = dict(zip(names, adapters.values()))
+    folder = _xlora_folder(tmp_path, family, adapters)
+    model = _build(family)
+    model.config.use_cache = False
+    with pytest.raises(MemfitError, match=message) as err:
+        apply_peft(_shape_of(model), load_adapter_config(folder))
+    assert "\n" not in str(err.value)
+    with warnings.catch_warnings(), pytest.raises(raised):
+        warnings.simplefilter("ignore")
+        real = peft.get_peft_model(model, peft.PeftConfig.from_pretrained(str(folder)))
+        real.train()
+        real(input_ids=torch.zeros(1, 4, dtype=torch.long), labels=torch.zeros(1, 4, dtype=torch.long))
+
+
+@pytest.mark.parametrize("where", ["org/some-lora", "missing", ""])
+def test_xlora_reads_experts_from_local_folders_only(where, tmp_path):
+    """A hub id, a missing folder or an empty path: one line naming the key and the path, nothing fetched."""
+    from memfit.errors import MemfitError
+
+    folder = _write(tmp_path / "x", {"peft_type": "XLORA", "task_type": "CAUSAL_LM", "hidden_size": 64,
+                                     "adapters": {"0": where}})
+    with pytest.raises(MemfitError, match=r"XLORA adapters\['0'\]") as err:
+        load_adapter_config(folder)
+    assert "\n" not in str(err.value)
+    if where:
+        assert repr(where) in str(err.value)
+
+
+def test_xlora_expert_must_be_lora(tmp_path):
+    from memfit.errors import MemfitError
+
+    expert = _write(tmp_path / "ia3", {"peft_type": "IA3", "task_type": "CAUSAL_LM"})
+    folder = _write(tmp_path / "x", {"peft_type": "XLORA", "task_type": "CAUSAL_LM", "hidden_size": 64,
+                                     "adapters": {"0": str(expert)}})
+    with pytest.raises(MemfitError, match=r"is not a LoRA adapter \(peft_type 'IA3'\)"):
+        load_adapter_config(folder)

@@ -123,7 +123,8 @@ def _plan(raw: dict, elem: int = 2, micro_batch: int = 1):
     return spec, est.total_bytes
 
 
-def _traced(spec, dtype: str = "bf16", micro_batch: int = 1, bf16_buffers: tuple[str, ...] = ()) -> int:
+def _traced(spec, dtype: str = "bf16", micro_batch: int = 1, bf16_buffers: tuple[str, ...] = (),
+            config: dict = CONFIG) -> int:
     """``dtype`` bf16: DeepSpeed's params-only cast of an fp32 build; fp32: the build as it is.
     ``bf16_buffers``: name fragments of buffers cast to bf16 after peft built them (as they are when peft
     builds the adapters on a bf16 model)."""
@@ -136,7 +137,7 @@ def _traced(spec, dtype: str = "bf16", micro_batch: int = 1, bf16_buffers: tuple
     options = TraceOptions(seq_len=SEQ, micro_batch=micro_batch, dtype=dtype, attention="eager", granularity_bytes=1)
     with quiet_libraries():
         torch.manual_seed(0)
-        hf = transformers.LlamaConfig(**{k: v for k, v in CONFIG.items() if k not in ("model_type", "architectures")})
+        hf = transformers.LlamaConfig(**{k: v for k, v in config.items() if k not in ("model_type", "architectures")})
         model = transformers.AutoModelForCausalLM.from_config(hf, attn_implementation="eager", dtype=torch.float32)
         model = build_peft_meta_model(model, spec)
         if dtype == "bf16":
@@ -210,3 +211,62 @@ def test_forward_raises_under_the_params_only_cast(case):
     spec, _ = _plan(CASES[case])
     with pytest.raises((RuntimeError, MemfitError), match="same dtype"):
         _traced(spec)
+
+
+XLORA_EXPERTS = ({"r": 8, "target_modules": ["q_proj", "v_proj"]},
+                 {"r": 4, "target_modules": ALL, "lora_dropout": 0.1})
+XLORA_CASES = {
+    "xlora": {"hidden_size": H},
+    "xlora-deep-layerwise": {"hidden_size": H, "xlora_depth": 2, "xlora_size": 64, "layerwise_scalings": True},
+    "xlora-deep-no-dropout": {"hidden_size": H, "xlora_depth": 3, "xlora_size": 32, "xlora_dropout_p": 0.0,
+                              "enable_softmax": False},
+    "xlora-layerwise-no-softmax": {"hidden_size": H, "layerwise_scalings": True, "enable_softmax": False},
+    "xlora-trained-experts": {"hidden_size": H, "use_trainable_adapters": True},
+}
+
+
+def _xlora_raw(tmp_path, settings: dict) -> dict:
+    """An X-LoRA adapter config naming ``XLORA_EXPERTS``, each saved by peft into ``tmp_path`` first."""
+    import torch
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    adapters = {}
+    hf = transformers.LlamaConfig(**{k: v for k, v in CONFIG.items() if k not in ("model_type", "architectures")})
+    for i, expert in enumerate(XLORA_EXPERTS):
+        torch.manual_seed(0)
+        base = transformers.AutoModelForCausalLM.from_config(hf)
+        get_peft_model(base, LoraConfig(task_type="CAUSAL_LM", **expert)).save_pretrained(str(tmp_path / f"e{i}"))
+        adapters[str(i)] = str(tmp_path / f"e{i}")
+    return {"peft_type": "XLORA", "adapters": adapters, **settings}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(XLORA_CASES))
+def test_xlora_activations_match_the_trace(case, tmp_path):
+    """X-LoRA: two experts saved by peft (one on q and v, one on every Linear with dropout), the classifier's depth,
+    width, dropout and layerwise scalings as the case says; peft loads the experts from those folders. The model
+    does not cache (peft's XLoraModel refuses one that does). Its no-grad scaling pass keeps nothing: the trace's
+    saved tensors are the second pass's and the classifier's. Traced in fp32: under DeepSpeed's params-only cast
+    of an fp32 build peft's forward raises (the classifier makes its dummy scalings in the dtype it was built in,
+    ``XLoraClassifier.dtype``, fp32, and ``x * scalings`` then meets the bf16 ``lora_A``). The model keeps no
+    key/value cache (``AdapterActivations.kv_cache``): with it the plan was 294,912 B (k and v of 3 layers) over."""
+    spec, planned = _plan(_xlora_raw(tmp_path, XLORA_CASES[case]), elem=4)
+    traced = _traced(spec, dtype="fp32", config={**CONFIG, "use_cache": False})
+    err = (planned - traced) / traced
+    print(f"{case:12s} trace {traced:>12,} B  plan {planned:>12,} B  {err:+.3%}")
+    assert abs(err) <= TOLERANCE, (case, traced, planned)
+
+
+@pytest.mark.slow
+def test_xlora_forward_raises_on_a_cast_fp32_build(tmp_path):
+    """X-LoRA's classifier keeps the dtype the model had when peft built it as a plain attribute
+    (``XLoraClassifier.dtype``), so on an fp32 build cast to bf16 afterwards (DeepSpeed's cast, of the parameters
+    or of the whole module: no cast reaches an attribute) the scaling pass's dummy scalings are fp32 and
+    ``x * scalings`` meets the bf16 ``lora_A``: the plan's note says to load the model in its training dtype."""
+    from memfit.errors import MemfitError
+
+    spec, _ = _plan(_xlora_raw(tmp_path, XLORA_CASES["xlora"]))
+    assert any("load the model in the dtype it trains in" in n for n in spec.notes)
+    with pytest.raises((RuntimeError, MemfitError), match="same dtype"):
+        _traced(spec, config={**CONFIG, "use_cache": False})

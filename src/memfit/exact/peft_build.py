@@ -96,6 +96,11 @@ def build_peft_meta_model(model: torch.nn.Module, spec: PeftSpec) -> torch.nn.Mo
         return model
     from peft import get_peft_model
 
+    from memfit.core.peft.tuners import TUNERS
+
+    if spec.method in TUNERS and getattr(model, "config", None) is not None:
+        for key, value in TUNERS[spec.method].model_config.items():  # what peft requires of the base (Tuner doc)
+            setattr(model.config, key, value)
     config = peft_config_for(model, spec)
     on_meta = any(p.device.type == "meta" for p in model.parameters())
     if on_meta:

@@ -136,7 +136,8 @@ def estimate_activation_bytes(
               sum(1 for _ in targets) * D * t * peft.lora_r if method == "lora" else 0)
     grad_into_first = full or first_block_input_trains(peft, adapters)  # prompt tokens, a trained embedding
     qk_grads = first_block_qk_grads(adapters, targets, peft)  # first layer, frozen embeddings
-    cache = keep_outputs and not gradient_checkpointing  # transformers turns the cache off under checkpointing
+    # transformers turns the cache off under checkpointing; a method may need it off (AdapterActivations.kv_cache)
+    cache = keep_outputs and not gradient_checkpointing and (adapters is None or adapters.kv_cache)
 
     layer = _layer_bytes(fam, D=D, b=b, s=s, skv=skv, t=t, h=h, a=a, hq=hq, hkv=hkv, i=i * k_exp, eager=eager,
                          trains=trains, full=full, grad_in=True, gqa=hkv != hq, cache=cache)

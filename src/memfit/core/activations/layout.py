@@ -74,7 +74,8 @@ def estimate_from_layout(
             eager=attention == "eager", full=full, trains=trains, adapted=adapted,
             # the cache lives on only as part of the outputs that carry it (CausalLMOutputWithPast,
             # SequenceClassifierOutputWithPast, Seq2SeqLMOutput); transformers disables it under checkpointing
-            cache=keep_outputs and not gradient_checkpointing and arch.task in ("causal-lm", "sequence-classification", "seq2seq-lm"),
+            cache=keep_outputs and not gradient_checkpointing and arch.task in ("causal-lm", "sequence-classification", "seq2seq-lm")
+            and (adapters is None or adapters.kv_cache),
             gqa=arch.num_kv_heads != arch.num_heads,
             attention=attention, r=peft.lora_r if method == "lora" else 0, kernels=kernels,
             float16=float16)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from memfit.core.peft.lora_keys import LORA_KEYS
 from memfit.core.peft.params import validate_peft_spec
 from memfit.core.peft.spec import PeftSpec
 from memfit.core.peft.tuners import BY_PEFT_TYPE, TUNERS
+from memfit.core.peft.tuners.base import Tuner
 from memfit.core.peft.tuners.read import PEFT_CONFIG_KEYS, read_tuner
 from memfit.errors import MemfitError
 
@@ -93,7 +94,7 @@ def parse_peft_options(method: str, **options: Any) -> PeftSpec:
     option the method does not take raises ``MemfitError``.
     """
     if method in TUNERS:
-        return validate_peft_spec(read_tuner(TUNERS[method], options, cli=True))
+        return validate_peft_spec(with_experts(TUNERS[method], read_tuner(TUNERS[method], options, cli=True), None))
     if method not in _METHOD_OPTIONS:
         raise MemfitError(f"unknown PEFT method {method!r}; choose one of {', '.join((*_METHOD_OPTIONS, *TUNERS))}")
     values: dict[str, Any] = {}
@@ -203,7 +204,7 @@ def load_adapter_config(path: str | Path) -> PeftSpec:
     if not isinstance(raw, dict):
         raise MemfitError(f"{file} must hold a JSON object, got {type(raw).__name__}")
     try:
-        return adapter_config_spec(raw)
+        return adapter_config_spec(raw, folder=file.parent)
     except MemfitError as exc:
         raise MemfitError(f"{file}: {exc}") from None
 
@@ -250,10 +251,6 @@ def _as_peft_reads_it(raw: Mapping[str, Any], method: str) -> None:
 
 
 NOT_PLANNABLE: dict[str, str] = {
-    "XLORA": "its forward runs the model twice, a no-grad scaling pass with output_hidden_states and the LoRA experts "
-             "disabled, then the pass with every expert scaled per token by the trained classifier (peft 0.21.2 "
-             "tuners/xlora/model.py:359-378); memfit plans neither pass's activations nor reads the experts' "
-             "checkpoints named in adapters yet",
     "SHADOW": "it adds a second transformer, the shadow backbone (shadow_model 'mirror': the base's decoder resized by "
               "shadow_num_hidden_layers/shadow_hidden_size/..., or a checkpoint; peft 0.21.2 tuners/shadow/model.py:"
               "353-412), run beside every decoder layer through hooks, and an auxiliary loss that runs the LM head "
@@ -262,13 +259,16 @@ NOT_PLANNABLE: dict[str, str] = {
 """peft tuners memfit cannot plan from the config and the model's shapes, with why."""
 
 
-def adapter_config_spec(raw: Mapping[str, Any]) -> PeftSpec:
+def adapter_config_spec(raw: Mapping[str, Any], *, folder: Path | None = None) -> PeftSpec:
     """A ``PeftSpec`` from an adapter config's dict: ``adapter_config.json``'s content, or a live
-    peft config as ``save_pretrained`` writes it (its sets as lists: ``memfit.check`` converts them)."""
+    peft config as ``save_pretrained`` writes it (its sets as lists: ``memfit.check`` converts them).
+    ``folder``: where that file is (the other adapters a tuner names by path, X-LoRA's experts, are read
+    relative to it; ``None``: relative to the working directory)."""
     peft_type = raw.get("peft_type")
     peft_type = getattr(peft_type, "value", peft_type)  # a live config holds the PeftType enum
     if peft_type in BY_PEFT_TYPE:
-        return validate_peft_spec(read_tuner(BY_PEFT_TYPE[peft_type], raw))
+        tuner = BY_PEFT_TYPE[peft_type]
+        return validate_peft_spec(with_experts(tuner, read_tuner(tuner, raw), folder))
     if peft_type not in _PEFT_TYPES:
         why = f" ({peft_type}: {NOT_PLANNABLE[peft_type]})" if peft_type in NOT_PLANNABLE else ""
         raise MemfitError(f"peft_type {peft_type!r} is not supported; memfit models "
@@ -277,6 +277,54 @@ def adapter_config_spec(raw: Mapping[str, Any]) -> PeftSpec:
     _as_peft_reads_it(raw, method)
     options = _lora_options(raw) if method == "lora" else _prompt_learning_options(raw, method)
     return parse_peft_options(method, **options)
+
+
+MAX_EXPERTS = 256
+"""The most adapters one config may name (each is one bounded read of an ``adapter_config.json``)."""
+
+
+def with_experts(tuner: Tuner, spec: PeftSpec, folder: Path | None) -> PeftSpec:
+    """``spec`` with the LoRA adapters its ``tuner.experts`` key names (X-LoRA's ``adapters``: name -> folder)
+    read into ``PeftSpec.experts``, in order, and their folders resolved in the settings (what
+    ``memfit.exact.peft_build`` hands to peft). A relative folder is read from ``folder`` (the
+    adapter_config.json's own; the working directory when ``None``, as peft reads it). Each folder's
+    ``adapter_config.json`` is read as ``load_adapter_config`` reads any (bounded, never executed); a hub id or a
+    missing folder is refused in one line naming the key and the path: memfit reads local files only."""
+    if not tuner.experts:
+        return spec
+    key = tuner.experts
+    named = spec.setting(key) or ()
+    if len(named) > MAX_EXPERTS:
+        raise MemfitError(f"{tuner.peft_type} {key} names {len(named)} adapters; memfit reads at most {MAX_EXPERTS}")
+    experts: list[PeftSpec] = []
+    resolved: list[tuple[str, str]] = []
+    for name, where in named:
+        if not isinstance(where, str) or not where:
+            raise MemfitError(f"{tuner.peft_type} {key}[{name!r}] must be the folder of a saved LoRA adapter, "
+                              f"got {where!r}")
+        path = Path(where)
+        if not path.is_absolute() and folder is not None:
+            path = folder / path
+        try:
+            found = path.is_dir() and (path / "adapter_config.json").is_file()
+        except (OSError, ValueError):
+            found = False
+        if not found:
+            raise MemfitError(f"{tuner.peft_type} {key}[{name!r}]: {where!r} is not a local folder holding an "
+                              f"adapter_config.json (looked in {path}); memfit reads experts from local folders "
+                              "only, never from the hub: download the adapter and name its folder")
+        raw = parse_json(read_text(path / "adapter_config.json", what="adapter config"), what=str(path))
+        if not isinstance(raw, dict) or raw.get("peft_type") != "LORA":
+            got = raw.get("peft_type") if isinstance(raw, dict) else type(raw).__name__
+            raise MemfitError(f"{tuner.peft_type} {key}[{name!r}]: {path / 'adapter_config.json'} is not a LoRA "
+                              f"adapter (peft_type {got!r}); {tuner.peft_type}'s experts are LoRA adapters")
+        try:
+            experts.append(adapter_config_spec(raw))
+        except MemfitError as exc:
+            raise MemfitError(f"{tuner.peft_type} {key}[{name!r}] {path / 'adapter_config.json'}: {exc}") from None
+        resolved.append((name, str(path.resolve())))
+    settings = tuple((k, tuple(resolved) if k == key else v) for k, v in spec.settings)
+    return replace(spec, settings=settings, experts=tuple(experts))
 
 
 def _lora_options(raw: Mapping[str, Any]) -> dict[str, Any]:

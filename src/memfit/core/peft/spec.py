@@ -81,6 +81,9 @@ class PeftSpec:
     """Every other tuner's own ``adapter_config.json`` keys that size it, as (key, value) pairs in
     key order, JSON lists as tuples and objects as tuples of pairs (read by
     ``memfit.core.peft.tuners``)."""
+    experts: tuple["PeftSpec", ...] = ()
+    """X-LoRA: its LoRA experts, read from the folders its ``adapters`` names, in that order (peft loads
+    them as adapters ``0``, ``1``, ...: ``memfit.core.peft.tuners.xlora``)."""
     notes: tuple[str, ...] = ()
     """What reading the method's settings resolved, assumed or ignored, said in the plan."""
 

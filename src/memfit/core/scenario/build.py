@@ -143,6 +143,14 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
             "adapter's delora_w_norm as torch.norm of the base weight (tuners/delora/layer.py update_layer), "
             "which under zero.Init is ZeRO-3's empty placeholder, so the norm is 0 and the adapter's input is "
             "multiplied by it; build the model without zero.Init (zero_init: false) or use ZeRO-2")
+    if spec.method == "xlora" and fw.quant.enabled:
+        # peft 0.21.2 tuners/xlora/model.py convert_layers_to_xlora swaps the forward of lora.Linear, lora.Embedding
+        # and lora.Conv2d only; an expert on a bitsandbytes layer is a lora.bnb.Linear4bit/Linear8bitLt (tuners/
+        # lora/bnb.py: nn.Module + LoraLayer), which X-LoRA leaves unscaled and the classifier does not count
+        raise MemfitError(
+            f"{_said(inputs, 'quantization')}: X-LoRA on a bitsandbytes-quantized base is not modelled: peft's "
+            "convert_layers_to_xlora swaps only lora.Linear/Embedding/Conv2d, so the experts on quantized layers "
+            "(lora.bnb.Linear4bit/Linear8bitLt) run unscaled and outside the classifier's layer count")
     seq_len, batch_shape = _sequence_shape(inputs, micro, hw.world_size)
     train = TrainSettings(
         seq_len=seq_len,

@@ -150,9 +150,27 @@ def out_elem(ctx: DtypeContext) -> int:
 def formulas() -> Mapping[str, Formula]:
     """memfit method -> the formula of one adapted layer. Its three modules are imported on the first
     adapted layer (a plan with none, full fine-tuning or prompt/prefix tuning, imports none of them)."""
-    from memfit.core.activations.adapters import lora, others, recent
+    from memfit.core.activations.adapters import lora, others, recent, xlora
 
-    return MappingProxyType({**lora.FORMULAS, **others.FORMULAS, **recent.FORMULAS})
+    return MappingProxyType({**lora.FORMULAS, **others.FORMULAS, **recent.FORMULAS, **xlora.FORMULAS})
+
+
+@functools.cache
+def no_cache_methods() -> frozenset[str]:
+    """Methods whose peft model refuses a base whose config has ``use_cache`` true (X-LoRA: ``xlora.py``), so it
+    is trained without a key/value cache."""
+    from memfit.core.activations.adapters import xlora
+
+    return xlora.NO_KV_CACHE
+
+
+@functools.cache
+def model_formulas() -> Mapping[str, Callable[["AdapterActivations", DtypeContext], Saved]]:
+    """memfit method -> what the method keeps outside its adapted layers, before the blocks (X-LoRA's
+    classifier and scalings: ``xlora.py``)."""
+    from memfit.core.activations.adapters import xlora
+
+    return MappingProxyType(dict(xlora.MODEL_FORMULAS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,9 +229,23 @@ class AdapterActivations:
     """A module before the first block trains (``input_embedding_trains``): the first block's input needs a
     gradient, so that block keeps what the later ones keep."""
 
+    @property
+    def kv_cache(self) -> bool:
+        """The model keeps its key/value cache in the outputs (unless checkpointing): not under a method whose
+        peft model refuses a base that caches (``no_cache_methods``: X-LoRA)."""
+        return self.method not in no_cache_methods()
+
+    def _ctx(self, stream_bytes: int) -> DtypeContext:
+        return DtypeContext(stream_bytes, self.adapter_bytes, self.autocast_bytes, self.base_bytes or stream_bytes,
+                            self.upcast)
+
+    def model_saved(self, stream_bytes: int) -> Saved:
+        """What the method keeps outside its adapted layers, before the blocks (``model_formulas``)."""
+        formula = model_formulas().get(self.method) if self.layers else None
+        return formula(self, self._ctx(stream_bytes)) if formula is not None else Saved()
+
     def saved(self, layer: AdaptedLayer, stream_bytes: int) -> Saved:
-        ctx = DtypeContext(stream_bytes, self.adapter_bytes, self.autocast_bytes, self.base_bytes or stream_bytes,
-                           self.upcast)
+        ctx = self._ctx(stream_bytes)
         formula = formulas().get(self.method)
         if formula is None:  # a tuner without a formula plans no adapted layers here (none reach this)
             raise AssertionError(f"no activation formula for {self.method}")
@@ -251,8 +283,9 @@ class AdapterActivations:
         return tuple(out)
 
     def outside_bytes(self, tokens: int, stream_bytes: int, *, samples: int) -> tuple[int, int]:
-        """(before the blocks, after them): adapted or quantized embeddings and heads."""
-        before = after = 0
+        """(before the blocks, after them): adapted or quantized embeddings and heads, and what the method keeps
+        outside its layers (``model_saved``: X-LoRA's classifier)."""
+        before, after = self.model_saved(stream_bytes).bytes(tokens, samples), 0
         for _, block, s in self._all(stream_bytes):
             if 0 <= block < self.blocks:
                 continue

@@ -13,6 +13,7 @@ import re
 from memfit.core.lean_dataclass import dataclass
 from memfit.core.frameworks.pytorch import QuantSettings
 from memfit.core.ledger.context import is_adapter_param
+from memfit.core.peft.adapter_params import keeps_base_dtype
 from memfit.core.peft.modules import layer_kind
 from memfit.core.precision import DTYPE_BYTES, PrecisionModel, base_param_dtype, resolve_precision
 from memfit.core.quant import QuantTensor, base_module, quant_notes, quantized_tensors, quantized_weights, shared_bytes
@@ -140,8 +141,11 @@ def build_torch_model(sc: Scenario) -> TorchModel:
         adapter = is_adapter_param(p.name)
         numel = p.numel
         quant: tuple[QuantTensor, ...] = ()
-        if adapter:
+        if adapter and not keeps_base_dtype(p.name):
             load, dtype = "fp32", "fp32"
+        elif adapter:  # built in the base's dtype (X-LoRA's classifier), trained as a base parameter
+            load = sc.load.dtype
+            dtype = base_param_dtype(pm, load_dtype=load, trainable=p.trainable, kbit_upcast=kbit and load != "fp32")
         else:
             load = sc.load.dtype
             if p.name in to_quantize:  # a Conv1D weight is (in, out); transformers quantizes its transpose

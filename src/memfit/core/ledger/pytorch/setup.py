@@ -175,9 +175,11 @@ def record_load(t: Timeline, sc: Scenario, m: TorchModel, *, rank0_only: bool = 
         key = GPU_PARAMS if on_gpu else HOST_ADAPTERS
         if key == HOST_ADAPTERS:
             t.declare(HOST_ADAPTERS, name="PEFT-created weights (fp32, peft's default)", device=dev, category="params",
-                      formula=f"{sum(p.numel for p in ads):,} params x 4 B",
+                      formula=f"{sum(p.numel for p in ads):,} params, {sum(p.numel * DTYPE_BYTES[p.load_dtype] for p in ads):,} B",
                       source="peft 0.21 tuners (LoraLayer.update_layer / PrefixEncoder): created in fp32")
-        lora16 = [p for p in ads if "lora_" in p.name and not sc.quant.enabled and sc.load.dtype != "fp32"]
+        # (X-LoRA's classifier is created in the base's dtype, TParam.load_dtype, and never upcast)
+        lora16 = [p for p in ads if "lora_" in p.name and p.load_dtype == "fp32" and not sc.quant.enabled
+                  and sc.load.dtype != "fp32"]
         if lora16:
             # peft: each LoRA weight is created in fp32, moved to its base layer's dtype
             # (_move_adapter_to_device_of_base_layer), and after the injection upcast back to fp32
@@ -186,7 +188,7 @@ def record_load(t: Timeline, sc: Scenario, m: TorchModel, *, rank0_only: bool = 
                       device=dev, category="params", formula=f"{sum(p.numel for p in lora16):,} x 2 B",
                       source="peft 0.21 tuners_utils.py:_move_adapter_to_device_of_base_layer, cast_adapter_dtype")
             for p in ads:
-                t.alloc(key, p.numel * 4)
+                t.alloc(key, p.numel * DTYPE_BYTES[p.load_dtype])
                 if p in lora16:
                     t.alloc("load.adapter_16bit", p.numel * 2)
                     t.free(key, p.numel * 4)
@@ -195,9 +197,9 @@ def record_load(t: Timeline, sc: Scenario, m: TorchModel, *, rank0_only: bool = 
                 t.free("load.adapter_16bit", p.numel * 2)
         else:
             for p in ads:
-                t.alloc(key, p.numel * 4)
+                t.alloc(key, p.numel * DTYPE_BYTES[p.load_dtype])
         for p in ads:
-            where[p.name] = (key, "fp32")
+            where[p.name] = (key, p.load_dtype)
     if on_gpu:
         _describe_params(t, m, where, GPU_PARAMS)
     return where

@@ -75,6 +75,12 @@ class Tuner:
     """Its config has ``bias`` (``none``/``all``/``<prefix>only``)."""
     note: str = ""
     """Said in the plan's notes whenever the tuner is planned (what memfit assumes that no config decides)."""
+    model_config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    """Base-model config values peft requires before it builds the tuner (X-LoRA: ``use_cache`` false, or
+    ``XLoraModel.__init__`` raises), planned so and set by ``memfit.exact.peft_build`` before peft runs."""
+    experts: str = ""
+    """The config key naming other adapters by folder (X-LoRA's ``adapters``: name -> path), whose
+    ``adapter_config.json`` files ``memfit.core.peft.parse`` reads into ``PeftSpec.experts``; "" for none."""
     prompt_learning: bool = False
     """A ``PromptLearningConfig``: its config also holds ``num_virtual_tokens``, ``token_dim``,
     ``num_layers``, ``num_transformer_submodules`` and ``num_attention_heads`` (read into ``PeftSpec``)."""
