@@ -55,6 +55,7 @@ _WHERE: tuple[tuple[str, str, str, str, str], ...] = (
     ("psoft", "PSOFT", "psoft_", "psoft", "TUNER"),
     ("poly", "POLY", "poly_", "poly", "TUNER"),
     ("adamss", "ADAMSS", "adamss_", "adamss", "TUNER"),
+    ("shadow", "SHADOW", "shadow_", "shadow", "TUNER"),
 )
 """Every tuner, in the order ``TUNERS`` lists them: its memfit method name, its peft ``PeftType`` value,
 its ``prefix`` (``Tuner.prefix``: the name part of the parameters it adds, "" for none), its module under ``memfit.core.peft.tuners`` and the module's name for its ``Tuner``. Only the module of
