@@ -30,8 +30,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from memfit.core.model import BufferSpec, ModelShape, ParamSpec
-from memfit.core.peft.modules import (ADAPTER_NAME, TASK_MODULES_TO_SAVE, flatten, module_names, modules_to_save,
+from memfit.core.model import ArchSpec, BufferSpec, ModelShape, ParamSpec
+from memfit.core.peft.modules import (ADAPTER_NAME, EMBEDDING_LAYER_NAMES, TASK_MODULES_TO_SAVE, flatten, module_names, modules_to_save,
                                       task_type, under_any, with_modules_to_save)
 from memfit.core.peft.spec import PeftSpec
 from memfit.core.peft.targets import find_targets
@@ -101,8 +101,8 @@ def _mirror_config(config: dict[str, Any], s: Settings, base_head_dim: int) -> d
     return cfg
 
 
-def mirror_backbone(shape: ModelShape, s: Settings, prefix: str) -> tuple[tuple[ParamSpec, ...], tuple[BufferSpec, ...], int]:
-    """The mirror backbone's parameters and buffers (names relative to it) and its hidden size."""
+def mirror_backbone(shape: ModelShape, s: Settings, prefix: str) -> tuple[tuple[ParamSpec, ...], tuple[BufferSpec, ...], ArchSpec]:
+    """The mirror backbone's parameters and buffers (names relative to it) and its architecture."""
     from memfit.core.families import NoPureBuilder, family_for
 
     if shape.config is None:
@@ -119,7 +119,17 @@ def mirror_backbone(shape: ModelShape, s: Settings, prefix: str) -> tuple[tuple[
     params = tuple(ParamSpec(p.name[len(start):], p.shape, True) for p in built.params if p.name.startswith(start))
     buffers = tuple(BufferSpec(b.name[len(start):], b.shape, b.dtype, b.persistent, True)
                     for b in built.buffers if b.name.startswith(start))
-    return params, buffers, built.arch.hidden_size
+    return params, buffers, built.arch
+
+
+def mirror_arch(shape: ModelShape, s: Settings, prefix: str) -> tuple[ArchSpec, int, bool]:
+    """(the mirror backbone's architecture, its hidden size, whether its first block's input requires grad: it
+    reads its own trained embeddings, or GPT-2's trained ``wpe`` is added to the shared ones)."""
+    params, _, arch = mirror_backbone(shape, s, prefix)
+    share = s["share_embeddings"] and arch.hidden_size == shape.arch.hidden_size
+    own = [p for p in params if not _STACK.match(f"{prefix}.{p.name}") and p.name.count(".") == 1
+           and p.name.split(".")[0] in EMBEDDING_LAYER_NAMES and not (share and p.name.startswith("embed_tokens."))]
+    return arch, arch.hidden_size, bool(own)
 
 
 def shadow(shape: ModelShape, spec: PeftSpec, s: Settings) -> ModelShape:
@@ -174,7 +184,8 @@ def shadow(shape: ModelShape, spec: PeftSpec, s: Settings) -> ModelShape:
         extra = [ParamSpec(f"{block}.{name}", dims, True) for name, dims in adapter] if last[block] == i else []
         paired.append((ParamSpec(f"{block}.base_layer{p.name[len(block):]}", p.shape, False), extra))
     params = list(flatten(with_modules_to_save(paired, wrapped), ROOT))
-    backbone, backbone_buffers, shadow_hidden = mirror_backbone(shape, s, prefix)
+    backbone, backbone_buffers, backbone_arch = mirror_backbone(shape, s, prefix)
+    shadow_hidden = backbone_arch.hidden_size
     share = s["share_embeddings"] and shadow_hidden == d
     at = f"{TUNER_ROOT}shadow_backbone.{ADAPTER_NAME}."
     params += [ParamSpec(at + p.name, p.shape, True) for p in backbone
@@ -195,6 +206,12 @@ def shadow(shape: ModelShape, spec: PeftSpec, s: Settings) -> ModelShape:
 TUNER = Tuner(
     peft_type="SHADOW", method="shadow", prefix="shadow_", source="peft/tuners/shadow/config.py, model.py, layers.py",
     build=shadow,
+    note=("SHADOW activations are an estimate, above a trace of the whole model by up to 2% "
+          "(tests/trace/test_tuner_activations_vs_trace.py): every wrapped block's shadow tensors are counted, the "
+          "exit block's too, whose update graph peft releases (_unwrap_exit_hook keeps only the carrier's hidden "
+          "states), and the mirror backbone as a fully trained model of its sizes; under gradient checkpointing "
+          "the blocks' shadow tensors are kept (the ShadowLayer wraps the checkpointed block) and the backbone is "
+          "not checkpointed"),
     keys=keys(
         target_modules=TARGETS,
         exclude_modules=EXCLUDE,
