@@ -46,6 +46,9 @@ MODELS = {
                    dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                         num_key_value_heads=2, head_dim=16, tie_word_embeddings=False, attention_bias=True, mlp_bias=True)),
     "gpt2": ("AutoModelForCausalLM", "GPT2Config", dict(vocab_size=96, n_embd=64, n_layer=2, n_head=4, n_positions=64)),
+    "qwen2": ("AutoModelForCausalLM", "Qwen2Config",  # per-layer layer_types and max_window_layers (SHADOW's mirror)
+              dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                   num_key_value_heads=2, tie_word_embeddings=True, use_sliding_window=True, max_window_layers=2)),
 }
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -139,7 +142,8 @@ CASES: dict[str, dict[str, list[dict]]] = {
                           "r": 4, "modules_to_save": ["lm_head"]},
                          {"target_modules": ["model.layers.1"], "shadow_dropout": 0.0, "share_embeddings": False}],
                "llama-bias": [{"shadow_intermediate_size": 40}],
-               "gpt2": [{}, {"shadow_hidden_size": 32, "shadow_num_hidden_layers": 2}]},
+               "gpt2": [{}, {"shadow_hidden_size": 32, "shadow_num_hidden_layers": 2}],
+               "qwen2": [{}, {"shadow_num_hidden_layers": 4, "shadow_hidden_size": 48, "shadow_num_attention_heads": 2}]},
     "ROAD": {"llama": [{"group_size": 16}, {"target_modules": ALL, "group_size": 32, "variant": "road_2"},
                        {"target_modules": ALL, "group_size": 16, "variant": "road_4"}]},
 }
@@ -353,9 +357,21 @@ def test_shadow_refusals_name_the_key(tmp_path):
     for name, targets, message in (("linear", ["q_proj"], r"SHADOW target 'model.layers.0.self_attn.q_proj' is not a "
                                                           r"decoder block \(model.layers.<i>\)"),
                                    ("gap", ["model.layers.0", "model.layers.2"], r"SHADOW targets model.layers.0, "
-                                                                                 r"model.layers.2 are not contiguous")):
-        spec = load_adapter_config(_write(tmp_path / name, {"peft_type": "SHADOW", "task_type": "CAUSAL_LM",
-                                                              "target_modules": targets}))
+                                                                                 r"model.layers.2 are not contiguous"),
+                                   ("heads", None, r"SHADOW shadow_num_attention_heads=3 is not a multiple of the "
+                                                   r"base's num_key_value_heads=2")):
+        raw = {"peft_type": "SHADOW", "task_type": "CAUSAL_LM"}
+        raw.update({"target_modules": targets} if targets else {"shadow_num_attention_heads": 3})
+        spec = load_adapter_config(_write(tmp_path / name, raw))
         with pytest.raises(MemfitError, match=message) as err:
             apply_peft(three, spec)
         assert "\n" not in str(err.value)
+
+
+def test_shadow_head_dim_stored_matches_transformers():
+    """SHADOW's resized mirror keeps the base's head_dim exactly where the config class stored it."""
+    from memfit.core.families import llama
+    from memfit.core.peft.tuners.shadow import HEAD_DIM_STORED
+
+    stored = {mt for mt in llama.MODEL_TYPES if transformers.AutoConfig.for_model(mt).to_dict().get("head_dim") is not None}
+    assert stored == set(HEAD_DIM_STORED)

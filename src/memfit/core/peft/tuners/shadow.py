@@ -55,6 +55,13 @@ _CONFIG_NAMES = {
 attribute: memfit sets each one the config.json holds, the first when it holds none)."""
 
 
+HEAD_DIM_STORED = frozenset({"deepseek_v3", "gemma", "gemma2", "gemma3_text", "llama", "llama4_text", "mistral", "qwen3"})
+"""The model types (of memfit's Llama-like builders) whose transformers 5.24 config class stores ``head_dim`` when it
+is not given (``hidden_size // num_attention_heads`` of the base: a resized mirror keeps it); the others (Qwen2,
+Mixtral, Phi-3, OLMo2 ...) compute it in the attention from the resized config. Checked against transformers in
+``tests/exact/test_every_tuner.py``."""
+
+
 def decoder_stack(shape: ModelShape) -> tuple[str, str, int]:
     """(backbone prefix, layer-list attribute, blocks): ``_get_backbone`` + ``_get_decoder_layers`` read from
     the parameter names (``model.layers``, ``transformer.h``, OPT's ``model.decoder.layers``)."""
@@ -74,8 +81,6 @@ def decoder_stack(shape: ModelShape) -> tuple[str, str, int]:
 
 def _mirror_config(config: dict[str, Any], s: Settings, base_head_dim: int) -> dict[str, Any]:
     """``_build_shadow_backbone``'s copy of the base config, resized."""
-    from memfit.core.families import llama
-
     cfg = dict(config)
     layers = s["shadow_num_hidden_layers"] or 1
     overrides = {"num_hidden_layers": ("shadow_num_hidden_layers", layers),
@@ -83,14 +88,18 @@ def _mirror_config(config: dict[str, Any], s: Settings, base_head_dim: int) -> d
                  "intermediate_size": ("shadow_intermediate_size", s["shadow_intermediate_size"]),
                  "num_attention_heads": ("shadow_num_attention_heads", s["shadow_num_attention_heads"])}
     if (s["shadow_hidden_size"] is not None or s["shadow_num_attention_heads"] is not None) and \
-            cfg.get("head_dim") is None and cfg.get("model_type") in llama.MODEL_TYPES:
-        cfg["head_dim"] = base_head_dim  # the Llama-like configs store hidden // heads of the base: the copy keeps it
+            cfg.get("head_dim") is None and cfg.get("model_type") in HEAD_DIM_STORED:
+        cfg["head_dim"] = base_head_dim  # the config stored hidden // heads of the base: the copy keeps it
     for field, (key, value) in overrides.items():
         if value is None:
             continue
         require(isinstance(value, int) and value > 0, f"SHADOW {key} must be a positive integer, got {value!r}")
         for name in [n for n in _CONFIG_NAMES[field] if n in cfg] or [_CONFIG_NAMES[field][0]]:
             cfg[name] = value
+    heads, kv = s["shadow_num_attention_heads"], cfg.get("num_key_value_heads")
+    require(heads is None or not isinstance(kv, int) or kv <= 0 or heads % kv == 0,
+            f"SHADOW shadow_num_attention_heads={heads} is not a multiple of the base's num_key_value_heads={kv}, "
+            "which the mirror's config keeps: peft builds it and its attention's forward fails (repeat_kv)")
     types = cfg.get("layer_types")
     if types is not None:
         types = list(types) or ["full_attention"] * layers
@@ -206,7 +215,7 @@ def shadow(shape: ModelShape, spec: PeftSpec, s: Settings) -> ModelShape:
 TUNER = Tuner(
     peft_type="SHADOW", method="shadow", prefix="shadow_", source="peft/tuners/shadow/config.py, model.py, layers.py",
     build=shadow,
-    note=("SHADOW activations are an estimate, above a trace of the whole model by up to 2% "
+    note=("SHADOW activations are an estimate, above a trace of the whole model by 1.8-2.4% (bounded at 3%) "
           "(tests/trace/test_tuner_activations_vs_trace.py): every wrapped block's shadow tensors are counted, the "
           "exit block's too, whose update graph peft releases (_unwrap_exit_hook keeps only the carrier's hidden "
           "states), and the mirror backbone as a fully trained model of its sizes; under gradient checkpointing "
