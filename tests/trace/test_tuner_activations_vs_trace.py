@@ -112,10 +112,12 @@ NOT_MATCHED = {  # measured, not yet explained: the plan is above the trace (iss
               "traced in every context; the model in fp32: FP32_CASES)",
 }
 NOT_MATCHED["shadow"] = (
-    "+1.84% (175,870 B above 9,555,700 B): an estimate, said in every SHADOW plan (SHADOW_CASES below bound it): each "
-    "wrapped block's own tensors are exact (the trace with two wrapped blocks instead of three keeps 450,048 B less, "
-    "the plan's per-block count), the exit block's update graph is released with the ShadowCarrier and the mirror "
-    "backbone is planned as a fully trained model of its sizes, neither yet read tensor by tensor")
+    "-0.506% (48,386 B below 9,555,700 B), an estimate said in every SHADOW plan and bounded by "
+    "test_shadow_is_an_estimate_within_a_percent_of_the_trace: each wrapped block's own tensors are exact (the trace "
+    "with two wrapped blocks instead of three keeps 450,048 B less, the plan's per-block count) and so is the exit "
+    "block's released part (3 d + 2 u per token); the rest, 49,152 B = tokens x (q width 384 - k/v width 128) x 2 B, "
+    "is the fully trained mirror layer with eager attention and grouped k/v heads (the resized backbone, whose heads "
+    "are not grouped, is matched to +0.008%)")
 WORST: dict[str, float] = {}
 
 
@@ -219,25 +221,25 @@ def test_forward_raises_under_the_params_only_cast(case):
 
 
 SHADOW_CASES = {
-    # measured: +1.840% (trace 9,555,700 B), +2.401% (9,372,532 B), +1.840% (9,723,508 B)
+    # measured: -0.506% (trace 9,555,700 B), +0.008% (9,372,532 B), -0.498% (9,723,508 B)
     "default": {"peft_type": "SHADOW"},
     "resized": {"peft_type": "SHADOW", "shadow_hidden_size": 192, "shadow_num_attention_heads": 2,
                 "shadow_num_hidden_layers": 2, "shadow_intermediate_size": 512},
     "unshared": {"peft_type": "SHADOW", "share_embeddings": False, "r": 16},
 }
-SHADOW_BOUND = 0.03
-"""SHADOW's plan is an estimate (``NOT_MATCHED['shadow']``, the tuner's note): it must stay above the trace (an
-upper estimate: the exit block's released update graph is counted) and within 3% of it."""
+SHADOW_BOUND = 0.01
+"""SHADOW's plan is an estimate (``NOT_MATCHED['shadow']``, the tuner's note): within 1% of the trace."""
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(SHADOW_CASES))
-def test_shadow_is_an_upper_estimate_of_the_trace(case):
+def test_shadow_is_an_estimate_within_a_percent_of_the_trace(case):
     """The mirror backbone (1 layer sharing the base's embeddings; resized to 192 wide and 2 deep behind a
-    projection; its own embeddings), the shadow tensors of every block and the shadow loss's log-softmax."""
+    projection, its heads not grouped; its own embeddings), every block's shadow tensors, the exit block's released
+    ones and the shadow loss's log-softmax."""
     spec, planned = _plan(SHADOW_CASES[case])
     assert any("SHADOW activations are an estimate" in n for n in spec.notes)
     traced = _traced(spec)
     err = (planned - traced) / traced
     print(f"shadow {case:10s} trace {traced:>12,} B  plan {planned:>12,} B  {err:+.3%}")
-    assert 0 <= err <= SHADOW_BOUND, (case, traced, planned)
+    assert abs(err) <= SHADOW_BOUND, (case, traced, planned)

@@ -13,10 +13,11 @@ size, ``E`` a matmul's output's):
   output (``2 u E`` each); ``sigmoid`` keeps its output ``g``; ``(1 - g) * s`` keeps ``1 - g`` and ``s`` (the previous
   shadow state), ``g * t`` keeps ``t`` (``g`` already kept): ``4 d`` more.
 
-Every wrapped block is counted so, the exit block too: an upper estimate. ``_unwrap_exit_hook`` keeps only the
-carrier's ``.hidden``, so the exit block's update graph (its new shadow state is never used) is released; the whole
-model traced keeps less than that count, and what it releases is not read yet (the trace test says by how much).
-Beside the blocks (``SideModel``): the mirror backbone's own blocks, fully trained
+The exit block's new shadow state is never used (``_unwrap_exit_hook`` keeps only the carrier's ``.hidden``), and
+part of its update graph is released with it: measured on peft's own model (CPU autograd, a weak reference to every
+saved tensor, read after the forward), the transform MLP's two ``u``-wide tensors, the candidate, ``1 - g`` and the
+previous state (``3 d + 2 u`` per token) are freed, the gate MLP's branch is not (what still holds it is not read
+yet); the side model takes them back. Beside the blocks (``SideModel``): the mirror backbone's own blocks, fully trained
 (planned by the same activation model as any model's, at its own sizes); a projection's input when the widths
 differ; and under CAUSAL_LM the shadow loss: ``lm_head(s0)`` (frozen weight: keeps nothing) then
 ``F.cross_entropy`` of the shifted logits in the model's dtype, whose log-softmax ``(tokens - sequences) x vocab``
@@ -57,10 +58,11 @@ def shadow_side(shape: ModelShape, spec: PeftSpec, elem: int) -> SideModel:
     arch, shadow_hidden, own_embeddings = mirror_arch(base, s, prefix)
     d = shape.arch.hidden_size
     before = Saved(per_token=shadow_hidden * elem) if shadow_hidden != d else Saved()
-    after = Saved()
+    u = s["update_hidden_size"] or s["r"]
+    after = Saved(per_token=-(3 * d + 2 * u) * elem)  # what the exit block's released update frees (module doc)
     if task_type(shape, spec) == "CAUSAL_LM":
         V = shape.arch.vocab_size
-        after = Saved(per_token=V * elem, per_sample=-V * elem, fixed=elem)  # shifted log-softmax, the loss
+        after = after + Saved(per_token=V * elem, per_sample=-V * elem, fixed=elem)  # shifted log-softmax, the loss
     return SideModel(arch=arch, input_trains=own_embeddings, before=before, after=after,
                      note="the mirror backbone planned as a fully trained model of its sizes, its input frozen when it reads "
                            "the base's embeddings (an estimate)")

@@ -215,12 +215,12 @@ def shadow(shape: ModelShape, spec: PeftSpec, s: Settings) -> ModelShape:
 TUNER = Tuner(
     peft_type="SHADOW", method="shadow", prefix="shadow_", source="peft/tuners/shadow/config.py, model.py, layers.py",
     build=shadow,
-    note=("SHADOW activations are an estimate, above a trace of the whole model by 1.8-2.4% (bounded at 3%) "
-          "(tests/trace/test_tuner_activations_vs_trace.py): every wrapped block's shadow tensors are counted, the "
-          "exit block's too, whose update graph peft releases (_unwrap_exit_hook keeps only the carrier's hidden "
-          "states), and the mirror backbone as a fully trained model of its sizes; under gradient checkpointing "
-          "the blocks' shadow tensors are kept (the ShadowLayer wraps the checkpointed block) and the backbone is "
-          "not checkpointed"),
+    note=("SHADOW activations are an estimate, within 0.51% of a trace of the whole model "
+          "(tests/trace/test_tuner_activations_vs_trace.py): the wrapped blocks' shadow tensors as peft's layer keeps "
+          "them, the exit block's partly released update graph as measured, the mirror backbone as a fully trained "
+          "model of its sizes (with eager attention and grouped key/value heads the trace keeps one tokens x "
+          "(q width - k/v width) tensor per backbone layer more); under gradient checkpointing the blocks' shadow "
+          "tensors are kept (the ShadowLayer wraps the checkpointed block) and the backbone is not checkpointed"),
     keys=keys(
         target_modules=TARGETS,
         exclude_modules=EXCLUDE,
