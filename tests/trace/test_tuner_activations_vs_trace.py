@@ -243,3 +243,43 @@ def test_shadow_is_an_estimate_within_a_percent_of_the_trace(case):
     err = (planned - traced) / traced
     print(f"shadow {case:10s} trace {traced:>12,} B  plan {planned:>12,} B  {err:+.3%}")
     assert abs(err) <= SHADOW_BOUND, (case, traced, planned)
+
+
+SHADOW_CHECKPOINTED_GAP = -0.07
+"""Under gradient checkpointing SHADOW's plan is below the trace (measured -6.106%: 5,284,850 B planned, 5,628,532 B
+traced): not matched yet, said in every SHADOW plan (the tuner's note). LoRA on the same model, checkpointed, is
+matched to -0.001%, so the gap is SHADOW's: what the checkpointed ShadowLayer keeps beyond its shadow tensors, the
+held inputs and the backbone is not read yet."""
+
+
+@pytest.mark.slow
+def test_shadow_under_checkpointing_is_below_the_trace_by_the_said_gap():
+    import torch
+    import transformers
+
+    from memfit.exact.peft_build import build_peft_meta_model
+    from memfit.trace.step import causal_lm_inputs, checkpoint_kwargs, quiet_libraries, trace_model
+
+    spec = adapter_config_spec({"task_type": "CAUSAL_LM", "peft_type": "SHADOW"})
+    assert any("BELOW a trace by about 6%" in n for n in spec.notes)
+    source = ModelConfigSource(name="llama-384", config=CONFIG, path=None, origin="local")
+    shape = apply_peft(build_model_shape(source), spec)
+    acts = adapter_activations(shape, spec, adapter_bytes=2, base_bytes=2)
+    planned = estimate_activation_bytes(shape.arch, spec, seq_len=SEQ, micro_batch=1, dtype_bytes=2, attention="eager",
+                                        adapters=acts, gradient_checkpointing=True).total_bytes
+    options = TraceOptions(seq_len=SEQ, micro_batch=1, dtype="bf16", attention="eager", granularity_bytes=1,
+                           gradient_checkpointing=True)
+    with quiet_libraries():
+        torch.manual_seed(0)
+        hf = transformers.LlamaConfig(**{k: v for k, v in CONFIG.items() if k not in ("model_type", "architectures")})
+        model = transformers.AutoModelForCausalLM.from_config(hf, attn_implementation="eager", dtype=torch.float32)
+        model = build_peft_meta_model(model, spec)
+        for p in model.parameters():
+            p.data = p.data.to(torch.bfloat16)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs(options))
+        model.train()
+        traced = trace_model(model, causal_lm_inputs(options), options, method=spec.method).activation_bytes
+        traced += cuda_only_copies(model)
+    err = (planned - traced) / traced
+    print(f"shadow checkpointed trace {traced:>12,} B  plan {planned:>12,} B  {err:+.3%}")
+    assert SHADOW_CHECKPOINTED_GAP <= err <= 0, (traced, planned)
