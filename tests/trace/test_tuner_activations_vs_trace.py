@@ -245,15 +245,15 @@ def test_shadow_is_an_estimate_within_a_percent_of_the_trace(case):
     assert abs(err) <= SHADOW_BOUND, (case, traced, planned)
 
 
-SHADOW_CHECKPOINTED_GAP = -0.07
-"""Under gradient checkpointing SHADOW's plan is below the trace (measured -6.106%: 5,284,850 B planned, 5,628,532 B
-traced): not matched yet, said in every SHADOW plan (the tuner's note). LoRA on the same model, checkpointed, is
-matched to -0.001%, so the gap is SHADOW's: what the checkpointed ShadowLayer keeps beyond its shadow tensors, the
-held inputs and the backbone is not read yet."""
+SHADOW_CHECKPOINTED_BOUND = 0.01
+"""Under gradient checkpointing (measured -0.860%: 5,580,146 B planned, 5,628,532 B traced; the residual is the
+backbone's, as unchecked: NOT_MATCHED['shadow']): the blocks' shadow tensors are outside the checkpointed block,
+transformers' ``enable_input_require_grads`` makes both embedding outputs (the base's and the one the backbone
+reads) leaves that require grad, held, and the backbone's first block then keeps what a trained input keeps."""
 
 
 @pytest.mark.slow
-def test_shadow_under_checkpointing_is_below_the_trace_by_the_said_gap():
+def test_shadow_under_checkpointing_matches_the_trace_within_a_percent():
     import torch
     import transformers
 
@@ -261,7 +261,7 @@ def test_shadow_under_checkpointing_is_below_the_trace_by_the_said_gap():
     from memfit.trace.step import causal_lm_inputs, checkpoint_kwargs, quiet_libraries, trace_model
 
     spec = adapter_config_spec({"task_type": "CAUSAL_LM", "peft_type": "SHADOW"})
-    assert any("BELOW a trace by about 6%" in n for n in spec.notes)
+    assert any("checkpointed or not" in n for n in spec.notes)
     source = ModelConfigSource(name="llama-384", config=CONFIG, path=None, origin="local")
     shape = apply_peft(build_model_shape(source), spec)
     acts = adapter_activations(shape, spec, adapter_bytes=2, base_bytes=2)
@@ -282,4 +282,4 @@ def test_shadow_under_checkpointing_is_below_the_trace_by_the_said_gap():
         traced += cuda_only_copies(model)
     err = (planned - traced) / traced
     print(f"shadow checkpointed trace {traced:>12,} B  plan {planned:>12,} B  {err:+.3%}")
-    assert SHADOW_CHECKPOINTED_GAP <= err <= 0, (traced, planned)
+    assert abs(err) <= SHADOW_CHECKPOINTED_BOUND, (traced, planned)

@@ -110,11 +110,14 @@ def estimate_activation_bytes(
                         compute_bytes=compute_bytes, adapters=adapters, kernels=kernels, float16=float16)
         if gradient_checkpointing and adapters.side.wraps_blocks:  # the blocks' adapters: outside the checkpoints
             kept = sum(adapters.block_bytes(micro_batch * seq_len, dtype_bytes, samples=micro_batch))
+            if adapters.side.feeds_blocks and adapters.side.base_embedding_frozen:  # the frozen embedding's leaf
+                kept += dtype_bytes * micro_batch * seq_len * arch.hidden_size
             est = replace(est, total_bytes=est.total_bytes + kept,
                           formula=f"{est.formula} + the adapters around the checkpointed blocks {kept:,} B")
         return _with_side(est, adapters.side, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes,
                           attention=attention, linear_saves_frozen_inputs=linear_saves_frozen_inputs,
-                          compute_bytes=compute_bytes, kernels=kernels, float16=float16)
+                          compute_bytes=compute_bytes, kernels=kernels, float16=float16,
+                          gradient_checkpointing=gradient_checkpointing)
     return _estimate(arch, peft, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes,
                      gradient_checkpointing=gradient_checkpointing, attention=attention, keep_outputs=keep_outputs,
                      linear_saves_frozen_inputs=linear_saves_frozen_inputs, target_len=target_len,
@@ -123,20 +126,24 @@ def estimate_activation_bytes(
 
 def _with_side(est: ActivationEstimate, side: SideModel, *, seq_len: int, micro_batch: int, dtype_bytes: int,
                attention: str, linear_saves_frozen_inputs: bool, compute_bytes: int | None, kernels: str,
-               float16: bool) -> ActivationEstimate:
+               float16: bool, gradient_checkpointing: bool = False) -> ActivationEstimate:
     """``est`` with a tuner's side network's blocks (``SideModel``: SHADOW's backbone) counted before the
     model's blocks, as the same model plans any network's blocks, every weight trained; not checkpointed (the
-    model's ``gradient_checkpointing_enable`` does not reach it)."""
+    model's ``gradient_checkpointing_enable`` does not reach it). Under checkpointing transformers'
+    ``enable_input_require_grads`` hook makes every output of the input embedding require grad, the one the side
+    network reads too: its first block's input then trains, and that output is a leaf held until backward."""
+    reads_frozen = not side.input_trains
     side_est = _estimate(side.arch, PeftSpec(method="full"), seq_len=seq_len, micro_batch=micro_batch,
                          dtype_bytes=dtype_bytes, gradient_checkpointing=False, attention=attention,
                          keep_outputs=False, linear_saves_frozen_inputs=linear_saves_frozen_inputs,
                          compute_bytes=compute_bytes, kernels=kernels, float16=float16,
-                         first_input_grad=side.input_trains)
+                         first_input_grad=side.input_trains or gradient_checkpointing)
     t = micro_batch * seq_len
+    leaf = dtype_bytes * t * side.arch.hidden_size if gradient_checkpointing and reads_frozen else 0
     head_in = (compute_bytes or dtype_bytes) * t * side.arch.hidden_size  # a trained head's input: it has none
     blocks = side_est.total_bytes - side_est.embedding_bytes - side_est.head_bytes
     norm = side_est.head_bytes - side_est.logits_bytes - head_in
-    extra = side_est.embedding_bytes + blocks + norm  # its own embeddings' (rotary tables) too
+    extra = side_est.embedding_bytes + blocks + norm + leaf  # its own embeddings' (rotary tables) too
     return replace(est, total_bytes=est.total_bytes + extra, embedding_bytes=est.embedding_bytes + extra,
                    formula=f"{est.formula} + side network {extra:,} B (embeddings {side_est.embedding_bytes:,} + "
                            f"{side.arch.num_layers} blocks {blocks:,} + final norm {norm:,}; {side.note})")

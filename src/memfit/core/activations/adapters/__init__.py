@@ -219,6 +219,9 @@ class SideModel:
     """What its loss or the adapted model's use of its output keeps after them (a second loss's log-softmax)."""
     feeds_blocks: bool = True
     """Its output is added into the adapted model's first block's input: that input requires grad."""
+    base_embedding_frozen: bool = True
+    """The adapted model's input embedding trains nothing (``input_embedding_trains`` false): under checkpointing
+    its output is a leaf that requires grad (``enable_input_require_grads``), held until backward."""
     wraps_blocks: bool = True
     """The adapted blocks' own tensors are outside the module checkpointing recomputes (a ``ShadowLayer`` wraps
     the ``GradientCheckpointingLayer``): they are kept under checkpointing too."""
@@ -381,10 +384,15 @@ def adapter_activations(shape: ModelShape, spec: PeftSpec, *, adapter_bytes: int
         return None
     build_side = sides().get(spec.method)
     side = build_side(shape, spec, base_bytes or adapter_bytes) if build_side is not None else None
+    trains = input_embedding_trains(shape)
+    if side is not None and trains:
+        from dataclasses import replace
+
+        side = replace(side, base_embedding_frozen=False)
     return AdapterActivations(method=spec.method, layers=layers, spec=spec, adapter_bytes=adapter_bytes,
                               autocast_bytes=autocast_bytes, base_bytes=base_bytes, upcast=upcast, blocks=blocks,
                               quantized=quantized, side=side,
-                              embedding_trains=input_embedding_trains(shape) or (side is not None and side.feeds_blocks))
+                              embedding_trains=trains or (side is not None and side.feeds_blocks))
 
 
 INPUT_EMBEDDING_MODULES = (EMBEDDING_LAYER_NAMES - {"relative_attention_bias", "shared"}) | {"embeddings"}
