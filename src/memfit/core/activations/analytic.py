@@ -117,7 +117,7 @@ def estimate_activation_bytes(
         return _with_side(est, adapters.side, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes,
                           attention=attention, linear_saves_frozen_inputs=linear_saves_frozen_inputs,
                           compute_bytes=compute_bytes, kernels=kernels, float16=float16,
-                          gradient_checkpointing=gradient_checkpointing)
+                          gradient_checkpointing=gradient_checkpointing, keep_outputs=keep_outputs)
     return _estimate(arch, peft, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes,
                      gradient_checkpointing=gradient_checkpointing, attention=attention, keep_outputs=keep_outputs,
                      linear_saves_frozen_inputs=linear_saves_frozen_inputs, target_len=target_len,
@@ -126,16 +126,19 @@ def estimate_activation_bytes(
 
 def _with_side(est: ActivationEstimate, side: SideModel, *, seq_len: int, micro_batch: int, dtype_bytes: int,
                attention: str, linear_saves_frozen_inputs: bool, compute_bytes: int | None, kernels: str,
-               float16: bool, gradient_checkpointing: bool = False) -> ActivationEstimate:
+               float16: bool, gradient_checkpointing: bool = False, keep_outputs: bool = True) -> ActivationEstimate:
     """``est`` with a tuner's side network's blocks (``SideModel``: SHADOW's backbone) counted before the
     model's blocks, as the same model plans any network's blocks, every weight trained; not checkpointed (the
     model's ``gradient_checkpointing_enable`` does not reach it). Under checkpointing transformers'
     ``enable_input_require_grads`` hook makes every output of the input embedding require grad, the one the side
-    network reads too: its first block's input then trains, and that output is a leaf held until backward."""
+    network reads too: its first block's input then trains, and that output is a leaf held until backward. Its
+    key/value cache is kept with the outputs as the model's is (SHADOW: ``_compute_initial_shadow_state`` runs the
+    backbone with the config's ``use_cache``, and the ShadowCache holds it), checkpointed or not (the backbone's own
+    forward does not turn it off)."""
     reads_frozen = not side.input_trains
     side_est = _estimate(side.arch, PeftSpec(method="full"), seq_len=seq_len, micro_batch=micro_batch,
                          dtype_bytes=dtype_bytes, gradient_checkpointing=False, attention=attention,
-                         keep_outputs=False, linear_saves_frozen_inputs=linear_saves_frozen_inputs,
+                         keep_outputs=keep_outputs, linear_saves_frozen_inputs=linear_saves_frozen_inputs,
                          compute_bytes=compute_bytes, kernels=kernels, float16=float16,
                          first_input_grad=side.input_trains or gradient_checkpointing)
     t = micro_batch * seq_len

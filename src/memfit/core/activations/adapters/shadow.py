@@ -65,7 +65,7 @@ def shadow_side(shape: ModelShape, spec: PeftSpec, elem: int) -> SideModel:
         after = after + Saved(per_token=V * elem, per_sample=-V * elem, fixed=elem)  # shifted log-softmax, the loss
     return SideModel(arch=arch, input_trains=own_embeddings, before=before, after=after,
                      note="the mirror backbone planned as a fully trained model of its sizes, its input frozen when it reads "
-                           "the base's embeddings (an estimate)")
+                           "the base's embeddings, its key/value cache kept with the outputs")
 
 
 def _base_view(shape: ModelShape) -> ModelShape:

@@ -215,12 +215,12 @@ def shadow(shape: ModelShape, spec: PeftSpec, s: Settings) -> ModelShape:
 TUNER = Tuner(
     peft_type="SHADOW", method="shadow", prefix="shadow_", source="peft/tuners/shadow/config.py, model.py, layers.py",
     build=shadow,
-    note=("SHADOW activations are an estimate, within 0.9% of a trace of the whole model, checkpointed or not "
-          "(tests/trace/test_tuner_activations_vs_trace.py): the wrapped blocks' shadow tensors as peft's layer keeps "
-          "them (kept under checkpointing: the ShadowLayer wraps the checkpointed block), the exit block's partly "
-          "released update graph as measured, the mirror backbone as a fully trained model of its sizes, never "
-          "checkpointed (with eager attention and grouped key/value heads the trace keeps one tokens x (q width - "
-          "k/v width) tensor per backbone layer more than planned)"),
+    note=("SHADOW activations: the wrapped blocks' shadow tensors as peft's layer keeps them (kept under "
+          "checkpointing: the ShadowLayer wraps the checkpointed block), the exit block's update graph partly "
+          "released as measured on peft 0.21.2 (its gate branch stays), the mirror backbone as a fully trained model "
+          "of its sizes, never checkpointed, its key/value cache kept with the outputs (the config's use_cache), and "
+          "the shadow loss's log-softmax; within 0.02% of a trace, checkpointed or not "
+          "(tests/trace/test_tuner_activations_vs_trace.py)"),
     keys=keys(
         target_modules=TARGETS,
         exclude_modules=EXCLUDE,
