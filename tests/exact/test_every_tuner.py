@@ -375,3 +375,19 @@ def test_shadow_head_dim_stored_matches_transformers():
 
     stored = {mt for mt in llama.MODEL_TYPES if transformers.AutoConfig.for_model(mt).to_dict().get("head_dim") is not None}
     assert stored == set(HEAD_DIM_STORED)
+
+
+def test_shadow_sequence_classifier_equals_peft(tmp_path):
+    """SHADOW under SEQ_CLS: the classifier's trained copy in modules_to_save and a trained shadow_head.default (a
+    deep copy of ``score`` made before the wrapping), after the backbone, as peft builds them."""
+    _, config_name, kwargs = MODELS["llama"]
+    config = getattr(transformers, config_name)(**kwargs, num_labels=3, pad_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForSequenceClassification.from_config(config)
+    peft.ShadowConfig(task_type="SEQ_CLS").save_pretrained(str(tmp_path))
+    ours = apply_peft(_shape_of(model), load_adapter_config(tmp_path))
+    real = peft.get_peft_model(model, peft.ShadowConfig(task_type="SEQ_CLS"))
+    assert ours.params == named_param_specs(real)
+    assert ours.trainable_params == sum(p.numel() for p in real.parameters() if p.requires_grad)
+    assert any(p.name.startswith("base_model.shadow_head.default.") for p in ours.params)
+
