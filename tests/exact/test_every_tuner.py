@@ -46,6 +46,9 @@ MODELS = {
                    dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                         num_key_value_heads=2, head_dim=16, tie_word_embeddings=False, attention_bias=True, mlp_bias=True)),
     "gpt2": ("AutoModelForCausalLM", "GPT2Config", dict(vocab_size=96, n_embd=64, n_layer=2, n_head=4, n_positions=64)),
+    "qwen2": ("AutoModelForCausalLM", "Qwen2Config",  # per-layer layer_types and max_window_layers (SHADOW's mirror)
+              dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                   num_key_value_heads=2, tie_word_embeddings=True, use_sliding_window=True, max_window_layers=2)),
 }
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -132,6 +135,15 @@ CASES: dict[str, dict[str, list[dict]]] = {
     "ADAMSS": {"llama": [{}, {"target_modules": ALL, "r": 40, "num_subspaces": 3, "use_dynamic_rank": True},
                          {"target_modules": ["q_proj", "down_proj"], "num_subspaces": 100, "layers_to_transform": [1]}],
                "llama-bias": [{"target_modules": ALL, "r": 200, "num_subspaces": 7}]},
+    # SHADOW: the mirror backbone default (1 layer, the base's embeddings shared), deeper, resized (a projection, its
+    # own embed_tokens), GPT-2's (its wte and wpe are not embed_tokens: they stay and train), some blocks only
+    "SHADOW": {"llama": [{}, {"shadow_num_hidden_layers": 2, "r": 4, "update_hidden_size": 12},
+                         {"shadow_hidden_size": 32, "shadow_num_attention_heads": 2, "shadow_intermediate_size": 48,
+                          "r": 4, "modules_to_save": ["lm_head"]},
+                         {"target_modules": ["model.layers.1"], "shadow_dropout": 0.0, "share_embeddings": False}],
+               "llama-bias": [{"shadow_intermediate_size": 40}],
+               "gpt2": [{}, {"shadow_hidden_size": 32, "shadow_num_hidden_layers": 2}],
+               "qwen2": [{}, {"shadow_num_hidden_layers": 4, "shadow_hidden_size": 48, "shadow_num_attention_heads": 2}]},
     "ROAD": {"llama": [{"group_size": 16}, {"target_modules": ALL, "group_size": 32, "variant": "road_2"},
                        {"target_modules": ALL, "group_size": 16, "variant": "road_4"}]},
     # XLORA: "adapters" lists names of EXPERTS, saved by peft into tmp_path first (_save_experts); "./" names one
@@ -169,7 +181,8 @@ def _shape_of(model: torch.nn.Module) -> ModelShape:
                     num_heads=heads, num_kv_heads=getattr(c, "num_key_value_heads", None) or heads,
                     head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
                     intermediate_size=getattr(c, "intermediate_size", 0) or 0, vocab_size=c.vocab_size)
-    return ModelShape(name=c.model_type, architecture=type(model).__name__, arch=arch, params=named_param_specs(model))
+    return ModelShape(name=c.model_type, architecture=type(model).__name__, arch=arch, params=named_param_specs(model),
+                      config=c.to_dict())  # SHADOW's mirror backbone is built from it
 
 
 _DTYPES = {torch.float32: "fp32", torch.int64: "int64", torch.int32: "int32", torch.bool: "bool",
@@ -199,10 +212,6 @@ def _cases():
 NOT_PLANNED = frozenset({
     # peft 0.21.2 tuners memfit does not plan yet (issue 21 item 1, not done): each is refused in one line
     # naming it (test_unplanned_tuners_are_refused_in_one_line); planning one means removing it here.
-    # SHADOW: a second transformer (the shadow backbone, built from the base config or loaded from shadow_model)
-    # rides the decoder loop, and its auxiliary loss runs the LM head again (a second logits tensor): memfit builds
-    # neither the backbone's parameters nor its activations yet
-    "SHADOW",
 })
 
 
@@ -420,3 +429,56 @@ def test_xlora_expert_must_be_lora(tmp_path):
                                      "adapters": {"0": str(expert)}})
     with pytest.raises(MemfitError, match=r"is not a LoRA adapter \(peft_type 'IA3'\)"):
         load_adapter_config(folder)
+
+
+def test_shadow_refusals_name_the_key(tmp_path):
+    """SHADOW: a shadow_model checkpoint (path or hub id: its sizes are in files memfit is not given), a target that is
+    not a decoder block and non-contiguous blocks are refused in one line; peft builds the last two, but a ShadowLayer
+    around a Linear, or a gap between wrapped blocks, hands a ShadowCarrier to a module that cannot take it."""
+    from memfit.errors import MemfitError
+
+    raw = {"peft_type": "SHADOW", "task_type": "CAUSAL_LM", "shadow_model": "shadow-llm/Qwen3-0.6B-H8B"}
+    with pytest.raises(MemfitError, match=r"SHADOW setting shadow_model='shadow-llm/Qwen3-0.6B-H8B' is not modelled "
+                                          r"by memfit \(a shadow_model checkpoint") as err:
+        load_adapter_config(_write(tmp_path / "ckpt", raw))
+    assert "\n" not in str(err.value)
+    auto_name, config_name, kwargs = MODELS["llama"]
+    three = _shape_of(getattr(transformers, auto_name).from_config(
+        getattr(transformers, config_name)(**{**kwargs, "num_hidden_layers": 3})))
+    for name, targets, message in (("linear", ["q_proj"], r"SHADOW target 'model.layers.0.self_attn.q_proj' is not a "
+                                                          r"decoder block \(model.layers.<i>\)"),
+                                   ("gap", ["model.layers.0", "model.layers.2"], r"SHADOW targets model.layers.0, "
+                                                                                 r"model.layers.2 are not contiguous"),
+                                   ("heads", None, r"SHADOW shadow_num_attention_heads=3 is not a multiple of the "
+                                                   r"base's num_key_value_heads=2")):
+        raw = {"peft_type": "SHADOW", "task_type": "CAUSAL_LM"}
+        raw.update({"target_modules": targets} if targets else {"shadow_num_attention_heads": 3})
+        spec = load_adapter_config(_write(tmp_path / name, raw))
+        with pytest.raises(MemfitError, match=message) as err:
+            apply_peft(three, spec)
+        assert "\n" not in str(err.value)
+
+
+def test_shadow_head_dim_stored_matches_transformers():
+    """SHADOW's resized mirror keeps the base's head_dim exactly where the config class stored it."""
+    from memfit.core.families import llama
+    from memfit.core.peft.tuners.shadow import HEAD_DIM_STORED
+
+    stored = {mt for mt in llama.MODEL_TYPES if transformers.AutoConfig.for_model(mt).to_dict().get("head_dim") is not None}
+    assert stored == set(HEAD_DIM_STORED)
+
+
+def test_shadow_sequence_classifier_equals_peft(tmp_path):
+    """SHADOW under SEQ_CLS: the classifier's trained copy in modules_to_save and a trained shadow_head.default (a
+    deep copy of ``score`` made before the wrapping), after the backbone, as peft builds them."""
+    _, config_name, kwargs = MODELS["llama"]
+    config = getattr(transformers, config_name)(**kwargs, num_labels=3, pad_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForSequenceClassification.from_config(config)
+    peft.ShadowConfig(task_type="SEQ_CLS").save_pretrained(str(tmp_path))
+    ours = apply_peft(_shape_of(model), load_adapter_config(tmp_path))
+    real = peft.get_peft_model(model, peft.ShadowConfig(task_type="SEQ_CLS"))
+    assert ours.params == named_param_specs(real)
+    assert ours.trainable_params == sum(p.numel() for p in real.parameters() if p.requires_grad)
+    assert any(p.name.startswith("base_model.shadow_head.default.") for p in ours.params)
+

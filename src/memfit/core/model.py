@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import field, replace
 from types import MappingProxyType
+from typing import Any
 
 from memfit.core.lean_dataclass import dataclass
 
@@ -234,6 +235,10 @@ class ModelShape:
     source: str = "pure"
     """``pure``: memfit's family builder; ``meta``: read from a meta-device build of the
     transformers class (a model_type without a pure builder)."""
+    config: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    """The parsed config.json the shape was built from (``core.shapes.build_model_shape`` sets it; None when
+    not known). Not compared or hashed: the params and buffers are the shape. Read by a tuner that builds a
+    second model from the base's config (SHADOW's mirror backbone, ``core.peft.tuners.shadow``)."""
 
     @property
     def total_params(self) -> int:

@@ -66,6 +66,10 @@ def build_model_shape(
         note = (f"config.json names custom code (auto_map); transformers ships model_type {source.model_type!r}, "
                 f"so without --trust-remote-code it builds {shape.architecture}, as memfit plans it")
         shape = replace(shape, notes=(*shape.notes, note))
+    if shape.config is None:
+        from dataclasses import replace
+
+        shape = replace(shape, config=config)
     return shape
 
 

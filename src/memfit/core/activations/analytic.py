@@ -40,8 +40,10 @@ Bytes are per GPU; ``dtype_bytes`` is the training dtype's element size.
 
 from __future__ import annotations
 
-from memfit.core.activations.adapters import (AdapterActivations, first_block_adapters, first_block_input_trains,
-                                              first_block_qk_grads)
+from dataclasses import replace
+
+from memfit.core.activations.adapters import (AdapterActivations, SideModel, first_block_adapters,
+                                              first_block_input_trains, first_block_qk_grads)
 from memfit.core.activations.common import CAUSAL_LM_LOSS, _attention_bytes, _lora_targets
 from memfit.core.activations.estimate import ActivationEstimate, LayerGroup
 from memfit.core.activations.kernels import KERNEL_SETS
@@ -101,6 +103,73 @@ def estimate_activation_bytes(
         raise MemfitError(f"kernels must be one of {', '.join(KERNEL_SETS)}, got {kernels!r}")
     if float16 and dtype_bytes != 2:
         raise MemfitError(f"float16 says the residual stream is 2-byte float16, got dtype_bytes {dtype_bytes}")
+    if adapters is not None and adapters.side is not None:
+        est = _estimate(arch, peft, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes,
+                        gradient_checkpointing=gradient_checkpointing, attention=attention, keep_outputs=keep_outputs,
+                        linear_saves_frozen_inputs=linear_saves_frozen_inputs, target_len=target_len,
+                        compute_bytes=compute_bytes, adapters=adapters, kernels=kernels, float16=float16)
+        if gradient_checkpointing and adapters.side.wraps_blocks:  # the blocks' adapters: outside the checkpoints
+            kept = sum(adapters.block_bytes(micro_batch * seq_len, dtype_bytes, samples=micro_batch))
+            if adapters.side.feeds_blocks and adapters.side.base_embedding_frozen:  # the frozen embedding's leaf
+                kept += dtype_bytes * micro_batch * seq_len * arch.hidden_size
+            est = replace(est, total_bytes=est.total_bytes + kept,
+                          formula=f"{est.formula} + the adapters around the checkpointed blocks {kept:,} B")
+        return _with_side(est, adapters.side, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes,
+                          attention=attention, linear_saves_frozen_inputs=linear_saves_frozen_inputs,
+                          compute_bytes=compute_bytes, kernels=kernels, float16=float16,
+                          gradient_checkpointing=gradient_checkpointing, keep_outputs=keep_outputs)
+    return _estimate(arch, peft, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes,
+                     gradient_checkpointing=gradient_checkpointing, attention=attention, keep_outputs=keep_outputs,
+                     linear_saves_frozen_inputs=linear_saves_frozen_inputs, target_len=target_len,
+                     compute_bytes=compute_bytes, adapters=adapters, kernels=kernels, float16=float16)
+
+
+def _with_side(est: ActivationEstimate, side: SideModel, *, seq_len: int, micro_batch: int, dtype_bytes: int,
+               attention: str, linear_saves_frozen_inputs: bool, compute_bytes: int | None, kernels: str,
+               float16: bool, gradient_checkpointing: bool = False, keep_outputs: bool = True) -> ActivationEstimate:
+    """``est`` with a tuner's side network's blocks (``SideModel``: SHADOW's backbone) counted before the
+    model's blocks, as the same model plans any network's blocks, every weight trained; not checkpointed (the
+    model's ``gradient_checkpointing_enable`` does not reach it). Under checkpointing transformers'
+    ``enable_input_require_grads`` hook makes every output of the input embedding require grad, the one the side
+    network reads too: its first block's input then trains, and that output is a leaf held until backward. Its
+    key/value cache is kept with the outputs as the model's is (SHADOW: ``_compute_initial_shadow_state`` runs the
+    backbone with the config's ``use_cache``, and the ShadowCache holds it), checkpointed or not (the backbone's own
+    forward does not turn it off)."""
+    reads_frozen = not side.input_trains
+    side_est = _estimate(side.arch, PeftSpec(method="full"), seq_len=seq_len, micro_batch=micro_batch,
+                         dtype_bytes=dtype_bytes, gradient_checkpointing=False, attention=attention,
+                         keep_outputs=keep_outputs, linear_saves_frozen_inputs=linear_saves_frozen_inputs,
+                         compute_bytes=compute_bytes, kernels=kernels, float16=float16,
+                         first_input_grad=side.input_trains or gradient_checkpointing)
+    t = micro_batch * seq_len
+    leaf = dtype_bytes * t * side.arch.hidden_size if gradient_checkpointing and reads_frozen else 0
+    head_in = (compute_bytes or dtype_bytes) * t * side.arch.hidden_size  # a trained head's input: it has none
+    blocks = side_est.total_bytes - side_est.embedding_bytes - side_est.head_bytes
+    norm = side_est.head_bytes - side_est.logits_bytes - head_in
+    extra = side_est.embedding_bytes + blocks + norm + leaf  # its own embeddings' (rotary tables) too
+    return replace(est, total_bytes=est.total_bytes + extra, embedding_bytes=est.embedding_bytes + extra,
+                   formula=f"{est.formula} + side network {extra:,} B (embeddings {side_est.embedding_bytes:,} + "
+                           f"{side.arch.num_layers} blocks {blocks:,} + final norm {norm:,}; {side.note})")
+
+
+def _estimate(
+    arch: ArchSpec,
+    peft: PeftSpec,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    dtype_bytes: int,
+    gradient_checkpointing: bool = False,
+    attention: str = "sdpa",
+    keep_outputs: bool = True,
+    linear_saves_frozen_inputs: bool = False,
+    target_len: int | None = None,
+    compute_bytes: int | None = None,
+    adapters: AdapterActivations | None = None,
+    kernels: str = "cuda",
+    float16: bool = False,
+    first_input_grad: bool | None = None,
+) -> ActivationEstimate:
     if arch.layout is not None:
         from memfit.core.activations.layout import estimate_from_layout
 
@@ -108,7 +177,7 @@ def estimate_activation_bytes(
                                     gradient_checkpointing=gradient_checkpointing, attention=attention,
                                     keep_outputs=keep_outputs, linear_saves_frozen_inputs=linear_saves_frozen_inputs,
                                     target_len=target_len, compute_bytes=compute_bytes, adapters=adapters,
-                                    kernels=kernels, float16=float16)
+                                    kernels=kernels, float16=float16, first_input_grad=first_input_grad)
     method = peft.method
     fam = _FAMILY.get(arch.model_type, "llama" if arch.mlp_kind == "gated" else "gpt2")
     D = dtype_bytes
@@ -135,6 +204,8 @@ def estimate_activation_bytes(
     lora_r = (max(adapters.block_bytes(t, D, samples=b), default=0) if adapters is not None else
               sum(1 for _ in targets) * D * t * peft.lora_r if method == "lora" else 0)
     grad_into_first = full or first_block_input_trains(peft, adapters)  # prompt tokens, a trained embedding
+    if first_input_grad is not None:  # a side network's blocks: every weight trains, its input may not
+        grad_into_first = first_input_grad
     qk_grads = first_block_qk_grads(adapters, targets, peft)  # first layer, frozen embeddings
     # transformers turns the cache off under checkpointing; a method may need it off (AdapterActivations.kv_cache)
     cache = keep_outputs and not gradient_checkpointing and (adapters is None or adapters.kv_cache)

@@ -38,7 +38,7 @@ def estimate_from_layout(
     arch: ArchSpec, peft: PeftSpec, *, seq_len: int, micro_batch: int, dtype_bytes: int,
     gradient_checkpointing: bool, attention: str, keep_outputs: bool, linear_saves_frozen_inputs: bool,
     target_len: int | None, compute_bytes: int | None = None, adapters: AdapterActivations | None = None,
-    kernels: str = "cuda", float16: bool = False,
+    kernels: str = "cuda", float16: bool = False, first_input_grad: bool | None = None,
 ) -> ActivationEstimate:
     L = arch.layout
     method = peft.method
@@ -80,6 +80,8 @@ def estimate_from_layout(
             attention=attention, r=peft.lora_r if method == "lora" else 0, kernels=kernels,
             float16=float16)
     grad_first = full or first_block_input_trains(peft, adapters)  # prompt tokens, a trained embedding
+    if first_input_grad is not None:  # a side network's blocks (analytic._with_side): every weight trains
+        grad_first = first_input_grad
     # decoder tokens: the target's (peft 0.21's PeftModelForSeq2SeqLM.forward prepends prompt tuning's
     # virtual tokens to the encoder's inputs only, whatever num_transformer_submodules says)
     s_dec = target_len or seq_len

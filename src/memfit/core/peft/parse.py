@@ -251,10 +251,6 @@ def _as_peft_reads_it(raw: Mapping[str, Any], method: str) -> None:
 
 
 NOT_PLANNABLE: dict[str, str] = {
-    "SHADOW": "it adds a second transformer, the shadow backbone (shadow_model 'mirror': the base's decoder resized by "
-              "shadow_num_hidden_layers/shadow_hidden_size/..., or a checkpoint; peft 0.21.2 tuners/shadow/model.py:"
-              "353-412), run beside every decoder layer through hooks, and an auxiliary loss that runs the LM head "
-              "again; memfit plans neither the backbone's parameters nor its activations yet",
 }
 """peft tuners memfit cannot plan from the config and the model's shapes, with why."""
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 from memfit.core.lean_dataclass import dataclass
-from memfit.core.model import ModelShape
+from memfit.core.model import ArchSpec, ModelShape
 from memfit.core.peft.modules import CONV1D_LAYER_NAMES, CONV1D_MODEL_TYPES, EMBEDDING_LAYER_NAMES
 from memfit.core.peft.spec import PeftSpec
 from memfit.core.quant_kernels import BnbRelease
@@ -150,9 +150,9 @@ def out_elem(ctx: DtypeContext) -> int:
 def formulas() -> Mapping[str, Formula]:
     """memfit method -> the formula of one adapted layer. Its three modules are imported on the first
     adapted layer (a plan with none, full fine-tuning or prompt/prefix tuning, imports none of them)."""
-    from memfit.core.activations.adapters import lora, others, recent, xlora
+    from memfit.core.activations.adapters import lora, others, recent, shadow, xlora
 
-    return MappingProxyType({**lora.FORMULAS, **others.FORMULAS, **recent.FORMULAS, **xlora.FORMULAS})
+    return MappingProxyType({**lora.FORMULAS, **others.FORMULAS, **recent.FORMULAS, **shadow.FORMULAS, **xlora.FORMULAS})
 
 
 @functools.cache
@@ -171,6 +171,17 @@ def model_formulas() -> Mapping[str, Callable[["AdapterActivations", DtypeContex
     from memfit.core.activations.adapters import xlora
 
     return MappingProxyType(dict(xlora.MODEL_FORMULAS))
+
+
+SideBuilder = Callable[[ModelShape, PeftSpec, int], "SideModel | None"]
+
+
+@functools.cache
+def sides() -> Mapping[str, SideBuilder]:
+    """memfit method -> the ``SideModel`` it runs (``side(shape, spec, dtype_bytes)``), for the tuners that run one."""
+    from memfit.core.activations.adapters import shadow
+
+    return MappingProxyType(dict(shadow.SIDES))
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +222,32 @@ class Quantization:
 
 
 @dataclass(frozen=True, slots=True)
+class SideModel:
+    """A second network a tuner runs in the forward beside the adapted model (SHADOW's shadow backbone): its
+    blocks are planned by the same activation model as any model's (``analytic.estimate_activation_bytes``), its
+    own embeddings and head are not (it has none of its own here, or they are in ``before``)."""
+
+    arch: ArchSpec
+    """Its architecture (``num_layers`` blocks), every weight trained."""
+    input_trains: bool
+    """Its first block's input requires grad (its own trained embeddings)."""
+    before: Saved = Saved()
+    """What it keeps beside its blocks, before the adapted model's blocks (a projection's input)."""
+    after: Saved = Saved()
+    """What its loss or the adapted model's use of its output keeps after them (a second loss's log-softmax)."""
+    feeds_blocks: bool = True
+    """Its output is added into the adapted model's first block's input: that input requires grad."""
+    base_embedding_frozen: bool = True
+    """The adapted model's input embedding trains nothing (``input_embedding_trains`` false): under checkpointing
+    its output is a leaf that requires grad (``enable_input_require_grads``), held until backward."""
+    wraps_blocks: bool = True
+    """The adapted blocks' own tensors are outside the module checkpointing recomputes (a ``ShadowLayer`` wraps
+    the ``GradientCheckpointingLayer``): they are kept under checkpointing too."""
+    note: str = ""
+    """What the plan says about it (where it is an estimate)."""
+
+
+@dataclass(frozen=True, slots=True)
 class AdapterActivations:
     """The adapted layers of a model and what each keeps, for a given dtype context; and what the
     base's quantized layers keep (``quantized``)."""
@@ -228,6 +265,8 @@ class AdapterActivations:
     embedding_trains: bool = False
     """A module before the first block trains (``input_embedding_trains``): the first block's input needs a
     gradient, so that block keeps what the later ones keep."""
+    side: SideModel | None = None
+    """A second network the tuner runs beside the model (``SideModel``; ``sides()``)."""
 
     @property
     def kv_cache(self) -> bool:
@@ -294,6 +333,9 @@ class AdapterActivations:
                 before += n
             else:
                 after += n
+        if self.side is not None:
+            before += self.side.before.bytes(tokens, samples)
+            after += self.side.after.bytes(tokens, samples)
         return before, after
 
 
@@ -310,7 +352,7 @@ def adapted_layers(shape: ModelShape) -> tuple[AdaptedLayer, int]:
     order: dict[str, int] = {}
     for p in shape.params:
         m = _BLOCK.match(_plain(p.name) + ".")
-        if m and not p.name.startswith("prompt_encoder."):
+        if m and not p.name.startswith("prompt_encoder.") and _in_model(p.name):
             order.setdefault(m.group(1) + m.group(2), len(order))
     blocks = len(order)
     mods: dict[str, dict] = {}
@@ -357,6 +399,12 @@ def _plain(name: str) -> str:
     return name.removeprefix(ROOT).removeprefix("base_model.")
 
 
+def _in_model(name: str) -> bool:
+    """Not a tuner-level module (``base_model.<x>`` beside ``base_model.model``: SHADOW's ``shadow_backbone``,
+    whose own ``layers.<i>`` are not the model's blocks)."""
+    return not name.startswith("base_model.") or name.startswith(ROOT)
+
+
 def adapter_activations(shape: ModelShape, spec: PeftSpec, *, adapter_bytes: int, autocast_bytes: int = 0,
                         base_bytes: int = 0, upcast: bool = False,
                         quantized: Quantization | None = None) -> AdapterActivations | None:
@@ -367,9 +415,17 @@ def adapter_activations(shape: ModelShape, spec: PeftSpec, *, adapter_bytes: int
     layers, blocks = adapted_layers(shape)
     if not layers and quantized is None:
         return None
+    build_side = sides().get(spec.method)
+    side = build_side(shape, spec, base_bytes or adapter_bytes) if build_side is not None else None
+    trains = input_embedding_trains(shape)
+    if side is not None and trains:
+        from dataclasses import replace
+
+        side = replace(side, base_embedding_frozen=False)
     return AdapterActivations(method=spec.method, layers=layers, spec=spec, adapter_bytes=adapter_bytes,
                               autocast_bytes=autocast_bytes, base_bytes=base_bytes, upcast=upcast, blocks=blocks,
-                              quantized=quantized, embedding_trains=input_embedding_trains(shape))
+                              quantized=quantized, side=side,
+                              embedding_trains=trains or (side is not None and side.feeds_blocks))
 
 
 INPUT_EMBEDDING_MODULES = (EMBEDDING_LAYER_NAMES - {"relative_attention_bias", "shared"}) | {"embeddings"}
@@ -390,7 +446,8 @@ def input_embedding_trains(shape: ModelShape) -> bool:
     input: the first block keeps what the later ones keep (prompt encoders run before the embedding and
     prepend their own tokens: ``PeftSpec.prompt_tokens``)."""
     for p in shape.params:
-        if not p.trainable or p.name.startswith("prompt_encoder.") or ".prompt_encoder." in p.name:
+        if not p.trainable or p.name.startswith("prompt_encoder.") or ".prompt_encoder." in p.name or \
+                not _in_model(p.name):
             continue
         plain = _plain(p.name)
         if _BLOCK.match(plain + "."):

@@ -56,6 +56,7 @@ _WHERE: tuple[tuple[str, str, str, str, str], ...] = (
     ("poly", "POLY", "poly_", "poly", "TUNER"),
     ("adamss", "ADAMSS", "adamss_", "adamss", "TUNER"),
     ("xlora", "XLORA", "internal_xlora_classifier", "xlora", "TUNER"),
+    ("shadow", "SHADOW", "shadow_", "shadow", "TUNER"),
 )
 """Every tuner, in the order ``TUNERS`` lists them: its memfit method name, its peft ``PeftType`` value,
 its ``prefix`` (``Tuner.prefix``: the name part of the parameters it adds, "" for none), its module under ``memfit.core.peft.tuners`` and the module's name for its ``Tuner``. Only the module of
