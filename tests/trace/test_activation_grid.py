@@ -210,6 +210,24 @@ def test_the_plan_labels_the_cells_the_grid_finds_off():
 def test_the_plan_of_an_off_cell_carries_its_label(kind, tmp_path):
     """``memfit plan`` of each kind's first cell (the grid's config, the torch loop) labels its activations
     with the kind's reason and gap; the same plan in a precision of no kind is not labelled."""
+    _check_label(kind, tmp_path)
+
+
+def test_the_label_follows_off_kinds(monkeypatch, tmp_path):
+    """The label's path (``off_kind`` -> ``core.findings.activations``) while ``OFF_KINDS`` is empty: a kind
+    written here (not a measurement; the grid's cells of it are within the tolerance) is labelled as a
+    recorded one would be."""
+    from memfit.core.activations import unreached
+
+    kind = OffKind(name="written-by-the-test", model_types=("mt5", "umt5"), precisions=("bf16",), method="lora",
+                   task="seq2seq-lm", checkpointing=True,
+                   measured=(("mt5-bf16-lora-gcTrue", -0.01), ("umt5-bf16-lora-gcTrue", -0.02)),
+                   reason="a kind this test writes")
+    monkeypatch.setattr(unreached, "OFF_KINDS", (kind,))
+    _check_label(kind, tmp_path)
+
+
+def _check_label(kind: OffKind, tmp_path) -> None:
     import json
 
     from memfit.core.plan import make_plan
