@@ -127,10 +127,14 @@ def estimate_from_layout(
         raise AssertionError(L.family)
 
     t_out = b * s_dec if L.family == "t5" and arch.num_encoder_layers else t
+    # the input embedding's weight trains (its backward then saves the token ids it gathered)
+    embed_trains = full or (adapters.embedding_trains if adapters is not None else
+                            peft.prompt_tokens == 0 and first_block_input_trains(peft, None))
     embed = _embedding_bytes(arch, c, grad_first or gradient_checkpointing,
-                             leaf=gradient_checkpointing and not grad_first)
+                             leaf=gradient_checkpointing and not grad_first, embed_trains=embed_trains,
+                             t_dec=b * s_dec)
     hd = _head_bytes(arch, c if head_c == C else _ctx_copy(c, C=head_c, amp=head_c != D), t_out,
-                     keep_outputs=keep_outputs)
+                     keep_outputs=keep_outputs, checkpointing=gradient_checkpointing)
     head, logits = hd.head, hd.logits
     if adapters is not None:  # adapted (or quantized) embeddings and heads, outside the blocks
         before, after = adapters.outside_bytes(t, D, samples=b)
@@ -274,12 +278,14 @@ def _t5_groups(arch: ArchSpec, c: Ctx, target_len: int, lora: int, *, grad_first
     return groups, enc0, extra
 
 
-def _embedding_bytes(arch: ArchSpec, c: Ctx, grad_in: bool, *, leaf: bool = False) -> int:
+def _embedding_bytes(arch: ArchSpec, c: Ctx, grad_in: bool, *, leaf: bool = False, embed_trains: bool = False,
+                     t_dec: int = 0) -> int:
     """Rotary tables, embedding dropout and the like (before the first layer). ``leaf``: checkpointing
     over frozen embeddings, where ``enable_input_require_grads`` makes the word embeddings' output a
-    leaf that requires grad (its AccumulateGrad node holds it until backward)."""
+    leaf that requires grad (its AccumulateGrad node holds it until backward). ``embed_trains``: the
+    input embedding's weight trains; ``t_dec``: an encoder-decoder's decoder tokens."""
     L = arch.layout
-    D, t, s, h, b = c.D, c.t, c.s, c.h, c.b
+    D, t, s, h = c.D, c.t, c.s, c.h
     if L.family == "llama":
         if L.moe_kind == "llama4":
             return 4 * s * arch.head_dim  # complex64 frequencies (s x head_dim / 2 x 8 B)
@@ -300,8 +306,11 @@ def _embedding_bytes(arch: ArchSpec, c: Ctx, grad_in: bool, *, leaf: bool = Fals
         return n + ((16 if arch.model_type == "roberta" else 8) * t if c.full else 0)
     if L.family == "t5":  # embedding dropout masks (their outputs are block 0's inputs, counted there)
         n = t * h if L.hidden_dropout > 0 and grad_in else 0
-        if arch.num_encoder_layers:
-            n += 8 * b * s  # decoder_input_ids (labels shifted right)
+        n += D * t * h if leaf else 0  # the encoder's embed_tokens output (the decoder's: with the head)
+        if arch.num_encoder_layers and embed_trains:
+            # decoder_input_ids (the labels shifted right, int64): the embedding's backward saves the ids
+            # only when its weight needs a gradient (derivatives.yaml embedding: indices for weight's grad)
+            n += 8 * t_dec
         return n
     return 0
 
@@ -340,8 +349,9 @@ _DTYPE_LOSS = {  # model_type -> the head's CrossEntropyLoss on the dtype logits
 _TOKEN_LOSS = f"{_LOSS_FILE}:ForTokenClassification (logits.float(); fixed_cross_entropy) (transformers 5.24)"
 
 
-def _head_bytes(arch: ArchSpec, c: Ctx, t_out: int, *, keep_outputs: bool) -> _Head:
-    """The head's and the loss's bytes for the task (see ``_Head``)."""
+def _head_bytes(arch: ArchSpec, c: Ctx, t_out: int, *, keep_outputs: bool, checkpointing: bool = False) -> _Head:
+    """The head's and the loss's bytes for the task (see ``_Head``); ``checkpointing``: gradient
+    checkpointing is on (an encoder-decoder's decoder embeddings then need a gradient)."""
     L = arch.layout
     D, C, h, V = c.D, c.C, c.h, arch.vocab_size
     task = arch.task
@@ -369,7 +379,13 @@ def _head_bytes(arch: ArchSpec, c: Ctx, t_out: int, *, keep_outputs: bool) -> _H
             n += _t5_norm(c) + (te * h if L.hidden_dropout > 0 else 0)
             # (the outputs hold it too: Seq2SeqLMOutput.encoder_last_hidden_state)
             n += D * te * h if keep_outputs or (not c.amp and c.trains("k", "v")) else 0
-            n += t * h if L.hidden_dropout > 0 and c.full else 0  # the decoder's embedding dropout mask
+            # the decoder's embedding output needs a gradient when the embeddings train, and under
+            # checkpointing over frozen ones: enable_input_require_grads hooks every stack's embed_tokens
+            # (transformers modeling_utils.py PreTrainedModel.enable_input_require_grads, called by
+            # _activation_checkpointing_enable), so the decoder's embedding dropout keeps its mask, and the
+            # hook's requires_grad_ makes the output a leaf its AccumulateGrad node holds until backward
+            n += t * h if L.hidden_dropout > 0 and (c.full or checkpointing) else 0
+            n += D * t * h if checkpointing and not c.full else 0
     elif L.family == "bert" and task in _LM_TASKS:
         n += lin_in(c, t * h, "dense")  # the last layer's output: the transform dense's input
     elif L.family == "bert" and task != "token-classification" and not _roberta_head(arch) and not (
