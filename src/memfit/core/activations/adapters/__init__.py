@@ -400,9 +400,17 @@ def _plain(name: str) -> str:
 
 
 def _in_model(name: str) -> bool:
-    """Not a tuner-level module (``base_model.<x>`` beside ``base_model.model``: SHADOW's ``shadow_backbone``,
-    whose own ``layers.<i>`` are not the model's blocks)."""
-    return not name.startswith("base_model.") or name.startswith(ROOT)
+    """Not in a side network a tuner runs beside the model (``side_prefixes``: SHADOW's ``shadow_backbone``, whose
+    own ``layers.<i>`` are not the model's blocks). X-LoRA's base, ``base_model.lora_model.model.``, is the model."""
+    return not name.startswith(side_prefixes())
+
+
+@functools.cache
+def side_prefixes() -> tuple[str, ...]:
+    """Where the side networks of ``sides()`` keep their parameters (each module's ``SIDE_PREFIXES``)."""
+    from memfit.core.activations.adapters import shadow
+
+    return tuple(shadow.SIDE_PREFIXES)
 
 
 def adapter_activations(shape: ModelShape, spec: PeftSpec, *, adapter_bytes: int, autocast_bytes: int = 0,

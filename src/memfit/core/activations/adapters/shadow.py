@@ -79,3 +79,5 @@ def _base_view(shape: ModelShape) -> ModelShape:
 
 FORMULAS = {"shadow": shadow_block}
 SIDES = {"shadow": shadow_side}
+SIDE_PREFIXES = ("base_model.shadow_backbone.",)
+"""Where peft puts the backbone's parameters (``ShadowModel._init_shadow_backbone``): not the model's blocks."""
