@@ -132,5 +132,19 @@ PEFT_TUNER_MUTATIONS: tuple[Mutation, ...] = (
              'ParamSpec(f"base_model.model.{module}.adaption_gate", (1,))',
              'ParamSpec(f"base_model.model.{module}.adaption_gate", (shape.arch.hidden_size,))', PEFT_TUNERS,
              "the adaption prompt's gate as a vector per hidden unit (peft: one scalar per layer)"),
+    Mutation("xlora-layerwise-ignored", "peft", T + "xlora.py",
+             'classes = n_experts * n_layers if s["layerwise_scalings"] else n_experts', "classes = n_experts",
+             PEFT_TUNERS, "X-LoRA's classifier output one scaling per expert even with layerwise_scalings (peft: "
+             "one per expert and layer)"),
+    Mutation("xlora-dropout-takes-no-index", "peft", T + "xlora.py",
+             'per_hidden = 3 if s["xlora_dropout_p"] > 0.0 else 2', "per_hidden = 2", PEFT_TUNERS,
+             "X-LoRA's classifier numbered as if Dropout held no index in nn.Sequential"),
+    Mutation("shadow-embeddings-always-kept", "peft", T + "shadow.py",
+             'if not (share and p.name.startswith("embed_tokens."))]', "]", PEFT_TUNERS,
+             "SHADOW's backbone keeps its own embed_tokens when share_embeddings drops them"),
+    Mutation("shadow-projection-transposed", "peft", T + "shadow.py",
+             '(f"{TUNER_ROOT}shadow_projection.{ADAPTER_NAME}.weight", (d, shadow_hidden), True)',
+             '(f"{TUNER_ROOT}shadow_projection.{ADAPTER_NAME}.weight", (shadow_hidden, d), True)', PEFT_TUNERS,
+             "SHADOW's projection from the backbone's width with its dimensions swapped"),
 )
 """PEFT tuners (src/memfit/core/peft/tuners/)."""
