@@ -103,25 +103,23 @@ def estimate_activation_bytes(
         raise MemfitError(f"kernels must be one of {', '.join(KERNEL_SETS)}, got {kernels!r}")
     if float16 and dtype_bytes != 2:
         raise MemfitError(f"float16 says the residual stream is 2-byte float16, got dtype_bytes {dtype_bytes}")
-    if adapters is not None and adapters.side is not None:
-        est = _estimate(arch, peft, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes,
-                        gradient_checkpointing=gradient_checkpointing, attention=attention, keep_outputs=keep_outputs,
-                        linear_saves_frozen_inputs=linear_saves_frozen_inputs, target_len=target_len,
-                        compute_bytes=compute_bytes, adapters=adapters, kernels=kernels, float16=float16)
-        if gradient_checkpointing and adapters.side.wraps_blocks:  # the blocks' adapters: outside the checkpoints
-            kept = sum(adapters.block_bytes(micro_batch * seq_len, dtype_bytes, samples=micro_batch))
-            if adapters.side.feeds_blocks and adapters.side.base_embedding_frozen:  # the frozen embedding's leaf
-                kept += dtype_bytes * micro_batch * seq_len * arch.hidden_size
-            est = replace(est, total_bytes=est.total_bytes + kept,
-                          formula=f"{est.formula} + the adapters around the checkpointed blocks {kept:,} B")
-        return _with_side(est, adapters.side, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes,
-                          attention=attention, linear_saves_frozen_inputs=linear_saves_frozen_inputs,
-                          compute_bytes=compute_bytes, kernels=kernels, float16=float16,
-                          gradient_checkpointing=gradient_checkpointing, keep_outputs=keep_outputs)
-    return _estimate(arch, peft, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes,
-                     gradient_checkpointing=gradient_checkpointing, attention=attention, keep_outputs=keep_outputs,
-                     linear_saves_frozen_inputs=linear_saves_frozen_inputs, target_len=target_len,
-                     compute_bytes=compute_bytes, adapters=adapters, kernels=kernels, float16=float16)
+    est = _estimate(arch, peft, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes,
+                    gradient_checkpointing=gradient_checkpointing, attention=attention, keep_outputs=keep_outputs,
+                    linear_saves_frozen_inputs=linear_saves_frozen_inputs, target_len=target_len,
+                    compute_bytes=compute_bytes, adapters=adapters, kernels=kernels, float16=float16)
+    side = adapters.side if adapters is not None else None
+    if side is None:
+        return est
+    if gradient_checkpointing and side.wraps_blocks:  # the blocks' adapters: outside the checkpoints
+        kept = sum(adapters.block_bytes(micro_batch * seq_len, dtype_bytes, samples=micro_batch))
+        if side.feeds_blocks and side.base_embedding_frozen:  # the frozen embedding's leaf
+            kept += dtype_bytes * micro_batch * seq_len * arch.hidden_size
+        est = replace(est, total_bytes=est.total_bytes + kept,
+                      formula=f"{est.formula} + the adapters around the checkpointed blocks {kept:,} B")
+    return _with_side(est, side, seq_len=seq_len, micro_batch=micro_batch, dtype_bytes=dtype_bytes,
+                      attention=attention, linear_saves_frozen_inputs=linear_saves_frozen_inputs,
+                      compute_bytes=compute_bytes, kernels=kernels, float16=float16,
+                      gradient_checkpointing=gradient_checkpointing, keep_outputs=keep_outputs)
 
 
 def _with_side(est: ActivationEstimate, side: SideModel, *, seq_len: int, micro_batch: int, dtype_bytes: int,

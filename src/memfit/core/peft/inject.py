@@ -74,15 +74,7 @@ def inject(
     ``bias`` is the config's ``bias`` (``none``, ``all`` or ``<prefix>only``).
     """
     targets = {layer.module: layer for layer in layers}
-    task = task_type(shape, spec)
-    user_saved = spec.modules_to_save
-    wrapped = modules_to_save(module_names(shape.params), (*user_saved, *TASK_MODULES_TO_SAVE.get(task, ())),
-                              required=user_saved)
-    for module in wrapped:
-        inside = [t for t in targets if under_any(t, [module]) or under_any(module, [t])]
-        if inside:
-            raise MemfitError(f"modules_to_save {module!r} overlaps {what} target {inside[0]!r}; memfit does not "
-                              "model that")
+    wrapped = checked_modules_to_save(shape, spec, targets, what)
     last_of: dict[str, int] = {}
     for i, p in enumerate(shape.params):
         module = p.name.rpartition(".")[0]
@@ -115,3 +107,17 @@ def inject(
             paired.append((ParamSpec(p.name, p.shape, trains), []))
     params = flatten(with_modules_to_save(paired, wrapped), root)
     return shape.with_params(params).with_buffers((*shape.buffers, *buffers))
+
+
+def checked_modules_to_save(shape: ModelShape, spec: PeftSpec, targets: Sequence[str] | dict, what: str) -> list[str]:
+    """The modules ``modules_to_save`` wraps (the config's and the task's, ``TASK_MODULES_TO_SAVE``); one that
+    overlaps a target of tuner ``what`` is refused in one line."""
+    user_saved = spec.modules_to_save
+    wrapped = modules_to_save(module_names(shape.params),
+                              (*user_saved, *TASK_MODULES_TO_SAVE.get(task_type(shape, spec), ())), required=user_saved)
+    for module in wrapped:
+        inside = [t for t in targets if under_any(t, [module]) or under_any(module, [t])]
+        if inside:
+            raise MemfitError(f"modules_to_save {module!r} overlaps {what} target {inside[0]!r}; memfit does not "
+                              "model that")
+    return wrapped

@@ -31,8 +31,8 @@ import re
 from typing import Any
 
 from memfit.core.model import ArchSpec, BufferSpec, ModelShape, ParamSpec
-from memfit.core.peft.modules import (ADAPTER_NAME, EMBEDDING_LAYER_NAMES, TASK_MODULES_TO_SAVE, flatten, module_names, modules_to_save,
-                                      task_type, under_any, with_modules_to_save)
+from memfit.core.peft.modules import (ADAPTER_NAME, EMBEDDING_LAYER_NAMES, flatten, task_type, under_any, with_modules_to_save)
+from memfit.core.peft.inject import checked_modules_to_save
 from memfit.core.peft.spec import PeftSpec
 from memfit.core.peft.targets import find_targets
 from memfit.core.peft.tuners.base import (EXCLUDE, LAYERS, LAYERS_PATTERN, MODULES_TO_SAVE, TARGETS, Settings, Tuner,
@@ -176,14 +176,7 @@ def shadow(shape: ModelShape, spec: PeftSpec, s: Settings) -> ModelShape:
         if block is not None:
             last[block] = i
     task = task_type(shape, spec)
-    user_saved = spec.modules_to_save
-    wrapped = modules_to_save(module_names(shape.params), (*user_saved, *TASK_MODULES_TO_SAVE.get(task, ())),
-                              required=user_saved)
-    for module in wrapped:
-        inside = [t for t in targets if under_any(t, [module]) or under_any(module, [t])]
-        if inside:
-            raise MemfitError(f"modules_to_save {module!r} overlaps SHADOW target {inside[0]!r}; memfit does not "
-                              "model that")
+    wrapped = checked_modules_to_save(shape, spec, targets, "SHADOW")
     paired: list[tuple[ParamSpec, list[ParamSpec]]] = []
     for i, p in enumerate(shape.params):
         block = under_any(p.name, targets)
