@@ -418,8 +418,10 @@ def _head_bytes(arch: ArchSpec, c: Ctx, t_out: int, *, keep_outputs: bool, check
             source = _DTYPE_LOSS.get(arch.model_type, "the model's CrossEntropyLoss on the dtype logits") + \
                 " under CUDA autocast (log_softmax in the logits' dtype, nll_loss on an fp32 copy: aten LossNLL.cpp " \
                 "cross_entropy_loss_symint) (transformers 5.24, torch 2.13)"
-        else:  # CrossEntropyLoss on the dtype logits: log_softmax's backward result is their gradient
-            fwd, bwd, grad = (8 * t,), (C * tV, C * tV), 0
+        else:  # CrossEntropyLoss on the dtype logits: log_softmax's backward result is their gradient; the
+            # 1-D int64 target (labels.view(-1)) is read in place (aten cross_entropy_loss -> log_softmax +
+            # nll_loss_forward: no copy of a contiguous target), so nothing else lives while the loss runs
+            fwd, bwd, grad = (), (C * tV, C * tV), 0
             source = _DTYPE_LOSS.get(arch.model_type, "the model's CrossEntropyLoss on the dtype logits") + \
                 " (transformers 5.24)"
         return _Head(n + logits, logits, kept, log_softmax, fwd, bwd, grad, source)
