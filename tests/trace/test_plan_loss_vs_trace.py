@@ -36,7 +36,7 @@ tokens: +1,148 B of 15.1 MB, before issue 26's decoder_input_ids at the target's
 96, the loss's scalars; the large vocabularies agree to 2,056 B in 461 MB and 1,053 MB); 2x the earlier worst."""
 TOL_TARGET_DELTA = 0.000001
 """What ``--target-len 24`` takes off the mT5 plan vs off the trace (the same tensors counted per token as
-above): 0 B forward and backward (the scalars cancel); the bound is TOL_FORWARD's. Earlier +0.005639% (1,152 B,
+above): 0 B observed forward and backward (the scalars cancel); the bound is TOL_FORWARD's. Earlier +0.005639% (1,152 B,
 the labels' copy of TOL_FORWARD's note, 8 B for each of the 144 decoder tokens taken off)."""
 ACTIVATION_KEYS = ("step.activations", "step.logits", "step.loss_log_softmax", "step.loss_forward",
                    "step.loss_backward", "step.checkpoint_recompute")
