@@ -119,6 +119,11 @@ def _cells() -> list[tuple[str, str, str, dict]]:
     for name in ("llama", "falcon-40b-style", "bert", "mt5", "umt5"):
         cells += [(name, prec, "full", {"gc": True}) for prec in ("fp32", "amp-bf16")]
         cells.append((name, "bf16", "lora", {"gc": True}))
+    # prompt learning under checkpointing: the real tokens' embedding output is a leaf (enable_input_require_grads)
+    for name in ("llama", "gemma2", "gpt_neox", "falcon-40b-style", "t5", "mt5", "umt5"):
+        cells.append((name, "bf16", "prompt", {"gc": True}))
+    cells += [("llama", "amp-bf16", "prompt", {"gc": True}), ("t5", "amp-bf16", "prompt", {"gc": True}),
+              ("llama", "bf16", "prompt", {"gc": True, "b": 2})]
     for name in ENCODER_DECODERS:
         for target in (4, 80):
             cells += [(name, prec, "full", {"target": target}) for prec in ("fp32", "amp-bf16", "bf16")]

@@ -133,6 +133,13 @@ def estimate_from_layout(
     embed = _embedding_bytes(arch, c, grad_first or gradient_checkpointing,
                              leaf=gradient_checkpointing and not grad_first, embed_trains=embed_trains,
                              t_dec=b * s_dec)
+    if gradient_checkpointing and peft.prompt_tokens and not embed_trains:
+        # prompt learning (prompt tuning, P-tuning, multitask prompts) under checkpointing: peft embeds the real
+        # tokens with the model's own input embedding (peft_model.py PeftModelForCausalLM/Seq2SeqLM.forward:
+        # self.word_embeddings(input_ids)), the module transformers' enable_input_require_grads hooks
+        # (modeling_utils.py, from _activation_checkpointing_enable), so its output is a leaf that requires grad,
+        # held by its AccumulateGrad node until backward; the virtual tokens are concatenated after it
+        embed += D * b * seq_len * arch.hidden_size
     hd = _head_bytes(arch, c if head_c == C else _ctx_copy(c, C=head_c, amp=head_c != D), t_out,
                      keep_outputs=keep_outputs, checkpointing=gradient_checkpointing)
     head, logits = hd.head, hd.logits
