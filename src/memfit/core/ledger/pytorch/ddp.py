@@ -48,19 +48,21 @@ def bucket_assignment(params: list[TParam], limits: list[int]) -> list[list[TPar
     once its bytes reach the current limit (the last limit repeats); buckets in order of their first
     param (then DDP reverses the list, which changes no size)."""
     out: list[tuple[int, list[TParam]]] = []
-    open_: dict[str, tuple[list[TParam], int, int]] = {}
+    open_: dict[str, tuple[list[TParam], int, int, int]] = {}  # dtype: (bucket, bytes, limit index, first's position)
     for i, p in enumerate(params):
-        cur, size, li = open_.get(p.dtype, ([], 0, 0))
+        cur, size, li, first = open_.get(p.dtype, ([], 0, 0, i))
+        if not cur:
+            first = i
         cur.append(p)
         size += p.numel * p.elem_bytes
         if size >= limits[min(li, len(limits) - 1)]:
-            out.append((params.index(cur[0]), cur))
-            open_[p.dtype] = ([], 0, li + 1)
+            out.append((first, cur))
+            open_[p.dtype] = ([], 0, li + 1, i + 1)
         else:
-            open_[p.dtype] = (cur, size, li)
-    for cur, _, _ in open_.values():
+            open_[p.dtype] = (cur, size, li, first)
+    for cur, _, _, first in open_.values():
         if cur:
-            out.append((params.index(cur[0]), cur))
+            out.append((first, cur))
     out.sort(key=lambda x: x[0])
     return [b for _, b in out]
 
