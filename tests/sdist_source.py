@@ -41,6 +41,8 @@ WHEELS = {
     ("transformers", "5.0.0"): "587086f249ce64c817213cf36afdb318d087f790723e9b3d4500b97832afd52d",
     ("transformers", "4.51.0"): "2e6baa476735ab8adccbaee6961525a0d1ce8c21d49293af30ef5ee4b082f64d",
     ("transformers", "4.54.0"): "c96e607f848625965b76c677b2c2576f2c7b7097c1c5292b281919d90675a25e",
+    # the first release whose GPT-2 and GPT-NeoX set _supports_sdpa (tests/exact/test_attention_against_sources.py)
+    ("transformers", "4.42.0"): "ce44901cc81b1bcdca6f0596b3d6a067be90b4eb18ddbf60751da92483df672c",
 }
 
 

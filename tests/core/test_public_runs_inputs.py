@@ -119,11 +119,14 @@ def test_an_older_trainer_writes_the_batch_keys_itself(tmp_path, cid):
     assert sc.versions.transformers == "4.2"
     # the keys added by hand: today's Trainer plans it as 4.2's did, from load on; transformers 4.2's
     # from_pretrained loads without low_cpu_mem_usage (a second host copy: the stack's loading path,
-    # core/stack/transformers.py), so only load's host figure differs
+    # core/stack/transformers.py), so only load's host figure differs, once today's plan is given the attention
+    # 4.2's T5 runs (its own eager attention, before 4.36's attn_implementation: core/stack/attention.py)
     keys = {**raw, "train_micro_batch_size_per_gpu": case["scenario"]["train"]["micro_batch"],
             "gradient_accumulation_steps": 1}
     (tmp_path / "keys.json").write_text(json.dumps(keys))
-    with_keys = {**case["scenario"], "deepspeed": str(tmp_path / "keys.json")}
+    assert sc.train.attention == "eager"
+    with_keys = {**case["scenario"], "deepspeed": str(tmp_path / "keys.json"),
+                 "train": {**case["scenario"]["train"], "attention": "eager"}}
     own = make_plan(build_scenario(read_scenario_file(_scenario_file(with_keys, tmp_path, "own.yaml"))))
     assert _figures(planned)[1:] == _figures(own)[1:]
     assert planned.phases[0].name == "load" and \

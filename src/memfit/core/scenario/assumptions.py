@@ -73,7 +73,13 @@ def assumptions(inputs: ScenarioInputs, sc: Scenario, *, precision_why: str = ""
         add("defaults", "gradient checkpointing", "on" if sc.train.gradient_checkpointing else "off",
             "--gradient-checkpointing")
     if inputs.attention is None:
-        add("defaults", "attention", sc.train.attention, "transformers' choice; --attention")
+        from memfit.core.scenario.build import stack_torch_version
+        from memfit.core.stack.attention import default_attention
+
+        chosen, why = default_attention(sc.model.arch.model_type, sc.stack.transformers, stack_torch_version(sc.stack)) \
+            if sc.stack is not None else (None, "")
+        add("defaults", "attention", sc.train.attention,
+            f"{why}; --attention" if chosen == sc.train.attention else "transformers' choice; --attention")
     if inputs.task is None:
         add("defaults", "task", sc.model.arch.task, "the config's architectures; --task")
     for name, (value, why) in from_files.items():

@@ -157,7 +157,7 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
         micro_batch=micro,
         gradient_checkpointing=bool(inputs.gradient_checkpointing),
         model_parameters=inputs.model_parameters or "trainable",
-        attention=_attention(base, inputs.attention),
+        attention=_attention(base, inputs.attention, stack),
         target_len=_target_len(base, inputs.target_len),
         batch_shape=batch_shape,
         dataloader_workers=count_value(inputs.dataloader_workers, "dataloader_workers"),
@@ -320,17 +320,32 @@ def _model_shape(source, inputs: ScenarioInputs):
         return shape_from_meta_build(source, task=inputs.task, trust_remote_code=bool(inputs.trust_remote_code))
 
 
-def _attention(shape, requested: str | None) -> str:
-    """transformers' choice for the family (sdpa, or eager where sdpa is not supported), or the
-    requested one if the family supports it (the same one-line refusal as the exact path)."""
+def _attention(shape, requested: str | None, stack=None) -> str:
+    """transformers' choice for the family in the stack's release (``memfit.core.stack.attention``:
+    eager before 4.36's dispatch, then sdpa where the release's classes support it and torch allows),
+    or the requested one if the family supports it (the same one-line refusal as the exact path,
+    and the release's own refusal of sdpa)."""
     from memfit.core.families import FAMILIES
     from memfit.core.families.attention import IMPLEMENTATIONS, resolve
+    from memfit.core.stack.attention import default_attention, requested_sdpa
 
+    line, torch = (stack.transformers, stack_torch_version(stack)) if stack is not None else (None, "")
     if shape.arch.model_type in FAMILIES:
+        if requested is None:
+            chosen, _ = default_attention(shape.arch.model_type, line, torch)
+            return chosen if chosen is not None else resolve(shape.arch.model_type, None)
+        if requested == "sdpa" and requested_sdpa(shape.arch.model_type, line, torch):
+            return "sdpa"
         return resolve(shape.arch.model_type, requested)
     if requested is not None and requested not in IMPLEMENTATIONS:
         raise MemfitError(f"attention must be one of {', '.join(IMPLEMENTATIONS)}, got {requested!r}")
     return requested or "sdpa"
+
+
+def stack_torch_version(stack) -> str:  # noqa: ANN001 (Stack)
+    """The stack's torch as given (``2.1.0+cu118``), else its release line (``2.1``)."""
+    entry = stack.entry("torch")
+    return entry.version or entry.line or ""
 
 
 def _target_len(shape, value: Any) -> int | None:
