@@ -126,3 +126,12 @@ def test_bnb_config_reader_follows_the_quant_storage_rule(tmp_path):
     assert any("bnb_4bit_quant_storage = bfloat16 is ignored: transformers 4.38" in w for w in old.warnings)
     new = read_bnb_config(str(p), quant_storage_read=bnb_reads_quant_storage("4.39"))
     assert new.values["quantization.quant_storage"] == "bf16" and not new.warnings
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_from_pretrained_dtype_default_matches_the_release(wheels, version):
+    """From 5.0 a missing dtype reads as "auto" (the checkpoint's dtype), which memfit's load-dtype
+    assumption line says (``scenario/assumptions.py:_load_dtype_why``); before, fp32."""
+    auto = bool(re.search(r'if dtype is None:\s+dtype = "auto"', wheels[version][FILES[0]]))
+    assert auto is version.startswith("5."), version
+

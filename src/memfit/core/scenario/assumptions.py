@@ -59,7 +59,7 @@ def assumptions(inputs: ScenarioInputs, sc: Scenario, *, precision_why: str = ""
         add("stack", "CUDA", resolve_torch_version(sc.runtime.torch_version).default_cuda,
             f"torch {sc.runtime.torch_version}'s usual; --cuda-version")
     if inputs.load_dtype is None:
-        add("defaults", "load dtype", sc.load.dtype, "from_pretrained's default; --load-dtype")
+        add("defaults", "load dtype", sc.load.dtype, _load_dtype_why(sc))
     if inputs.precision is None and "precision" not in from_files:
         if sc.framework == "deepspeed":
             if any(k.startswith(("fp16.enabled", "bf16.enabled")) for k in sc.deepspeed.auto_resolved) or \
@@ -86,3 +86,23 @@ def assumptions(inputs: ScenarioInputs, sc: Scenario, *, precision_why: str = ""
         kind, what = _FILE_SETTING.get(name, ("defaults", name.replace("_", " ")))
         add(kind, what, value, why)
     return tuple(out)
+
+
+SAVED_TO_DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
+def _load_dtype_why(sc) -> str:  # noqa: ANN001 (Scenario)
+    """Why the load dtype, when no input gave it: from_pretrained's default up to transformers 4.57 (fp32:
+    ``dtype = torch.get_default_dtype()`` when None); from 5.0 ``from_pretrained`` reads a missing dtype as
+    ``"auto"`` (5.0.0 modeling_utils.py: ``if dtype is None: dtype = "auto"``), the checkpoint's own dtype
+    (config.json's ``dtype``/``torch_dtype``), which memfit does not take as the default: said, with the
+    dtype that release loads."""
+    from memfit.core.stack.lines import at_least
+
+    saved = SAVED_TO_DTYPE.get(sc.load.checkpoint.saved_dtype) if sc.load.checkpoint is not None else None
+    line = sc.stack.transformers if sc.stack is not None else None
+    if at_least(line, "5.0") and saved and saved != sc.load.dtype:
+        return (f"memfit's default, not transformers {line}'s: from_pretrained without dtype loads the "
+                f"checkpoint's {saved} (dtype='auto' since 5.0); give --load-dtype as the script loads it")
+    return "from_pretrained's default; --load-dtype"
+
