@@ -59,6 +59,29 @@ def test_library_noise_is_captured_and_shown_once_under_verbose():
     assert loud.stderr.startswith("memfit: (library) bitsandbytes.backends.cpu.ops: Failed to load")
 
 
+
+def test_one_warning_with_different_arguments_is_shown_once():
+    """bitsandbytes' gemm_4bit_forward warning carries the exception it got, which depends on the
+    ``kernels`` package (missing: "No module named 'kernels'"; kernels 0.19.1, installed with
+    transformers 5.25.0: "could not verify publisher trust status"): one template, shown once."""
+    import io
+    import logging
+
+    from memfit.cli.noise import LibraryNoise
+
+    noise = LibraryNoise.install()
+    try:
+        log = logging.getLogger("bitsandbytes.backends.cpu.ops")
+        for exc in ("No module named 'kernels'", "Kernel repository could not verify publisher trust status"):
+            log.warning("Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please make sure", exc)
+        logging.getLogger("kernels").warning("another message")
+    finally:
+        noise.uninstall()
+    out = io.StringIO()
+    noise.report(verbose=True, stream=out)
+    assert out.getvalue().count("Failed to load CPU gemm_4bit_forward") == 1
+    assert "No module named 'kernels'" in out.getvalue() and "kernels: another message" in out.getvalue()
+
 def test_verbose_is_a_global_option():
     r = cli("--verbose", "models")
     assert r.rc == 0 and "kakaobrain/kogpt" in r.out

@@ -107,7 +107,7 @@ def test_cuda_contradicting_the_torch_build_is_one_line():
 
 
 @pytest.mark.parametrize("field,value,known", [
-    ("transformers_version", "3.5.1", "transformers 4.0-4.57, 5.0-5.24"),
+    ("transformers_version", "3.5.1", "transformers 4.0-4.57, 5.0-5.25"),
     ("torch_version", "1.6.0", "torch 1.10-1.13, 2.0-2.15"),
     ("peft_version", "0.30", "peft 0.1-0.21"),
     ("trl_version", "2.0", "TRL 0.1-0.29, 1.0-1.16"),
@@ -125,7 +125,7 @@ def test_unknown_version_on_the_command_line_is_one_line_and_exit_2():
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "memfit knows transformers 4.0-4.57, 5.0-5.24" in lines[0], r.stderr
+    assert len(lines) == 1 and "memfit knows transformers 4.0-4.57, 5.0-5.25" in lines[0], r.stderr
 
 
 def test_yaml_stack_section_and_the_older_names(tmp_path):

@@ -25,10 +25,15 @@ from family_configs import TINY  # noqa: E402
 from memfit.core.catalog import resolve_model_config  # noqa: E402
 from memfit.core.families import FAMILIES, TRANSFORMERS_MODEL_TYPES  # noqa: E402
 from memfit.core.families import attention as attention_table  # noqa: E402
-from memfit.core.families.transformers_types import TRANSFORMERS_VERSION  # noqa: E402
+from memfit.core.families.transformers_types import (  # noqa: E402
+    ADDED_IN, DEFAULT_RELEASE_MODEL_TYPES, TRANSFORMERS_VERSION, model_type_release, model_types_of,
+)
 from memfit.core.shapes import build_model_shape  # noqa: E402
 from memfit.errors import MemfitError  # noqa: E402
 from memfit.exact.meta_build import build_meta_model, named_buffer_specs, named_param_shapes  # noqa: E402
+
+TRANSFORMERS_LINE = ".".join(transformers.__version__.split(".")[:2])
+"""The installed release line (``5.24``)."""
 
 FAMILY_TASKS = [(mt, task) for mt, family in FAMILIES.items() for task in family.classes]
 
@@ -128,8 +133,25 @@ def test_default_attention_is_what_transformers_builds(tmp_path):
 
 
 def test_model_type_list_is_transformers_config_mapping():
+    """The installed release's list is its CONFIG_MAPPING: memfit's default release (5.24.0, the pinned
+    CI) the list itself, a later one (5.25.0) that list and its ``ADDED_IN`` entry, recorded for exactly
+    that version (``scripts/make_model_types.py`` under each)."""
+    installed = frozenset(transformers.CONFIG_MAPPING.keys())
+    if transformers.__version__ != TRANSFORMERS_VERSION:
+        assert transformers.__version__ in ADDED_IN, f"run scripts/make_model_types.py under {transformers.__version__}"
+        assert model_types_of(TRANSFORMERS_LINE) == installed
+        assert installed <= TRANSFORMERS_MODEL_TYPES
+        return
     assert TRANSFORMERS_VERSION == transformers.__version__
-    assert TRANSFORMERS_MODEL_TYPES == frozenset(transformers.CONFIG_MAPPING.keys())
+    assert DEFAULT_RELEASE_MODEL_TYPES == installed == model_types_of(TRANSFORMERS_LINE)
+
+
+def test_types_of_a_later_release_are_known_and_dated():
+    """Pure: 5.25.0 added nine types (831 keys vs 5.24.0's 822); a type is dated by its first release."""
+    assert TRANSFORMERS_MODEL_TYPES == DEFAULT_RELEASE_MODEL_TYPES | ADDED_IN["5.25.0"]
+    assert len(ADDED_IN["5.25.0"]) == 9 and not ADDED_IN["5.25.0"] & DEFAULT_RELEASE_MODEL_TYPES
+    assert model_type_release("ergo") == "5.25.0" and model_type_release("llama") is None
+    assert "ergo" in model_types_of("5.25") and "ergo" not in model_types_of("5.24")
 
 
 IMPOSSIBLE = [

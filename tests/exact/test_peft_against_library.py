@@ -17,14 +17,18 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
+from memfit.core.catalog import source_from_config  # noqa: E402
+from memfit.core.families.falcon import at_release  # noqa: E402
 from memfit.core.model import ArchSpec, ModelShape  # noqa: E402
 from memfit.core.peft.lora import LORA_DEFAULT_TARGET_MODULES  # noqa: E402
 from memfit.core.peft.params import apply_peft  # noqa: E402
-from memfit.core.peft.prompt_learning import MODEL_TYPES_WITHOUT_KV_HEADS_KEY  # noqa: E402
+from memfit.core.peft.prompt_learning import MODEL_TYPES_WITHOUT_KV_HEADS_KEY, has_kv_heads_key  # noqa: E402
 from memfit.core.peft.parse import load_adapter_config  # noqa: E402
 from memfit.core.peft.spec import PeftSpec  # noqa: E402
 from memfit.errors import MemfitError  # noqa: E402
+from memfit.core.shapes import build_model_shape  # noqa: E402
 from memfit.exact.peft_build import build_peft_meta_model, named_param_specs  # noqa: E402
+from tests.installed_stack import TRANSFORMERS_LINE  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -114,9 +118,11 @@ def _shape_of(model: torch.nn.Module, name: str) -> ModelShape:
         vocab_size=c.vocab_size,
         num_encoder_layers=encoder_layers,
     )
-    return ModelShape(
+    shape = ModelShape(
         name=name, architecture=type(model).__name__, arch=arch, params=named_param_specs(model)
     )
+    # what the builder says of the installed release (build_model_shape applies it): peft reads its config
+    return at_release(shape, TRANSFORMERS_LINE) if c.model_type == "falcon" else shape
 
 
 USER_FREEZE = {
@@ -260,7 +266,12 @@ def test_model_types_without_kv_heads_key(model_type: str) -> None:
     if model_type in REMOTE_CODE_MODEL_TYPES:  # Falcon's remote-code names: no config class in transformers
         assert model_type not in CONFIG_MAPPING
         return
-    assert "num_key_value_heads" not in CONFIG_MAPPING[model_type]().to_dict()
+    has = "num_key_value_heads" in CONFIG_MAPPING[model_type]().to_dict()
+    if model_type == "falcon":  # FalconConfig has the key from 5.25: the builder says so for the release
+        shape = build_model_shape(source_from_config({"model_type": "falcon"}), transformers_line=TRANSFORMERS_LINE)
+        assert has == has_kv_heads_key(shape.arch)
+        return
+    assert not has
 
 
 @pytest.mark.parametrize(

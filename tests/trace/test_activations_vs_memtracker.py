@@ -27,6 +27,7 @@ from memfit.core.catalog import source_from_config
 from memfit.core.families.attention import resolve
 from memfit.core.peft.spec import PeftSpec
 from memfit.core.shapes import build_model_shape
+from tests.installed_stack import TRANSFORMERS_LINE
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -83,7 +84,7 @@ def test_analytic_activations_match_torch_memtracker(name, dtype, method):
     spec = PeftSpec(method=method, **({"target_modules": LORA_TARGETS.get(name, ("q_proj", "v_proj"))}
                                       if method == "lora" else {}))
     theirs = _forward_bytes(config, spec, dtype=dtype, seq=48, b=1, attention=attention)
-    arch = build_model_shape(source_from_config(config)).arch
+    arch = build_model_shape(source_from_config(config), transformers_line=TRANSFORMERS_LINE).arch
     ours = estimate_activation_bytes(arch, spec, seq_len=48, micro_batch=1, dtype_bytes=4 if dtype == "fp32" else 2,
                                      attention=attention).total_bytes
     err = (ours - theirs) / theirs

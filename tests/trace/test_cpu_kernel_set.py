@@ -22,6 +22,7 @@ from memfit.core.catalog import source_from_config
 from memfit.core.families.attention import resolve
 from memfit.core.peft.spec import PeftSpec
 from memfit.core.shapes import build_model_shape
+from tests.installed_stack import TRANSFORMERS_LINE
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -98,7 +99,7 @@ def test_analytic_kernel_set_matches_the_trace(name, prec, method, kernels):
     from memfit.trace.step import trace_training_step
 
     config = CONFIGS[name]
-    shape = build_model_shape(source_from_config(config))
+    shape = build_model_shape(source_from_config(config), transformers_line=TRANSFORMERS_LINE)
     attention = resolve(config["model_type"], None)
     spec = PeftSpec(method=method, **({"target_modules": ("q_proj", "v_proj")} if method == "lora" else {}))
     dtype, autocast = {"fp32": ("fp32", None), "bf16": ("bf16", None), "amp-bf16": ("fp32", "bf16")}[prec]

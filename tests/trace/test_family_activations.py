@@ -20,6 +20,7 @@ from memfit.core.catalog import source_from_config
 from memfit.core.families.attention import resolve
 from memfit.core.peft.spec import PeftSpec
 from memfit.core.shapes import build_model_shape
+from tests.installed_stack import TRANSFORMERS_LINE
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -84,7 +85,7 @@ def compare(name: str, *, method="full", b=1, attention=None, gc=False, task=Non
     from memfit.trace.step import trace_training_step
 
     config = CONFIGS[name]
-    shape = build_model_shape(source_from_config(config), task=task)
+    shape = build_model_shape(source_from_config(config), task=task, transformers_line=TRANSFORMERS_LINE)
     attention = attention or resolve(config["model_type"], None)
     spec = PeftSpec(method=method)
     for seq in SEQS:
@@ -180,7 +181,7 @@ def test_logits_and_loss_peaks_agree_with_the_trace(name):
     from memfit.trace.step import trace_training_step
 
     config = LOSS_CONFIGS[name]
-    arch = build_model_shape(source_from_config(config)).arch
+    arch = build_model_shape(source_from_config(config), transformers_line=TRANSFORMERS_LINE).arch
     attention = resolve(config["model_type"], None)
     for seq in (64, 128):
         trace = trace_training_step(config, PeftSpec(), TraceOptions(seq_len=seq, micro_batch=2, dtype="bf16",

@@ -28,6 +28,7 @@ from memfit.core.families.attention import resolve  # noqa: E402
 from memfit.core.peft.params import apply_peft  # noqa: E402
 from memfit.core.peft.spec import PeftSpec  # noqa: E402
 from memfit.core.shapes import build_model_shape  # noqa: E402
+from tests.installed_stack import TRANSFORMERS_LINE  # noqa: E402
 
 from tests.trace.test_family_activations import CONFIGS as FAMILY_CONFIGS  # noqa: E402
 
@@ -60,7 +61,7 @@ def test_ledger_path_matches_the_trace(case):
     elem = 4 if dtype == "fp32" else 2
     method = METHODS.get(case, "lora")
     spec = PeftSpec(method=method, target_modules=targets, lora_dropout=0.1 if method == "lora" else 0.0)
-    shape = apply_peft(build_model_shape(source_from_config(config)), spec)
+    shape = apply_peft(build_model_shape(source_from_config(config), transformers_line=TRANSFORMERS_LINE), spec)
     acts = adapter_activations(shape, spec, adapter_bytes=elem, base_bytes=elem)
     attention = resolve(config["model_type"], None)
     traced = trace_training_step(config, spec, TraceOptions(

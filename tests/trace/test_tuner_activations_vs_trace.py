@@ -31,6 +31,7 @@ from memfit.core.catalog import ModelConfigSource  # noqa: E402
 from memfit.core.peft.params import apply_peft  # noqa: E402
 from memfit.core.peft.parse import adapter_config_spec  # noqa: E402
 from memfit.core.shapes import build_model_shape  # noqa: E402
+from tests.installed_stack import TRANSFORMERS_LINE  # noqa: E402
 from memfit.trace.results import TraceOptions  # noqa: E402
 
 from adapter_cases import cuda_only_copies  # noqa: E402
@@ -117,7 +118,7 @@ WORST: dict[str, float] = {}
 def _plan(raw: dict, elem: int = 2, micro_batch: int = 1):
     source = ModelConfigSource(name="llama-384", config=CONFIG, path=None, origin="local")
     spec = adapter_config_spec({"task_type": "CAUSAL_LM", **raw})
-    shape = apply_peft(build_model_shape(source), spec)
+    shape = apply_peft(build_model_shape(source, transformers_line=TRANSFORMERS_LINE), spec)
     acts = adapter_activations(shape, spec, adapter_bytes=elem, base_bytes=elem)
     est = estimate_activation_bytes(shape.arch, spec, seq_len=SEQ, micro_batch=micro_batch, dtype_bytes=elem,
                                     attention="eager", adapters=acts)
@@ -311,7 +312,7 @@ def test_shadow_under_checkpointing_matches_the_trace():
     spec = adapter_config_spec({"task_type": "CAUSAL_LM", "peft_type": "SHADOW"})
     assert any("SHADOW activations:" in n for n in spec.notes)
     source = ModelConfigSource(name="llama-384", config=CONFIG, path=None, origin="local")
-    shape = apply_peft(build_model_shape(source), spec)
+    shape = apply_peft(build_model_shape(source, transformers_line=TRANSFORMERS_LINE), spec)
     acts = adapter_activations(shape, spec, adapter_bytes=2, base_bytes=2)
     planned = estimate_activation_bytes(shape.arch, spec, seq_len=SEQ, micro_batch=1, dtype_bytes=2, attention="eager",
                                         adapters=acts, gradient_checkpointing=True).total_bytes

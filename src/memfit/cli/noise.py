@@ -13,18 +13,27 @@ NOISY_LOGGERS = ("bitsandbytes", "kernels")
 
 class LibraryNoise(logging.Handler):
     """Captures the records of ``NOISY_LOGGERS`` (no propagation to the root's last-resort stderr
-    handler) and reports each distinct message once."""
+    handler) and reports each distinct message once: one per logger and message template
+    (``record.msg``), shown with the first record's arguments. bitsandbytes 0.50.2's
+    ``backends/cpu/ops.py`` logs "Failed to load CPU gemm_4bit_forward from kernels-community: %s"
+    with the exception it got, which differs with the ``kernels`` package: "No module named 'kernels'"
+    without it, "Kernel repository ... could not verify publisher trust status" with kernels 0.19.1
+    (installed next to transformers 5.25.0): two texts, one warning."""
 
     def __init__(self) -> None:
         super().__init__(level=logging.DEBUG)
-        self.messages: dict[str, None] = {}
+        self.messages: dict[tuple[str, str], str] = {}
+        """(logger, message template) -> the first record's text."""
         self._saved: list[tuple[logging.Logger, bool]] = []
 
     def emit(self, record: logging.LogRecord) -> None:
+        key = (record.name, str(record.msg))
+        if key in self.messages:
+            return
         try:
-            self.messages.setdefault(f"{record.name}: {record.getMessage()}", None)
+            self.messages[key] = f"{record.name}: {record.getMessage()}"
         except Exception:  # a record whose arguments do not format: keep its template
-            self.messages.setdefault(f"{record.name}: {record.msg}", None)
+            self.messages[key] = f"{record.name}: {record.msg}"
 
     @classmethod
     def install(cls) -> "LibraryNoise":
@@ -44,5 +53,5 @@ class LibraryNoise(logging.Handler):
     def report(self, *, verbose: bool, stream=None) -> None:
         """Under ``--verbose``, each captured message once, on stderr."""
         if verbose:
-            for msg in self.messages:
+            for msg in self.messages.values():
                 print(f"memfit: (library) {msg}", file=stream or sys.stderr)

@@ -28,7 +28,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from memfit.core.lean_dataclass import dataclass
-from memfit.core.families.transformers_types import TRANSFORMERS_MODEL_TYPES, TRANSFORMERS_VERSION
+from memfit.core.families.transformers_types import NEWEST_VERSION, TRANSFORMERS_MODEL_TYPES
 from memfit.errors import MemfitError
 
 Origin = Literal["catalog", "local", "hub"]
@@ -295,11 +295,11 @@ def _check_supported(source: ModelConfigSource, *, trust_remote_code: bool) -> N
         return
     if "auto_map" in source.config:
         raise MemfitError(
-            f"{source.name} has model_type {source.model_type!r}, which transformers {TRANSFORMERS_VERSION} does not "
+            f"{source.name} has model_type {source.model_type!r}, which transformers {NEWEST_VERSION} does not "
             "ship: only its own code (auto_map) builds it; pass --trust-remote-code to let the exact path run it"
         )
     raise MemfitError(
-        f"{source.name} has model_type {source.model_type!r}, which transformers {TRANSFORMERS_VERSION} does not "
+        f"{source.name} has model_type {source.model_type!r}, which transformers {NEWEST_VERSION} does not "
         "know (and config.json names no custom code): check the model_type, or upgrade transformers"
     )
 

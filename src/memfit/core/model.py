@@ -126,6 +126,11 @@ class ArchSpec:
     layout: "LayerLayout | None" = None
     """What the family's layer code computes, for the activation model (None: infer from the
     fields above, as memfit did before layouts existed)."""
+    kv_heads_key: bool | None = None
+    """Whether the config's ``to_dict()`` has ``num_key_value_heads`` (peft sizes prefix tuning's
+    ``token_dim`` by it: ``peft.prompt_learning``); None: by ``model_type``
+    (``MODEL_TYPES_WITHOUT_KV_HEADS_KEY``). A builder whose config gained the key in some release sets
+    it from the stack's (Falcon from transformers 5.25: ``families.falcon.at_release``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -216,6 +221,11 @@ class LayerLayout:
     """The loss upcasts the logits to fp32 (transformers/loss/loss_utils.py ``ForCausalLMLoss``,
     ``ForMaskedLMLoss``); False where the model calls ``CrossEntropyLoss`` on them directly (BERT's
     masked LM, T5's seq2seq LM)."""
+    shared_attention: bool = False
+    """The attention runs through transformers' shared ``eager_attention_forward`` /
+    ``ALL_ATTENTION_FUNCTIONS`` (``repeat_kv``, the fp32 softmax) on q, k, v with their own head counts,
+    as the Llama-style families do, rather than the family's own code (Falcon from transformers 5.25:
+    ``families.falcon.at_release``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,8 @@ def build_model_shape(
     ``task``: one of ``memfit.core.families.heads.TASKS`` (default: from ``architectures[0]``).
     ``transformers_line``: the release that builds it (``"4.48"``); None: transformers 5's layout.
     Before 5.0 a mixture-of-experts model's experts are separate ``nn.Linear`` modules
-    (``families.moe.per_expert_params``); everything else is built the same.
+    (``families.moe.per_expert_params``); from 5.25 Falcon's config has ``num_key_value_heads`` and its
+    attention is the shared one (``families.falcon.at_release``); everything else is built the same.
     """
     config = source.config
     remote = "auto_map" in config
@@ -50,6 +51,10 @@ def build_model_shape(
             "transformers ships: the exact path builds it from a local directory with --trust-remote-code"
         )
     shape = family_for(config).build(source.name, config, task)
+    if shape.arch.model_type == "falcon":  # what the release's FalconConfig and FalconAttention do
+        from memfit.core.families.falcon import at_release
+
+        shape = at_release(shape, transformers_line)
     if transformers_line is not None and not at_least(transformers_line, "5.0"):
         from dataclasses import replace
 

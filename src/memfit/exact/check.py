@@ -86,7 +86,7 @@ def model_shape_of(model: Any):
     if cfg is not None and hasattr(cfg, "to_dict"):
         try:
             arch = build_model_shape(ModelConfigSource(name=type(model).__name__, config=cfg.to_dict(), path=None,
-                                                       origin="local")).arch
+                                                       origin="local"), transformers_line=_installed_line()).arch
         except MemfitError:
             arch = None
     if arch is None:
@@ -95,6 +95,20 @@ def model_shape_of(model: Any):
     return ModelShape(name=type(model).__name__, architecture=type(model).__name__, arch=arch, params=tuple(params),
                       buffers=buffers)
 
+
+
+def _installed_line() -> str | None:
+    """The release line of the transformers this process runs (the model was built by it: Falcon's
+    attention and config differ from 5.25, ``families.falcon.at_release``); None when it is not
+    importable or is a line memfit does not know (then memfit's default release)."""
+    try:
+        import transformers
+
+        from memfit.core.stack.releases import release_line
+
+        return release_line("transformers", transformers.__version__, where="the installed transformers")
+    except (ImportError, MemfitError):
+        return None
 
 def check(model: Any, ds_config: Mapping[str, Any] | str | None = None, *, gpus: str | None = None, nodes: int = 1,
           cpu_ram: str | int | None = None, seq_len: int = 2048, micro_batch: int | None = None,

@@ -192,15 +192,18 @@ def llama_layer(arch: ArchSpec, L: LayerLayout, c: Ctx, *, grad_in: bool, moe: b
     return n
 
 
-def _attention(arch: ArchSpec, L: LayerLayout, c: Ctx, *, masked: bool, qk_norm: bool, grad_in: bool) -> int:
-    """q, k, v, the kernel and the output projection's input of a grouped-query attention."""
+def _attention(arch: ArchSpec, L: LayerLayout, c: Ctx, *, masked: bool, qk_norm: bool, grad_in: bool,
+               qkv: str = "qkv_proj", out: str = "o_proj", single_kv_view: bool = False) -> int:
+    """q, k, v, the kernel and the output projection's input of a grouped-query attention (``qkv``: the
+    fused projection's name, ``out``: the output projection's: Falcon's ``query_key_value``, ``dense``;
+    ``single_kv_view``: see ``_sdpa_attention``)."""
     D, t, b, s, skv, a, hq, hkv = c.D, c.t, c.b, c.s, c.skv, c.a, c.hq, c.hkv
     kv = c.kv
     full = c.full
     n = 0
     # in the first layer over frozen embeddings, q (k) needs a gradient only through a trained q_proj (k_proj)
-    wq = hq if grad_in or c.adapted("q_proj", "qkv_proj") else 0
-    wk = hkv if grad_in or c.adapted("k_proj", "qkv_proj") else 0
+    wq = hq if grad_in or c.adapted("q_proj", qkv) else 0
+    wk = hkv if grad_in or c.adapted("k_proj", qkv) else 0
     if qk_norm and L.qk_norm == "head":
         n += 4 * t * (wq + wk) + 4 * t * (a * bool(wq) + kv * bool(wk))
         if full:  # the weight's operand: q, k (matmul outputs) normalized, cast back to their dtype
@@ -229,27 +232,39 @@ def _attention(arch: ArchSpec, L: LayerLayout, c: Ctx, *, masked: bool, qk_norm:
             n += (kd + vd) * b * skv * hkv
         elif c.cache:  # the matmuls use autocast's copies, not the cache's fp32 k (v)
             n += (kd if kd != C else 0) * b * skv * hkv + (vd if vd != C else 0) * b * skv * hkv
+        kview = False
+        if single_kv_view and kv == 1 and b == 1:  # repeat_kv's expanded view of the one head reaches bmm as
+            # it is when b == 1 (batch and heads fold without a copy): k (v) is the cache's, unless autocast
+            # casts it (the cast of the view is a copy of every head)
+            kview = kd == C
+            for view, dt in ((kview, kd), (vd == C, vd)):
+                n -= C * b * skv * hq - (0 if c.cache else dt * b * skv * hkv) if view else 0
         if not grad_in:  # the first layer over frozen embeddings: q, k need a gradient through their
             # projections (a fused one for both), k also through prefix tuning's virtual keys; the scores'
             # matmul keeps q only for k's gradient and k for q's
-            q_need = c.adapted("q_proj", "qkv_proj")
-            k_need = c.adapted("k_proj", "qkv_proj") or skv != s
+            q_need = c.adapted("q_proj", qkv)
+            k_need = c.adapted("k_proj", qkv) or skv != s
             n -= 0 if k_need else C * t * hq
-            n -= C * b * skv * hq if not q_need and (c.gqa or kd != C) else 0
+            n -= C * b * skv * hq if not q_need and (c.gqa or kd != C) and not kview else 0
             # the probabilities' cast to the compute dtype (the softmax keeps its own fp32 output) is kept by
             # probs @ v for v's gradient only: v needs none through a frozen v_proj (prefix tuning's virtual
             # values need one)
-            v_need = c.adapted("v_proj", "qkv_proj") or skv != s
+            v_need = c.adapted("v_proj", qkv) or skv != s
             n -= C * b * a * s * skv if not v_need and (q_need or k_need) and soft != C else 0
-        if not c.trains("o_proj"):
+        if not c.trains(out):
             n -= C * t * hq  # the merged heads are o_proj's input only
         return n
-    return n + _sdpa_attention(arch, L, c, masked=masked, grad_in=grad_in)
+    return n + _sdpa_attention(arch, L, c, masked=masked, grad_in=grad_in, qkv=qkv, out=out,
+                               single_kv_view=single_kv_view)
 
 
-def _sdpa_attention(arch: ArchSpec, L: LayerLayout, c: Ctx, *, masked: bool, grad_in: bool = True) -> int:
+def _sdpa_attention(arch: ArchSpec, L: LayerLayout, c: Ctx, *, masked: bool, grad_in: bool = True,
+                    qkv: str = "qkv_proj", out: str = "o_proj", single_kv_view: bool = False) -> int:
     """sdpa on the rotated q, k (in the stream's dtype ``D`` under AMP: cos/sin are made in it) and v:
-    what the kernel keeps (``sdpa``), the cache's k and v (model outputs), the output o_proj reads."""
+    what the kernel keeps (``sdpa``), the cache's k and v (model outputs), the output o_proj reads.
+    ``single_kv_view``: ``repeat_kv`` of one key/value head is a view (its ``expand`` over a size-1 head
+    dimension reshapes without a copy: stride 0), so the kernel keeps the cache's k and v, unless autocast
+    casts them (the cast of the expanded view is a full copy); counted so for Falcon (transformers 5.25)."""
     D, C, t, b, skv, hq, hkv = c.D, c.C, c.t, c.b, c.skv, c.hq, c.hkv
     k = sdpa(c, masked=masked, heads=c.a, kv_heads=c.kv, d_qk=arch.head_dim, d_v=arch.head_dim, s=c.s, skv=skv)
     given = hq if k.repeat else hkv
@@ -263,21 +278,22 @@ def _sdpa_attention(arch: ArchSpec, L: LayerLayout, c: Ctx, *, masked: bool, gra
     if k.kind == "flash" and c.kernels == "cuda":  # CUDA's flash runs in 16 bits only: the q, k, v it
         # keeps and its output are 16-bit
         C = 2 if C == 4 else C  # (fp32 ones cast by transformers' flash integration: ``sdpa``)
-    k_shared, v_shared = not (k.repeat or kd != C), not (k.repeat or vd != C)
+    copies = k.repeat and not (single_kv_view and c.kv == 1)  # the repeat allocates k, v for every head
+    k_shared, v_shared = not (copies or kd != C), not (copies or vd != C)
     if k.keeps_qkv:
         n += C * t * hq + C * t * hq  # q (autocast's copy under AMP), the output (o_proj's input)
         n += 0 if k_shared else C * b * skv * given
         n += 0 if v_shared else C * b * skv * given
     else:  # math: the output reaches o_proj as a copy (transpose().contiguous()), kept when o_proj trains
-        n += C * t * hq if c.trains("o_proj") else 0
+        n += C * t * hq if c.trains(out) else 0
         n += C * b * skv * given if k.keeps_v and not v_shared else 0
         if not grad_in:  # the first layer over frozen embeddings: the scores' matmul keeps the scaled q
             # only for k's gradient and the scaled k only for q's (as the eager path above)
-            n -= 0 if c.adapted("k_proj", "qkv_proj") or skv != c.s else 4 * t * hq
-            n -= 0 if c.adapted("q_proj", "qkv_proj") else 4 * b * skv * c.a * arch.head_dim
+            n -= 0 if c.adapted("k_proj", qkv) or skv != c.s else 4 * t * hq
+            n -= 0 if c.adapted("q_proj", qkv) else 4 * b * skv * c.a * arch.head_dim
     n += kd * b * skv * hkv if c.cache or (k.keeps_qkv and k_shared) else 0
     n += vd * b * skv * hkv if c.cache or ((k.keeps_qkv or k.keeps_v) and v_shared) else 0
-    if L.fused_qkv and k.kind == "flash" and c.trains("o_proj"):
+    if L.fused_qkv and k.kind == "flash" and c.trains(out):
         # q built by a cat (heads-major): flash's output follows q's layout, and o_proj gets a copy of
         # it transposed back, which it keeps when it trains (the memory-efficient kernel allocates its
         # output tokens-major)

@@ -221,8 +221,12 @@ def _held_masks(arch: ArchSpec, c: Ctx) -> int:
         # the fp32 attention mask and the LayerNorm'd relative embeddings (their statistics when they train)
         span2 = 2 * L.position_buckets
         return 8 * s * s + 4 * b * s * s + c.D * span2 * c.h + (8 * span2 if c.full else 0)
-    if L.family == "neox":  # the position ids (an arange); Falcon's explicit causal mask (bool)
-        return 8 * s + (b * s * s if arch.model_type == "falcon" else 0)
+    if L.family == "neox":  # the position ids (an arange); Falcon's explicit causal mask: create_causal_mask
+        # with allow_is_causal_skip=False (transformers 5.24.0 and 5.25.0 modeling_falcon.py), bool for sdpa,
+        # eager's a dtype bias (masking_utils.eager_mask), as Llama's
+        if arch.model_type != "falcon":
+            return 8 * s
+        return 8 * s + (c.D * b * s * skv if c.eager else b * s * s)
     return 0
 
 

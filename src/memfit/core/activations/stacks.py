@@ -51,7 +51,10 @@ def neox_layer(arch: ArchSpec, L: LayerLayout, c: Ctx, *, grad_in: bool) -> int:
         n += (_LN * t if grad_in else 0) + lin_in(c, t * h, "dense_h_to_4h")
     elif not L.parallel:
         n += D * t * h + _LN * t + lin_in(c, t * h, "dense_h_to_4h")
-    n += _neox_attention(arch, L, c, falcon=falcon)
+    if falcon and L.shared_attention:  # transformers 5.25's FalconAttention: Llama's attention functions
+        n += _shared_attention(arch, L, c, grad_in=grad_in)
+    else:
+        n += _neox_attention(arch, L, c, falcon=falcon)
     # a parallel block's MLP in the first layer over frozen embeddings sees nothing that needs a
     # gradient unless dense_h_to_4h trains: it keeps nothing
     mlp = grad_in or not L.parallel or c.adapted("dense_h_to_4h")
@@ -60,6 +63,19 @@ def neox_layer(arch: ArchSpec, L: LayerLayout, c: Ctx, *, grad_in: bool) -> int:
     # dropout before the residual add: NeoX's post_attention_dropout and post_mlp_dropout, Falcon's one
     n += _drop(L.hidden_dropout, t * h) * (1 if falcon else 1 + mlp)
     return n
+
+
+def _shared_attention(arch: ArchSpec, L: LayerLayout, c: Ctx, *, grad_in: bool) -> int:
+    """Falcon from transformers 5.25 (``modeling_falcon.py:FalconAttention.forward``): q, k, v are
+    views of ``query_key_value``'s output with their own head counts (``num_kv_heads`` groups with
+    the new decoder architecture, one key head with ``multi_query``), rotated, then
+    ``ALL_ATTENTION_FUNCTIONS`` (sdpa with the explicit causal mask Falcon always builds:
+    ``allow_is_causal_skip=False``, so k, v are repeated to every head; or ``eager_attention_forward``:
+    ``repeat_kv`` and the fp32 softmax) and ``dense``: the Llama-style count (``families._attention``)."""
+    from memfit.core.activations.families import _attention
+
+    return _attention(arch, L, c, masked=True, qk_norm=False, grad_in=grad_in, qkv="query_key_value", out="dense",
+                      single_kv_view=True)
 
 
 def _neox_attention(arch: ArchSpec, L: LayerLayout, c: Ctx, *, falcon: bool) -> int:

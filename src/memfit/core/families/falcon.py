@@ -14,11 +14,21 @@ to the embedding by default (``FalconConfig.tie_word_embeddings = True``). Each 
 ``n_embed`` overrides ``hidden_size`` (``FalconConfig.__post_init__``). Buffers:
 ``transformer.rotary_emb.inv_freq``/``original_inv_freq`` of ``ceil(hd / 2)`` (registered even
 with ``alibi``, which then goes unused).
+
+What changes with the release (``at_release``): transformers 5.25.0 ``configuration_falcon.py``
+sets ``num_key_value_heads`` (``num_kv_heads`` with ``new_decoder_architecture`` or without
+``multi_query``, else 1), so ``to_dict()`` has it and peft sizes prefix tuning by it; 5.25.0
+``modeling_falcon.py`` rewrote ``FalconAttention``: q, k, v split with their own head counts (no
+``broadcast_to`` of k, v to every head, no ``_split_heads``/``_merge_heads``), then
+``ALL_ATTENTION_FUNCTIONS`` / ``eager_attention_forward`` with ``repeat_kv`` and the fp32 softmax, as
+Llama's; ALiBi goes through the mask. Up to 5.24 (``FalconAttention`` with its own sdpa/eager branches,
+``FalconFlashAttention2``) the shape is as ``build_falcon`` makes it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from memfit.core.families.blocks import embedding, layer_norm, linear, specs, stack
@@ -27,6 +37,7 @@ from memfit.core.families.heads import head_labels, decoder_head, num_labels, re
 from memfit.core.families.rope import rope_frequencies, rotary_buffers
 from memfit.core.families.validate import check_heads
 from memfit.core.model import ArchSpec, LayerLayout, ModelShape
+from memfit.core.stack.releases import at_least
 
 TASK_CLASSES = {
     "causal-lm": "FalconForCausalLM",
@@ -35,6 +46,11 @@ TASK_CLASSES = {
     "question-answering": "FalconForQuestionAnswering",
 }
 ARCHITECTURE = TASK_CLASSES["causal-lm"]
+
+SHARED_ATTENTION_FROM = "5.25"
+"""The first transformers release whose ``FalconConfig`` has ``num_key_value_heads`` and whose
+``FalconAttention`` calls the shared attention functions (5.25.0 ``models/falcon/``; 5.24.0 has
+neither)."""
 
 
 def build_falcon(name: str, config: Mapping[str, Any], task: str | None = None) -> ModelShape:
@@ -106,3 +122,14 @@ def build_falcon(name: str, config: Mapping[str, Any], task: str | None = None) 
         name=name, architecture=TASK_CLASSES[task], arch=arch, params=params,
         buffers=rotary_buffers("transformer.rotary_emb", frequencies), notes=notes,
     )
+
+
+def at_release(shape: ModelShape, line: str | None) -> ModelShape:
+    """``shape`` as transformers ``line`` builds it (None: memfit's default release, 5.24): from 5.25
+    the config has ``num_key_value_heads`` (``ArchSpec.kv_heads_key``) and the attention is the shared
+    one (``LayerLayout.shared_attention``); the parameters and buffers are the same in every release."""
+    if line is None or not at_least(line, SHARED_ATTENTION_FROM):
+        return shape
+    arch = shape.arch
+    layout = replace(arch.layout, shared_attention=True) if arch.layout is not None else None
+    return replace(shape, arch=replace(arch, kv_heads_key=True, layout=layout))

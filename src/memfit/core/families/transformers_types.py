@@ -1,9 +1,15 @@
-"""Every ``model_type`` transformers 5.24.0 ships (the keys of ``transformers.CONFIG_MAPPING``).
+"""Every ``model_type`` transformers ships (the keys of ``transformers.CONFIG_MAPPING``), per release.
 
 The pure core cannot import transformers, but must know whether a config names a model transformers
 builds with its own code (then memfit plans it through a meta-device build of that class and never
-asks for remote code) or one that only custom code builds. tests/exact/test_families.py compares
-this list with the installed transformers; regenerate it with ``python scripts/make_model_types.py``.
+asks for remote code) or one that only custom code builds. ``DEFAULT_RELEASE_MODEL_TYPES`` is
+``CONFIG_MAPPING`` of ``TRANSFORMERS_VERSION`` (memfit's default release); ``ADDED_IN`` the types
+each later release added (none removed); ``TRANSFORMERS_MODEL_TYPES`` all of them, and
+``model_type_release`` says from which release a type is there, so a plan for a stated release
+refuses a type that release lacks (``scenario.build``). tests/exact/test_families.py compares
+``model_types_of`` the installed release with its ``CONFIG_MAPPING``; regenerate with
+``python scripts/make_model_types.py`` under each release (the default one rewrites the list,
+a later one its ``ADDED_IN`` entry).
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from __future__ import annotations
 TRANSFORMERS_VERSION = "5.24.0"
 
 # fmt: off
-TRANSFORMERS_MODEL_TYPES: frozenset[str] = frozenset({
+DEFAULT_RELEASE_MODEL_TYPES: frozenset[str] = frozenset({
     'EvollaModel', 'afmoe', 'aimv2', 'aimv2_text_model', 'aimv2_vision_model', 'albert', 'align',
     'align_text_model', 'align_vision_model', 'altclip', 'altclip_text_model',
     'altclip_vision_model', 'apertus', 'apertus1p5', 'apertus1p5_text',
@@ -170,3 +176,39 @@ TRANSFORMERS_MODEL_TYPES: frozenset[str] = frozenset({
     'xlnet', 'xlstm', 'xmod', 'yolos', 'yoso', 'youtu', 'zamba', 'zamba2', 'zaya', 'zoedepth',
 })
 # fmt: on
+
+# fmt: off
+ADDED_IN: dict[str, frozenset[str]] = {
+    "5.25.0": frozenset({
+        'ergo', 'kolibri1_1', 'llava_onevision1_5', 'llava_onevision1_5_vision', 'minicpm5_moe',
+        'ovis2_5', 'ovis2_5_vision', 'param2moe', 'pi05',
+    }),
+}
+# fmt: on
+"""Types ``CONFIG_MAPPING`` gained in each release after ``TRANSFORMERS_VERSION`` (5.25.0: 831 keys,
+5.24.0's 822 and these nine)."""
+
+TRANSFORMERS_MODEL_TYPES: frozenset[str] = DEFAULT_RELEASE_MODEL_TYPES.union(*ADDED_IN.values())
+"""Every type some release memfit knows ships."""
+
+NEWEST_VERSION: str = max((TRANSFORMERS_VERSION, *ADDED_IN), key=lambda v: tuple(int(x) for x in v.split(".")[:3]))
+"""The newest release these lists follow (``TRANSFORMERS_MODEL_TYPES`` is its ``CONFIG_MAPPING``)."""
+
+
+def _line(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+def model_type_release(model_type: str) -> str | None:
+    """The release (``5.25.0``) whose ``CONFIG_MAPPING`` first has ``model_type``, when it is later than
+    ``TRANSFORMERS_VERSION``; None for a type the default release ships (earlier ones are not told
+    apart) or that none ships."""
+    return next((v for v, types in ADDED_IN.items() if model_type in types), None)
+
+
+def model_types_of(line: str | None) -> frozenset[str]:
+    """The types release line ``line`` (``5.25``) ships, as far as these lists tell (None: the default)."""
+    if line is None:
+        return DEFAULT_RELEASE_MODEL_TYPES
+    return DEFAULT_RELEASE_MODEL_TYPES.union(*(t for v, t in ADDED_IN.items() if _line(v) <= _line(line)))

@@ -28,7 +28,18 @@ MODEL_TYPES_WITHOUT_KV_HEADS_KEY: frozenset[str] = frozenset({
 """``model_type``s whose ``config.to_dict()`` has no ``num_key_value_heads`` key, so peft sizes
 their prefix by the hidden size even when the model has fewer key/value heads (falcon) or a head
 width that does not multiply out to it (t5's ``d_kv``). Every other type is taken to have the key.
-A test checks each entry against the installed transformers."""
+A shape's ``ArchSpec.kv_heads_key`` overrides the list: Falcon's config has the key from transformers
+5.25 (``families.falcon.at_release``; ``falcon`` is listed for 5.24 and earlier). A test checks each
+entry against the installed transformers (``has_kv_heads_key`` with its release)."""
+
+
+def has_kv_heads_key(arch: ArchSpec) -> bool:
+    """Whether peft's ``"num_key_value_heads" in model_config`` (``_prepare_prompt_learning_config``, peft
+    0.21.2 ``utils/other.py``) holds for this model's config."""
+    if arch.kv_heads_key is not None:
+        return arch.kv_heads_key
+    return arch.model_type not in MODEL_TYPES_WITHOUT_KV_HEADS_KEY
+
 
 KV_PREFIX_METHODS = frozenset({"prefix", "cartridge"})
 """Methods whose prompt is a key/value prefix per layer: ``_prepare_prompt_learning_config`` sizes
@@ -59,7 +70,7 @@ def prompt_learning_dims(shape: ModelShape, spec: PeftSpec) -> PromptLearningDim
     arch: ArchSpec = shape.arch
     token_dim = spec.token_dim or arch.hidden_size
     num_layers = spec.num_layers or (arch.num_encoder_layers or arch.num_layers)
-    if spec.method in KV_PREFIX_METHODS and arch.model_type not in MODEL_TYPES_WITHOUT_KV_HEADS_KEY:
+    if spec.method in KV_PREFIX_METHODS and has_kv_heads_key(arch):
         token_dim = arch.head_dim * arch.num_kv_heads
     submodules = spec.num_transformer_submodules or (2 if task_type(shape, spec) == "SEQ_2_SEQ_LM" else 1)
     return PromptLearningDims(

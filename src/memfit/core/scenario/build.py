@@ -300,18 +300,22 @@ def _model_shape(source, inputs: ScenarioInputs):
     """The pure builder's shapes, or, for a model_type transformers ships without a pure builder,
     the meta build's (torch and transformers run: slower, and said so in the shape's notes)."""
     from memfit.core.shapes import NoPureBuilder, build_model_shape
+    from memfit.core.stack.resolve import resolve_stack
 
+    line = resolve_stack(inputs, framework=inputs.framework or "torch").transformers
     try:
-        from memfit.core.stack.resolve import resolve_stack
-
-        line = resolve_stack(inputs, framework=inputs.framework or "torch").transformers
         return build_model_shape(source, task=inputs.task, trust_remote_code=bool(inputs.trust_remote_code),
                                  transformers_line=line)
     except NoPureBuilder:
         from memfit.core.families import TRANSFORMERS_MODEL_TYPES
+        from memfit.core.families.transformers_types import model_type_release, model_types_of
 
         if source.model_type not in TRANSFORMERS_MODEL_TYPES and not inputs.trust_remote_code:
             raise
+        if line is not None and source.model_type not in model_types_of(line) and not inputs.trust_remote_code:
+            raise MemfitError(f"model_type {source.model_type!r} is in transformers from "
+                              f"{model_type_release(source.model_type)}; the stack's transformers {line} does not "
+                              "ship it (state the release the run uses)") from None
         try:
             from memfit.exact.meta_build import shape_from_meta_build
         except ImportError as exc:

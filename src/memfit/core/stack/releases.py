@@ -78,7 +78,7 @@ LIBRARIES: dict[str, Library] = {lib.name: lib for lib in (
     Library(name="deepspeed", label="DeepSpeed", pip_names=("deepspeed",), lines=(), default="0.19",
             default_release="0.19.8"),
     Library(name="transformers", label="transformers", pip_names=("transformers",),
-            lines=_lines(4, 0, 57) + _lines(5, 0, 24), default="5.24", default_release="5.24.0"),
+            lines=_lines(4, 0, 57) + _lines(5, 0, 25), default="5.24", default_release="5.24.0"),
     Library(name="peft", label="peft", pip_names=("peft",), lines=_lines(0, 1, 21), default="0.21",
             default_release="0.21.2"),
     Library(name="bitsandbytes", label="bitsandbytes", pip_names=("bitsandbytes",), lines=_lines(0, 35, 50),
