@@ -177,12 +177,23 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
                   accelerator=inputs.accelerator or "cuda", runtime=runtime_settings(inputs, stack),
                   framework=fw.framework, torch=fw.torch, quant=fw.quant, ddp=fw.ddp, fsdp=fw.fsdp,
                   eval=ev, epoch=epoch, input_notes=tuple(inputs.input_notes) + stack_notes,
-                  input_warnings=tuple(inputs.input_warnings), stack=stack)
+                  input_warnings=tuple(inputs.input_warnings) + _cpu_run_warning(inputs), stack=stack)
     from dataclasses import replace as _replace
 
     from memfit.core.scenario.assumptions import assumptions
 
     return _replace(sc, assumptions=assumptions(inputs, sc, precision_why=precision_why))
+
+
+def _cpu_run_warning(inputs: ScenarioInputs) -> tuple[str, ...]:
+    """A CPU run (accelerate's or the Trainer's ``use_cpu``) next to GPUs the inputs also name: the GPUs
+    hold nothing in the plan, said where each came from."""
+    origin = inputs.origins.get("accelerator", "")
+    if inputs.accelerator != "cpu" or inputs.gpus is None or not ("use_cpu" in origin or "no_cuda" in origin):
+        return ()  # a replay's CPU accelerator (memfit.replay) is not the user's use_cpu
+    return (f"{_said(inputs, 'accelerator')} makes this a CPU run (planned with DeepSpeed's CPU accelerator: the "
+            f"model and its states in host RAM); the GPUs of {_said(inputs, 'gpus')} ({inputs.gpus}) hold nothing "
+            "in it. Drop use_cpu to plan the run on them",)
 
 
 def _said(inputs: ScenarioInputs, name: str) -> str:
