@@ -108,23 +108,28 @@ def build_units(sc: Scenario, m: TorchModel) -> list[Unit]:
         units.append(Unit("tail (final norm, output head)", {L + 1}, reshard_after_forward=False))
     root = Unit("root", set(range(m.stages)) - covered, reshard_after_forward=False)
     assigned: dict[str, Unit] = {}
+    at_stage: dict[int, list[Unit]] = {}  # the units holding each stage, in the units' order (peft's leaves apart)
+    for cand in units:
+        if not cand.name.endswith("(peft fsdp_auto_wrap_policy)"):
+            for st in cand.stages:
+                at_stage.setdefault(st, []).append(cand)
     for p in m.params:
         u = None
         if f.wrap_policy == "peft" and p.name in leaf_of:
             assigned[p.name] = leaf_of[p.name]
             continue
-        for cand in units:
-            if cand.name.endswith("(peft fsdp_auto_wrap_policy)"):
+        for cand in at_stage.get(p.stage, ()):
+            if cand.name == "input embedding" and not (len(p.shape) == 2 and not p.adapter and p.stage == 0):
                 continue
-            if p.stage in cand.stages:
-                if cand.name == "input embedding" and not (len(p.shape) == 2 and not p.adapter and p.stage == 0):
-                    continue
-                u = cand
-                break
+            u = cand
+            break
         assigned[p.name] = u or root
     units.append(root)
+    members: dict[int, list[TParam]] = {}  # each unit's params in the model's order (one pass, not one per unit)
+    for p in m.params:
+        members.setdefault(id(assigned[p.name]), []).append(p)
     for u in units:
-        ps = [p for p in m.params if assigned[p.name] is u]
+        ps = members.get(id(u))
         if not ps:
             continue
         if fsdp2:
