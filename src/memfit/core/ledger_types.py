@@ -152,6 +152,8 @@ class PhaseLedger:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Failure:
+    """A phase whose peak exceeds a device's limit (``Verdict.failures``)."""
+
     phase: str
     device: str
     """``gpu``, ``cpu`` (per node) or ``nvme``."""
@@ -185,6 +187,8 @@ fits on paper but within that error (or a reserve) of the limit; a phase exceeds
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Verdict:
+    """Whether the run fits: the failing phases, the risks and the figures compared."""
+
     fits: bool
     """No phase exceeds the card or the host (``level`` is ``fits`` or ``at_risk``)."""
     failures: tuple[Failure, ...]
@@ -215,6 +219,8 @@ class Verdict:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Finding:
+    """One finding of the plan: an identifier, its severity and the message."""
+
     id: str
     severity: str
     """``error`` (the run fails because of it), ``warning``, ``info``."""
@@ -223,6 +229,8 @@ class Finding:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ParamCounts:
+    """The model's parameter counts: total, trained, frozen and the largest parameter."""
+
     total: int
     trainable: int
     frozen: int

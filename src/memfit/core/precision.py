@@ -34,6 +34,8 @@ DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PrecisionModel:
+    """The training precision: its mode, the autocast dtype, whether a GradScaler runs, the pure 16-bit dtype."""
+
     mode: str
     autocast: str | None
     """16-bit dtype autocast casts to (``fp16``/``bf16``), None without autocast."""

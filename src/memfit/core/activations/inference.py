@@ -88,6 +88,8 @@ def no_grad_forward(arch: ArchSpec, *, rows: int, seq_len: int, target_len: int 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GenerateShape:
+    """The shapes of an evaluation's ``generate()``: rows, prompt and output tokens."""
+
     rows: int
     """batch x num_beams."""
     prompt: int

@@ -75,6 +75,8 @@ NVSWITCH_NVLS = {"h100-80gb", "h200"}
 
 @dataclass(frozen=True, slots=True)
 class Reading:
+    """A measured size and where it was read."""
+
     bytes: int
     source: str
 

@@ -26,6 +26,8 @@ _FSDP_KEYS = {f.name for f in fields(FsdpSettings)}
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FrameworkResolution:
+    """The framework a scenario runs and its settings, resolved from the inputs."""
+
     framework: str
     torch: TorchSettings
     quant: QuantSettings

@@ -89,6 +89,8 @@ def measured() -> dict:
 
 @dataclass(frozen=True, slots=True)
 class HostPart:
+    """One part of a process's host memory (a ledger line: key, name, bytes)."""
+
     key: str
     name: str
     bytes: int

@@ -29,6 +29,8 @@ TRACKED = (Device.GPU, Device.CPU_PINNED)
 
 @dataclass(slots=True)
 class _PhaseState:
+    """A phase being recorded: its peaks so far and the items live at them."""
+
     name: str
     description: str
     gpu_peak: int = -1
