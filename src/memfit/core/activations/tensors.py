@@ -121,6 +121,7 @@ def tensors(value: object) -> tuple[int, ...] | None:
     if not isinstance(value, Sym):
         return (int(value),) if value else ()  # type: ignore[call-overload]
     out: list[int] = []
+    terms: list[tuple] = []  # each tensor's term (its atoms): a removal takes its own term's tensor
     for coef, atoms in value.terms:
         rest = 1
         has_dtype = False
@@ -135,15 +136,18 @@ def tensors(value: object) -> tuple[int, ...] | None:
         size, count = (rest, coef) if has_dtype else (coef * rest, 1 if coef * rest > 0 else -1)
         if count > 0 and size > 0:
             out.extend([size] * count)
+            terms.extend([atoms] * count)
             continue
         size = abs(size)
-        for _ in range(abs(count)):  # a removal: the most recent tensor of that size
-            for k in range(len(out) - 1, -1, -1):
-                if out[k] == size:
-                    del out[k]
-                    break
-            else:
+        for _ in range(abs(count)):  # a removal: the most recent tensor of its own term, else of that size
+            # (by size alone, two terms that happen to be equal at one length, e.g. b*s*h and b*a*s*s at
+            # s = h / a, would swap tensors there and nowhere else: the epoch template needs one order)
+            hits = [k for k in range(len(out) - 1, -1, -1) if out[k] == size and terms[k] == atoms] or \
+                [k for k in range(len(out) - 1, -1, -1) if out[k] == size]
+            if not hits:
                 return None
+            del out[hits[0]]
+            del terms[hits[0]]
     if sum(out) != int(value) or any(n <= 0 for n in out):  # type: ignore[call-overload]
         return None
     return tuple(out)

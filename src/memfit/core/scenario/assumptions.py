@@ -73,8 +73,7 @@ def assumptions(inputs: ScenarioInputs, sc: Scenario, *, precision_why: str = ""
         add("defaults", "gradient checkpointing", "on" if sc.train.gradient_checkpointing else "off",
             "--gradient-checkpointing")
     if inputs.attention is None:
-        from memfit.core.scenario.build import stack_torch_version
-        from memfit.core.stack.attention import default_attention
+        from memfit.core.stack.attention import default_attention, stack_torch_version
 
         chosen, why = default_attention(sc.model.arch.model_type, sc.stack.transformers, stack_torch_version(sc.stack)) \
             if sc.stack is not None else (None, "")

@@ -342,7 +342,7 @@ def _attention(shape, requested: str | None, stack=None) -> str:
     and the release's own refusal of sdpa)."""
     from memfit.core.families import FAMILIES
     from memfit.core.families.attention import IMPLEMENTATIONS, resolve
-    from memfit.core.stack.attention import default_attention, requested_sdpa
+    from memfit.core.stack.attention import default_attention, requested_sdpa, stack_torch_version
 
     line, torch = (stack.transformers, stack_torch_version(stack)) if stack is not None else (None, "")
     if shape.arch.model_type in FAMILIES:
@@ -355,12 +355,6 @@ def _attention(shape, requested: str | None, stack=None) -> str:
     if requested is not None and requested not in IMPLEMENTATIONS:
         raise MemfitError(f"attention must be one of {', '.join(IMPLEMENTATIONS)}, got {requested!r}")
     return requested or "sdpa"
-
-
-def stack_torch_version(stack) -> str:  # noqa: ANN001 (Stack)
-    """The stack's torch as given (``2.1.0+cu118``), else its release line (``2.1``)."""
-    entry = stack.entry("torch")
-    return entry.version or entry.line or ""
 
 
 def _target_len(shape, value: Any) -> int | None:

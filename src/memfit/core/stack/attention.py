@@ -35,6 +35,12 @@ OWN_SDPA = {"falcon": ("4.33", "4.36")}
 (torch >= 2.0, the first release with the function)."""
 
 
+def stack_torch_version(stack) -> str:  # noqa: ANN001 (memfit.core.stack.types.Stack)
+    """The stack's torch as given (``2.1.0+cu118``), else its release line (``2.1``)."""
+    entry = stack.entry("torch")
+    return entry.version or entry.line or ""
+
+
 def class_supports_sdpa(model_type: str, line: str) -> bool | None:
     """Whether transformers ``line``'s modeling file sets ``_supports_sdpa = True`` for the type; None:
     not read (a type outside memfit's pure families, or a line before the first read)."""
