@@ -24,6 +24,8 @@ def test_the_default_release_gives_the_current_classes_choice():
     ("llama", "4.36", "2.1.0", "eager"),      # is_torch_sdpa_available: torch >= 2.1.1
     ("llama", "4.36", "2.1.1+cu118", "sdpa"),
     ("llama", "4.36", "2.1", "eager"),        # a line reads as its .0
+    ("llama", "4.40", "2.1.1rc1", "sdpa"),    # a pre-release's patch is its leading digits (not 11)
+    ("llama", "4.40", "2.1.0a0+git", "eager"),
     ("gpt2", "4.41", "2.3", "eager"),         # GPT-2's classes set _supports_sdpa from 4.42
     ("gpt2", "4.42", "2.3", "sdpa"),
     ("t5", "4.57", "2.8", "eager"),           # T5 only in 5.15+

@@ -17,7 +17,8 @@ _FILE_SETTING = {"micro_batch": ("lengths", "micro batch"), "grad_accum": ("defa
                  "nodes": ("hardware", "nodes"), "framework": ("defaults", "framework")}
 
 
-def assumptions(inputs: ScenarioInputs, sc: Scenario, *, precision_why: str = "") -> tuple[Assumption, ...]:
+def assumptions(inputs: ScenarioInputs, sc: Scenario, *, precision_why: str = "",
+                attention_why: str = "") -> tuple[Assumption, ...]:
     """The assumptions of ``sc``, built from ``inputs`` (after the input files are merged)."""
     from memfit.core.alloc.versions import resolve_torch_version
     from memfit.core.hardware import DEFAULT_CPU_RAM
@@ -73,12 +74,7 @@ def assumptions(inputs: ScenarioInputs, sc: Scenario, *, precision_why: str = ""
         add("defaults", "gradient checkpointing", "on" if sc.train.gradient_checkpointing else "off",
             "--gradient-checkpointing")
     if inputs.attention is None:
-        from memfit.core.stack.attention import default_attention, stack_torch_version
-
-        chosen, why = default_attention(sc.model.arch.model_type, sc.stack.transformers, stack_torch_version(sc.stack)) \
-            if sc.stack is not None else (None, "")
-        add("defaults", "attention", sc.train.attention,
-            f"{why}; --attention" if chosen == sc.train.attention else "transformers' choice; --attention")
+        add("defaults", "attention", sc.train.attention, (attention_why or "transformers' choice") + "; --attention")
     if inputs.task is None:
         add("defaults", "task", sc.model.arch.task, "the config's architectures; --task")
     for name, (value, why) in from_files.items():
@@ -87,18 +83,16 @@ def assumptions(inputs: ScenarioInputs, sc: Scenario, *, precision_why: str = ""
     return tuple(out)
 
 
-SAVED_TO_DTYPE = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
-
-
 def _load_dtype_why(sc) -> str:  # noqa: ANN001 (Scenario)
     """Why the load dtype, when no input gave it: from_pretrained's default up to transformers 4.57 (fp32:
     ``dtype = torch.get_default_dtype()`` when None); from 5.0 ``from_pretrained`` reads a missing dtype as
     ``"auto"`` (5.0.0 modeling_utils.py: ``if dtype is None: dtype = "auto"``), the checkpoint's own dtype
     (config.json's ``dtype``/``torch_dtype``), which memfit does not take as the default: said, with the
     dtype that release loads."""
+    from memfit.core.inputs.common import DTYPE_NAMES
     from memfit.core.stack.lines import at_least
 
-    saved = SAVED_TO_DTYPE.get(sc.load.checkpoint.saved_dtype) if sc.load.checkpoint is not None else None
+    saved = DTYPE_NAMES.get(sc.load.checkpoint.saved_dtype) if sc.load.checkpoint is not None else None
     line = sc.stack.transformers if sc.stack is not None else None
     if at_least(line, "5.0") and saved and saved != sc.load.dtype:
         return (f"memfit's default, not transformers {line}'s: from_pretrained without dtype loads the "

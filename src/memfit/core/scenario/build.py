@@ -152,12 +152,13 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
             "convert_layers_to_xlora swaps only lora.Linear/Embedding/Conv2d, so the experts on quantized layers "
             "(lora.bnb.Linear4bit/Linear8bitLt) run unscaled and outside the classifier's layer count")
     seq_len, batch_shape = _sequence_shape(inputs, micro, hw.world_size)
+    attention, attention_why = _attention(base, inputs.attention, stack)
     train = TrainSettings(
         seq_len=seq_len,
         micro_batch=micro,
         gradient_checkpointing=bool(inputs.gradient_checkpointing),
         model_parameters=inputs.model_parameters or "trainable",
-        attention=_attention(base, inputs.attention, stack),
+        attention=attention,
         target_len=_target_len(base, inputs.target_len),
         batch_shape=batch_shape,
         dataloader_workers=count_value(inputs.dataloader_workers, "dataloader_workers"),
@@ -182,7 +183,7 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
 
     from memfit.core.scenario.assumptions import assumptions
 
-    return _replace(sc, assumptions=assumptions(inputs, sc, precision_why=precision_why))
+    return _replace(sc, assumptions=assumptions(inputs, sc, precision_why=precision_why, attention_why=attention_why))
 
 
 def _cpu_run_warning(inputs: ScenarioInputs) -> tuple[str, ...]:
@@ -335,11 +336,11 @@ def _model_shape(source, inputs: ScenarioInputs):
         return shape_from_meta_build(source, task=inputs.task, trust_remote_code=bool(inputs.trust_remote_code))
 
 
-def _attention(shape, requested: str | None, stack=None) -> str:
-    """transformers' choice for the family in the stack's release (``memfit.core.stack.attention``:
-    eager before 4.36's dispatch, then sdpa where the release's classes support it and torch allows),
-    or the requested one if the family supports it (the same one-line refusal as the exact path,
-    and the release's own refusal of sdpa)."""
+def _attention(shape, requested: str | None, stack=None) -> tuple[str, str]:
+    """``(implementation, why)``: transformers' choice for the family in the stack's release
+    (``memfit.core.stack.attention``: eager before 4.36's dispatch, then sdpa where the release's classes
+    support it and torch allows), or the requested one if the family supports it (the same one-line
+    refusal as the exact path, and the release's own refusal of sdpa)."""
     from memfit.core.families import FAMILIES
     from memfit.core.families.attention import IMPLEMENTATIONS, resolve
     from memfit.core.stack.attention import default_attention, requested_sdpa, stack_torch_version
@@ -347,14 +348,14 @@ def _attention(shape, requested: str | None, stack=None) -> str:
     line, torch = (stack.transformers, stack_torch_version(stack)) if stack is not None else (None, "")
     if shape.arch.model_type in FAMILIES:
         if requested is None:
-            chosen, _ = default_attention(shape.arch.model_type, line, torch)
-            return chosen if chosen is not None else resolve(shape.arch.model_type, None)
+            chosen, why = default_attention(shape.arch.model_type, line, torch)
+            return (chosen, why) if chosen is not None else (resolve(shape.arch.model_type, None), "transformers' choice")
         if requested == "sdpa" and requested_sdpa(shape.arch.model_type, line, torch):
-            return "sdpa"
-        return resolve(shape.arch.model_type, requested)
+            return "sdpa", "requested"
+        return resolve(shape.arch.model_type, requested), "requested"
     if requested is not None and requested not in IMPLEMENTATIONS:
         raise MemfitError(f"attention must be one of {', '.join(IMPLEMENTATIONS)}, got {requested!r}")
-    return requested or "sdpa"
+    return requested or "sdpa", "requested" if requested else "transformers' choice"
 
 
 def _target_len(shape, value: Any) -> int | None:

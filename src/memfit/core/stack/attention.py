@@ -19,20 +19,21 @@ OPT 4.46, T5/mT5/umT5 and GPT-J only in 5.x, Gemma 2 no longer from 5.21): ``SDP
 
 from __future__ import annotations
 
+import re
+
 from memfit.core.stack.lines import at_least, line_key
 from memfit.core.stack.sdpa_releases import SDPA_CHANGES
 from memfit.errors import MemfitError
 
-SRC = "transformers modeling_utils.py (_check_and_enable_sdpa 4.36-4.x, get_correct_attn_implementation 5.x)"
 DISPATCH_FROM = "4.36"
 """The first release with ``attn_implementation`` and an sdpa default."""
 TORCH_SDPA_FROM = (2, 1, 1)
 """``is_torch_sdpa_available`` in 4.36-4.55: ``version.parse(_torch_version) >= version.parse("2.1.1")``."""
 TORCH_CHECK_UNTIL = "4.56"
 """From 4.56 ``is_torch_sdpa_available`` returns True for any torch transformers installs with."""
-OWN_SDPA = {"falcon": ("4.33", "4.36")}
-"""Modeling files that called ``F.scaled_dot_product_attention`` themselves before the dispatch
-(torch >= 2.0, the first release with the function)."""
+OWN_SDPA = {"falcon": "4.33"}
+"""Modeling files that called ``F.scaled_dot_product_attention`` themselves before the dispatch (from the
+release given to ``DISPATCH_FROM``; torch >= 2.0, the first release with the function)."""
 
 
 def stack_torch_version(stack) -> str:  # noqa: ANN001 (memfit.core.stack.types.Stack)
@@ -55,12 +56,13 @@ def class_supports_sdpa(model_type: str, line: str) -> bool | None:
 
 
 def _torch_tuple(torch: str) -> tuple[int, ...]:
+    """``2.1.1+cu118`` -> (2, 1, 1); each part's leading digits (``2.1.1rc1`` -> (2, 1, 1)); a line is its .0."""
     out = []
     for part in torch.split("+")[0].split("."):
-        digits = "".join(ch for ch in part if ch.isdigit()) if part[:1].isdigit() else ""
-        if not digits:
+        m = re.match(r"\d+", part)
+        if m is None:
             break
-        out.append(int(digits))
+        out.append(int(m.group(0)))
     return tuple(out + [0] * (3 - len(out)))
 
 
@@ -73,7 +75,7 @@ def default_attention(model_type: str, transformers_line: str | None, torch: str
     tv = _torch_tuple(torch) if torch else (99, 0, 0)
     own = OWN_SDPA.get(model_type)
     if not at_least(transformers_line, DISPATCH_FROM):
-        if own and at_least(transformers_line, own[0]) and tv >= (2, 0, 0):
+        if own and at_least(transformers_line, own) and tv >= (2, 0, 0):
             return "sdpa", (f"transformers {transformers_line}'s {model_type} calls F.scaled_dot_product_attention "
                             f"itself (before the attn_implementation dispatch of {DISPATCH_FROM}; torch {torch})")
         return "eager", (f"transformers {transformers_line} has no attn_implementation (from {DISPATCH_FROM}): "
