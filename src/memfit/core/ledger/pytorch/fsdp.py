@@ -28,7 +28,20 @@ params (each aligned to 16 bytes under ``use_orig_params``), padded to a multipl
 shard copy ``_mp_shard`` under mixed precision); the gradient is a full padded flat for the whole
 unit, frozen params included, whenever any of its params trains, reduce-scattered into the shard
 (``_saved_grad_shard``). ``SHARD_GRAD_OP`` keeps every unit unsharded from forward to backward;
-``NO_SHARD`` keeps everything whole (S = 1); ``HYBRID_SHARD`` shards within a node.
+``NO_SHARD`` keeps everything whole (S = 1); ``HYBRID_SHARD`` shards within a node. FSDP1
+``CPUOffload(offload_params=True)`` (``FlatParamHandle.init_flat_param_attributes``, at the root's
+lazy init before the first forward): every flat parameter, frozen ones included, gets a pinned copy
+of its local shard (``_local_shard.pin_memory()``) and a pinned gradient buffer of the same size
+(``_cpu_grad = zeros_like(_local_shard).pin_memory()``; the pageable zeros it is copied from, one
+shard for an instant, is not booked); the pageable shard the constructor left lives until the
+unit's first unshard (``pre_unshard``'s ``flat_param_to(device)`` replaces ``flat_param.data``);
+each unshard copies the shard to the device first (``flat_param_to``, or under mixed precision
+``_use_low_precision_shard``: the low-precision copy and the full-precision ``.to(device)`` it is
+copied from), dead once gathered; the reduce-scattered gradient is copied into ``_cpu_grad`` and
+kept on the device as ``_saved_grad_shard`` until the end of backward
+(``prepare_gradient_for_optim``); ``_cpu_grad`` is never freed (``zero_grad`` only drops
+``.grad``), and gradient accumulation outside ``no_sync`` overwrites it (the TODO in
+``prepare_gradient_for_backward``: no device copy of the earlier micro-steps' gradient).
 
 The optimizer sees the local shards: FSDP2 each param's (rank 0's) chunk, FSDP1 with
 ``use_orig_params`` each trained param's part of this rank's shard (rank 0: the start of each flat),
@@ -62,6 +75,9 @@ HOST_GRADS = "fsdp.offloaded_grads"
 FULL_ON_GPU = "fsdp.full_param_while_sharding"
 QSTATES = "fsdp.replicated_quant_states"
 MP_SHARD = "fsdp.mp_shard"
+UNPINNED = "fsdp.sharded_params_unpinned"
+CPU_GRADS = "fsdp.cpu_grads"
+H2D_SHARD = "fsdp.shard_on_device"
 SRC2 = "torch 2.13 distributed/fsdp/_fully_shard"
 SRC1 = "torch 2.13 distributed/fsdp/_flat_param.py"
 ACC = "accelerate 1.15 utils/fsdp_utils.py"
@@ -100,6 +116,12 @@ class FsdpRun:
         self.in_forward = False
         self.rs_retained = 0
         self.shard_dev = Device.CPU_PINNED if self.offload else Device.GPU
+        self.offload1 = self.offload and not self.fsdp2
+        """FSDP1 CPU offload: pinned at lazy init, ``_cpu_grad`` per flat parameter (module docstring)."""
+        self.unpinned: dict[int, int] = {}
+        """FSDP1 offload: unit -> bytes of the pageable shard its constructor left, until its first unshard."""
+        self.saved_grads = 0
+        """FSDP1 offload: the device ``_saved_grad_shard`` bytes kept until the end of backward."""
 
     # ---- sizes
     def gather_elem(self, pc: Piece) -> int:
@@ -154,6 +176,17 @@ class FsdpRun:
                   category="params", formula="per quantized weight, every rank", source="bitsandbytes 0.50.2 QuantState")
         t.declare(MP_SHARD, name="low-precision shard copy (FSDP1 mixed precision)", device=Device.GPU,
                   category="params", formula="1/S flat in param_dtype", source=f"{SRC1}:_use_low_precision_shard")
+        if self.offload1:
+            t.declare(UNPINNED, name="sharded params in pageable host memory until lazy init pins them and the unit "
+                      "first runs (FSDP1 CPU offload)", device=Device.CPU_PAGEABLE, category="params",
+                      formula="each flat param's local shard, until its first unshard",
+                      source=f"{SRC1}:FlatParamHandle.flat_param_to (pre_unshard)")
+            t.declare(CPU_GRADS, name="pinned gradient buffer per flat param, frozen ones included (FSDP1 CPU offload)",
+                      device=Device.CPU_PINNED, category="grads", formula="one local shard per flat param, kept",
+                      source=f"{SRC1}:FlatParamHandle.init_flat_param_attributes (_cpu_grad)")
+            t.declare(H2D_SHARD, name="local shard copied to the device before its all-gather (FSDP1 CPU offload)",
+                      device=Device.GPU, category="params", formula="1/S flat, while the unit is gathered",
+                      source=f"{SRC1}:FlatParamHandle.pre_unshard (flat_param_to / _use_low_precision_shard)")
 
     # ---- setup
     def setup(self, where) -> None:
@@ -165,7 +198,7 @@ class FsdpRun:
         self.declare()
         efficient = self.fsdp2 and self.loading == "rank0_host"  # accelerate's fsdp2_load_full_state_dict
         on_gpu_already = sc.quant.enabled and self.loading == "every_rank"  # bitsandbytes loaded it onto the GPU
-        for u in self.units:
+        for i, u in enumerate(self.units):
             full = []
             for pc in u.pieces:
                 nb = sum(p.nbytes if not p.quantized else sharded_dims(p, sc)[0] * pc.elem for p in pc.params)
@@ -179,7 +212,10 @@ class FsdpRun:
                     full.append(nb)
                 if not self.fsdp2:  # FlatParamHandle.flatten_tensors: torch.cat of the unit's params (padded)
                     t.alloc(FULL_ON_GPU, pc.numel * pc.elem)
-                t.alloc(SHARDS, pc.shard_bytes)  # new_zeros(padded shard) (FSDP1: the chunk's clone), copied
+                # new_zeros(padded shard) (FSDP1: the chunk's clone), copied; FSDP1 offload: pageable until lazy init
+                t.alloc(UNPINNED if self.offload1 else SHARDS, pc.shard_bytes)
+                if self.offload1:
+                    self.unpinned[i] = self.unpinned.get(i, 0) + pc.shard_bytes
                 if not self.fsdp2:
                     t.free(FULL_ON_GPU, pc.numel * pc.elem)
             if full:
@@ -206,6 +242,17 @@ class FsdpRun:
         if t.live_bytes(HOST_LOADED):
             t.free(HOST_LOADED)
         record_optimizer_construction(t, self.opt)
+
+    def lazy_init(self) -> None:
+        """FSDP1 CPU offload, the root's lazy init before the first forward: every flat parameter's
+        local shard pinned (a copy) and its ``_cpu_grad`` pinned, the root's first, then the other units
+        in module order (``_runtime_utils.py:_share_state_and_init_handle_attrs``)."""
+        if not self.offload1:
+            return
+        for u in sorted(self.units, key=lambda u: u.name != "root"):
+            for pc in u.pieces:
+                self.t.alloc(SHARDS, pc.shard_bytes)  # _local_shard.pin_memory()
+                self.t.alloc(CPU_GRADS, pc.shard_bytes)  # zeros_like(_local_shard).pin_memory()
 
     # ---- gather / reshard
     def issue(self, i: int) -> None:
@@ -244,10 +291,19 @@ class FsdpRun:
                 t.free(AG_FLAT, flat)
         else:
             for pc, n in zip(u.pieces, outs):
-                if self.param_bytes and self.param_bytes != pc.elem:
+                mp = self.param_bytes and self.param_bytes != pc.elem
+                if mp:
                     t.alloc(MP_SHARD, pc.shard_numel * self.param_bytes)
+                if self.offload1:  # the local shard to the device (under mp: .to(device), copied into _mp_shard)
+                    t.alloc(H2D_SHARD, pc.shard_bytes)
+                    if mp:
+                        t.free(H2D_SHARD, pc.shard_bytes)
+                    if i in self.unpinned:  # flat_param.data no longer holds the constructor's pageable shard
+                        t.free(UNPINNED, self.unpinned.pop(i))
                 t.alloc(UNSHARDED, n)
-                if self.param_bytes and self.param_bytes != pc.elem:
+                if self.offload1 and not mp:
+                    t.free(H2D_SHARD, pc.shard_bytes)
+                if mp:
                     t.free(MP_SHARD, pc.shard_numel * self.param_bytes)
         self.unsharded_live.add(i)
 
@@ -302,7 +358,9 @@ class FsdpRun:
         if self.reduce_bytes and cast != out:
             t.alloc(SHARD_GRADS, cast)  # _to_dtype_if_needed: the sharded grad in the param's dtype
             t.free(SHARD_GRADS, out)
-        if self.offload:  # new_sharded_grad.to(cpu): pinned host copy; the device one dies
+        if self.offload1:  # _cpu_grad.copy_(...): the device one is kept as _saved_grad_shard until backward ends
+            self.saved_grads += cast
+        elif self.offload:  # new_sharded_grad.to(cpu): pinned host copy; the device one dies
             t.alloc(HOST_GRADS, cast)
             t.free(SHARD_GRADS, cast)
             if not first_micro:
@@ -356,9 +414,10 @@ def build_fsdp_ledger(t: Timeline, sc: Scenario, m: TorchModel, opt: OptimizerMo
     _fsdp_opt(run, c, opt_params, "optimizer_step", first=True, host=host_opt)
     if ga > 1:
         t.phase("step2.forward", f"steady state, last micro-step of {ga}")
-        for u in run.units:  # the earlier micro-steps' sharded gradients
+        for u in run.units:  # the earlier micro-steps' sharded gradients (FSDP1 offload: in _cpu_grad already)
             n = sum(pc.shard_numel * pc.elem for pc in u.pieces if pc.trainable)
-            t.alloc(HOST_GRADS if run.offload else SHARD_GRADS, n)
+            if not run.offload1:
+                t.alloc(HOST_GRADS if run.offload else SHARD_GRADS, n)
         _fsdp_forward(run, c, None)
         _fsdp_backward(run, c, "step2.backward", first_micro=False)
     else:
@@ -418,6 +477,7 @@ def _fsdp_forward(run: FsdpRun, c, phase: str | None) -> None:
         t.phase(phase, "forward: each unit all-gathered, computed, resharded")
         if phase == "forward":
             record_workers(t, c.sc)
+            run.lazy_init()
     run.in_forward = True
     ckpt = c.sc.train.gradient_checkpointing
     last = len(c.stages) - 1
@@ -479,6 +539,9 @@ def _fsdp_backward(run: FsdpRun, c, phase: str, *, first_micro: bool) -> None:
     if run.rs_retained:
         t.free(RS_IN, run.rs_retained)
         run.rs_retained = 0
+    if run.saved_grads:  # FSDP1 offload: prepare_gradient_for_optim deletes _saved_grad_shard
+        t.free(SHARD_GRADS, run.saved_grads)
+        run.saved_grads = 0
 
 
 def _fsdp_opt(run: FsdpRun, c, opt_params: list[TParam], phase: str, *, first: bool, host: bool) -> None:
@@ -490,7 +553,8 @@ def _fsdp_opt(run: FsdpRun, c, opt_params: list[TParam], phase: str, *, first: b
     record_optimizer_step(t, run.opt, c.groups, first=first, accelerator=acc,
                           grad_bytes=lambda p: p.numel * p.elem_bytes)
     t.end_phase()
-    t.free(HOST_GRADS if host else SHARD_GRADS)
+    if not run.offload1:  # FSDP1 offload's _cpu_grad is kept (zero_grad drops .grad only)
+        t.free(HOST_GRADS if host else SHARD_GRADS)
     t.free("amp.unscale")
 
 
