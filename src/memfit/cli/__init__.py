@@ -47,7 +47,20 @@ def register_commands(names=None):
         importlib.import_module(f"memfit.cli.{module}")
     order = {f"memfit.cli.{m}": i for i, m in enumerate(_MODULES)}
     app.registered_commands.sort(key=lambda info: order.get(getattr(info.callback, "__module__", ""), len(order)))
+    for info in app.registered_commands:
+        if info.help is None and info.callback is not None and info.callback.__doc__:
+            info.help = unwrap_help(info.callback.__doc__)
     return app
+
+
+def unwrap_help(doc: str) -> str:
+    """A command's docstring as its help: each paragraph's source line breaks joined into one line
+    (Typer's rich mode prints a docstring's single line breaks as they are, so the 100-column source
+    lines broke mid-sentence in ``--help``); blank lines still separate paragraphs."""
+    import inspect
+
+    return "\n\n".join(" ".join(line.strip() for line in para.splitlines())
+                        for para in inspect.cleandoc(doc).split("\n\n"))
 
 
 def __getattr__(name: str):
