@@ -73,6 +73,9 @@ class Hardware:
     """Other processes (a display, other jobs) may hold memory on the cards: "fits" is at risk at best."""
     host_reserve_bytes: int | None = None
     """Host RAM per node kept for the OS and other processes (None: ``verdict.host_reserve_bytes``)."""
+    swap_bytes: int = 0
+    """Swap space per node: the kernel can page pageable memory out to it (slowly); page-locked
+    (pinned) memory stays in RAM."""
 
     def __post_init__(self) -> None:
         for name in ("gpus_per_node", "nodes", "cpu_ram_bytes"):
@@ -88,6 +91,8 @@ class Hardware:
             raise MemfitError(f"need at least one GPU and one node, got {self.gpus_per_node} GPUs x {self.nodes} nodes")
         if self.cpu_ram_bytes <= 0:
             raise MemfitError(f"CPU RAM must be positive, got {self.cpu_ram_bytes} bytes")
+        if isinstance(self.swap_bytes, bool) or not isinstance(self.swap_bytes, int) or self.swap_bytes < 0:
+            raise MemfitError(f"swap_bytes must be a whole number >= 0, got {self.swap_bytes!r:.60}")
 
     @property
     def world_size(self) -> int:

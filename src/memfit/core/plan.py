@@ -41,6 +41,8 @@ def make_plan(sc: Scenario, traced: TracedStep | None = None) -> Plan:
     models: dict = {}
     timeline = build_timeline(sc, traced, model_cache=models)
     phases = timeline.phases()
+    if not sc.train.save:  # train.save false: the run saves nothing at the end
+        phases = tuple(p for p in phases if p.name != "save")
     epoch = None
     if sc.epoch.simulate:
         from memfit.core.epoch.simulate import epoch_phases, simulate_epoch
@@ -62,6 +64,8 @@ def make_plan(sc: Scenario, traced: TracedStep | None = None) -> Plan:
         *timeline.granularity_notes,
         *sc.model.notes,
         *((sc.train.batch_shape.describe(),) if sc.train.batch_shape is not None else ()),
+        *(() if sc.train.save else ("No save phase: train.save is false (the run saves no model at the end; "
+                                    "--save plans it).",)),
     ) + tuple(sc.input_notes) + (build_notes(sc, models) if sc.framework != "deepspeed" else quant_notes(sc)) + eval_notes(sc)
     if epoch is not None:
         from memfit.core.epoch.words import epoch_notes

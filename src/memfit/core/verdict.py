@@ -8,7 +8,9 @@ Three levels (issue 19):
 - **at risk**: every phase fits on paper, but one is within memfit's measured error of a limit:
   its GPU figure x (1 + GPU margin) exceeds the card, or its host figure x (1 + host margin) plus
   the reserve for the OS exceeds the node's RAM; or the card is shared with other processes
-  (``--shared-gpu``), whose memory memfit cannot know;
+  (``--shared-gpu``), whose memory memfit cannot know; or, with swap given (``--swap``), a phase's
+  host figure exceeds the RAM but not RAM + swap while its page-locked bytes fit in the RAM (the
+  kernel pages pageable memory out; pinned pages stay: ``cudaHostAlloc`` locks them);
 - **fits**: neither.
 
 The margins are not constants chosen here: ``verdict_margin.json`` holds them as measured on the
@@ -33,6 +35,7 @@ GPU_OOM_RELEVANT = ("GPU OOM-relevant bytes: every segment holding a live block 
 GPU_REQUESTED = "GPU bytes the live tensors hold (no allocator simulation), per rank"
 HOST_LOCKED = "host RAM per node: pageable + page-locked pinned bytes (rounded, cached blocks included)"
 HOST_REQUESTED = "host RAM per node: pageable + pinned bytes the tensors hold"
+PINNED_NODE = "page-locked (pinned) host bytes per node, which swap cannot take (per rank x ranks on the node)"
 
 MARGIN_FILE = Path(__file__).with_name("verdict_margin.json")
 MiB = 2**20
@@ -83,7 +86,7 @@ def judge(phases: tuple[PhaseLedger, ...], hw: Hardware) -> Verdict:
     gm, hm = float(m["gpu"]["margin"]), float(m["host"]["margin"])
     reserve = node_reserve(hw)
     shared_gpu = hw.shared_gpu
-    cap, ram = hw.gpu.total_bytes, hw.cpu_ram_bytes
+    cap, ram, swap = hw.gpu.total_bytes, hw.cpu_ram_bytes, hw.swap_bytes
     gpu_limit, host_limit = fit_limits(hw)
     failures, risks = [], []
     for ph in phases:
@@ -94,9 +97,18 @@ def judge(phases: tuple[PhaseLedger, ...], hw: Hardware) -> Verdict:
         elif gpu > gpu_limit:
             risks.append(Risk(phase=ph.name, device="gpu", needed_bytes=gpu, available_bytes=cap, limit_bytes=gpu_limit,
                               why=f"within memfit's measured GPU error ({gm:.0%}) of the card"))
-        if host > ram:
-            failures.append(Failure(phase=ph.name, device="cpu", needed_bytes=host, available_bytes=ram,
-                                    figure=host_fig))
+        locked = (ph.cpu_pinned_locked_bytes if ph.allocators_simulated else ph.cpu_pinned_bytes) * ph.ranks_per_node
+        if host > ram + swap:
+            failures.append(Failure(phase=ph.name, device="cpu", needed_bytes=host, available_bytes=ram + swap,
+                                    figure=host_fig + (f", against RAM + {fmt_bytes(swap)} of swap" if swap else "")))
+        elif host > ram and locked > ram:
+            failures.append(Failure(phase=ph.name, device="cpu", needed_bytes=locked, available_bytes=ram,
+                                    figure=PINNED_NODE))
+        elif host > ram:
+            risks.append(Risk(phase=ph.name, device="cpu", needed_bytes=host, available_bytes=ram, limit_bytes=ram,
+                              why=f"{fmt_bytes(host - ram)} more than the node's RAM: it runs only by paging that "
+                                  f"much pageable memory out to the {fmt_bytes(swap)} of swap (slow; the "
+                                  f"{fmt_bytes(locked)} page-locked stay in RAM)"))
         elif host > host_limit:
             risks.append(Risk(phase=ph.name, device="cpu", needed_bytes=host, available_bytes=ram, limit_bytes=host_limit,
                               why=f"within memfit's measured host error ({hm:.0%}) plus {fmt_bytes(reserve, 'GB')} "

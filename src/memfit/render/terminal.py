@@ -52,7 +52,8 @@ def scenario_summary(sc: Scenario) -> Text:
         f"step       micro-batch {sc.train.micro_batch} x seq {sc.train.seq_len}"
         + (", gradient checkpointing" if sc.train.gradient_checkpointing else ""),
         f"hardware   {hw.nodes} node(s) x {hw.gpus_per_node} x {hw.gpu.name} ({fmt_bytes(hw.gpu.total_bytes)} each), "
-        f"{fmt_bytes(hw.cpu_ram_bytes)} RAM per node; world size {hw.world_size}",
+        f"{fmt_bytes(hw.cpu_ram_bytes)} RAM" + (f" + {fmt_bytes(hw.swap_bytes)} swap" if hw.swap_bytes else "")
+        + f" per node; world size {hw.world_size}",
     ]
     if sc.accelerator == "cpu":
         lines.append("accelerator DeepSpeed CPU accelerator (what a CPU replay runs)")

@@ -26,6 +26,8 @@ from memfit.errors import MemfitError
 
 OOM_DEVICE = {"oom-gpu": ("gpu",), "oom-host": ("cpu",), "oom-pinned": ("cpu",), "oom-unknown": ("gpu", "cpu", "nvme")}
 NEAR_LIMIT_KINDS = ("reserved", "peak_reserved", "nvidia_smi")
+NEAR_RAM_KINDS = ("host_used_machine",)
+"""Measured host figures of the whole node, compared with its RAM as the GPU ones are with the card."""
 AT_THE_LIMIT = re.compile(r"\blargest\b|\bmax\b|maximum", re.IGNORECASE)
 """A verdict-only case whose outcome is the largest batch (or context) that trained: the next one
 up ran out of memory, so the run was at its limit by construction."""
@@ -167,17 +169,23 @@ def compare_plan(case: PublicRun, sc, plan) -> CaseComparison:  # noqa: ANN001
     failed = tuple(dict.fromkeys(f.device for f in v.failures))
     cap = sc.hardware.gpu.total_bytes
     ratio = max(gpu_figure(p) for p in plan.phases) / cap
-    agrees, why = _agreement(case, level, failed, figs, cap, v)
+    agrees, why = _agreement(case, level, failed, figs, cap, v, ram=sc.hardware.cpu_ram_bytes)
     return CaseComparison(case=case, framework=sc.framework, figures=tuple(figs), level=level, failed_devices=failed,
                           agrees=agrees, why=why, gpu_ratio=ratio)
 
 
-def _agreement(case: PublicRun, level: str, failed: tuple[str, ...], figs, cap: int, v) -> tuple[bool, str]:  # noqa: ANN001
+def _agreement(case: PublicRun, level: str, failed: tuple[str, ...], figs, cap: int, v,  # noqa: ANN001
+               ram: int = 0) -> tuple[bool, str]:
     if case.outcome == "fits":
         if level == "fits":
             return True, "fits, as the run did"
         if level == "does_not_fit":
             return False, f"memfit says it does not fit ({', '.join(failed)}); the run fitted"
+        host_near = [f.measurement.bytes / ram for f in figs if ram and f.measurement.kind in NEAR_RAM_KINDS]
+        host_limit = 1 / (1 + v.host_margin) if v.host_margin else 1.0
+        if any(r.device == "cpu" for r in v.risks) and host_near and max(host_near) >= host_limit:
+            return True, (f"at risk; the run used {max(host_near):.0%} of the node's RAM (within memfit's host "
+                          f"margin: >= {host_limit:.0%})")
         near = [f.measurement.bytes / cap for f in figs if f.measurement.kind in NEAR_LIMIT_KINDS]
         limit = 1 / (1 + v.gpu_margin) if v.gpu_margin else 1.0
         if near and max(near) >= limit:

@@ -46,7 +46,8 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
                   nvme_bytes=parse_size(inputs.nvme, what=input_label("nvme")) if inputs.nvme else None,
                   shared_gpu=bool(inputs.shared_gpu),
                   host_reserve_bytes=parse_size(inputs.host_reserve, what=input_label("host_reserve"))
-                  if inputs.host_reserve else None)
+                  if inputs.host_reserve else None,
+                  swap_bytes=parse_size(inputs.swap, what=input_label("swap")) if inputs.swap else 0)
     has_ds_json = bool(inputs.deepspeed or inputs.deepspeed_inline)
     if inputs.precision is not None:
         modes = ("fp16", "bf16", "fp32") if has_ds_json or inputs.framework == "deepspeed" else \
@@ -164,6 +165,7 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
         dataloader_workers=count_value(inputs.dataloader_workers, "dataloader_workers"),
         dataloader_pin_memory=bool(inputs.dataloader_pin_memory),
         dataset_tokens=count_value(inputs.dataset_tokens, "dataset_tokens"),
+        save=inputs.save is not False,
     )
     from memfit.core.scenario.run_settings import epoch_settings, eval_settings
 
@@ -409,6 +411,7 @@ def describe_scenario(sc: Scenario) -> dict[str, Any]:
         "gpu": sc.hardware.gpu.name,
         "gpu_total_bytes": sc.hardware.gpu.total_bytes,
         "cpu_ram_bytes": sc.hardware.cpu_ram_bytes,
+        "swap_bytes": sc.hardware.swap_bytes,
         "load_dtype": sc.load.dtype,
         "zero_init": sc.load.zero_init,
         "seq_len": sc.train.seq_len,

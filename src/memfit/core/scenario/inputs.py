@@ -40,11 +40,11 @@ STACK_KEYS = {"torch", "cuda", "deepspeed", "transformers", "peft", "bitsandbyte
 """``stack:``: a version per library (``memfit.core.stack``), and stack files to read them from."""
 RUNTIME_KEYS = {"torch_version", "alloc_conf", "cuda_version", "pin_memory_backend", "alloc_conf_from_env",
                 "transformers_version", "bitsandbytes_version"}
-HARDWARE_KEYS = {"gpus", "nodes", "cpu_ram", "nvme", "shared_gpu", "host_reserve"}
+HARDWARE_KEYS = {"gpus", "nodes", "cpu_ram", "nvme", "shared_gpu", "host_reserve", "swap"}
 EVAL_KEYS = {"strategy", "batch", "seq_len", "generate", "max_new_tokens", "generation_max_length", "num_beams", "steps"}
 LOAD_KEYS = {"dtype", "zero_init", "low_cpu_mem_usage", "checkpoint_index", "max_shard_size", "fsdp_loading"}
 TRAIN_KEYS = {"seq_len", "micro_batch", "gradient_checkpointing", "model_parameters", "attention", "dataloader_workers",
-          "dataloader_pin_memory",
+          "dataloader_pin_memory", "save",
           "dataset_tokens", "task", "target_len", "lengths", "batching", "max_seq_length", "precision", "grad_accum",
           "gradient_accumulation_steps", "max_grad_norm", "weight_decay",
           # the epoch simulation (core/epoch/)
@@ -82,6 +82,8 @@ class ScenarioInputs:
     dataloader_workers: int | None = None
     dataloader_pin_memory: bool | None = None
     """``DataLoader(pin_memory=...)`` (the Trainer's ``dataloader_pin_memory``, True by default)."""
+    save: bool | None = None
+    """``train.save``: the run saves the model at the end (default true: the plan has a save phase)."""
     """DataLoader worker processes per rank (default 0)."""
     dataset_tokens: int | None = None
     """Tokens of the in-memory tokenized dataset (default: not counted)."""
@@ -154,6 +156,8 @@ class ScenarioInputs:
     """Other processes may use the cards: a GPU that fits is at risk at best."""
     host_reserve: str | None = None
     """Host RAM per node kept for the OS and other processes (default: verdict.host_reserve_bytes)."""
+    swap: str | None = None
+    """Swap space per node, with its unit (default: none, the host verdict compares RAM only)."""
     # -- evaluation (core/ledger/evaluation.py) ---------------------------------------------------
     eval_strategy: str | None = None
     """``eval_strategy``: no (default), steps, epoch."""

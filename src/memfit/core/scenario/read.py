@@ -171,7 +171,7 @@ def read_scenario_mapping(raw: Any, p: Path) -> ScenarioInputs:
         gradient_checkpointing=train.get("gradient_checkpointing"), model_parameters=train.get("model_parameters"),
         attention=train.get("attention"), trust_remote_code=raw.get("trust_remote_code"),
         dataloader_workers=train.get("dataloader_workers"), dataset_tokens=train.get("dataset_tokens"),
-        dataloader_pin_memory=train.get("dataloader_pin_memory"),
+        dataloader_pin_memory=train.get("dataloader_pin_memory"), save=train.get("save"),
         task=train.get("task"), target_len=train.get("target_len"),
         lengths=(str(p.parent / train["lengths"]) if train.get("lengths") and not Path(str(train["lengths"])).is_absolute()
                  else train.get("lengths")),
@@ -183,6 +183,7 @@ def read_scenario_mapping(raw: Any, p: Path) -> ScenarioInputs:
         cuda_version=cuda_version,
         pin_memory_backend=rt.get("pin_memory_backend"),
         shared_gpu=hw.get("shared_gpu"), host_reserve=_scalar_text(hw.get("host_reserve")),
+        swap=_scalar_text(hw.get("swap")),
         eval_strategy="no" if ev.get("strategy") is False else _scalar_text(ev.get("strategy")), eval_batch=ev.get("batch"), eval_seq_len=ev.get("seq_len"),
         eval_generate=ev.get("generate"), max_new_tokens=ev.get("max_new_tokens"),
         generation_max_length=ev.get("generation_max_length"), num_beams=ev.get("num_beams"),

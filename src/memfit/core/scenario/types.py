@@ -98,6 +98,9 @@ class TrainSettings:
     """``DataLoader(pin_memory=True)``: each batch copied to page-locked memory (the Trainer's default)."""
     dataset_tokens: int = 0
     """Tokens of the tokenized dataset held in memory (0: not given, not counted)."""
+    save: bool = True
+    """The run saves the model at the end (``save_pretrained`` / the framework's full state dict): the
+    plan's save phase; False drops it (``core/plan.py``)."""
 
     def __post_init__(self) -> None:
         if self.dataloader_workers < 0 or self.dataset_tokens < 0:
