@@ -91,3 +91,26 @@ def test_the_estimator_counts_the_same_parts():
         plan = make_plan(prep.scenario)
         for (g, h, node, nv), ph in zip(estimate_peaks(prep.aggregates, prep.base), plan.phases):
             assert (g, h, node, nv) == (ph.gpu_peak_bytes, ph.cpu_peak_bytes, ph.node_cpu_peak_bytes, ph.nvme_bytes), ph.name
+
+
+def _tokenizer(vocab: int) -> int:
+    return next(p.bytes for p in hp.load_parts(vocab) if p.key == "host.tokenizer")
+
+
+def test_tokenizer_is_tokenizer_json_read_and_linear_in_the_vocabulary():
+    """``host.tokenizer`` is the tokenizer as ``from_pretrained`` loads it (``Tokenizer.from_file``
+    of tokenizer.json), measured at 32,000, 128,000 and 250,880 (BLOOM's) entries: each measured
+    size gives its own figure, sizes between them the line between the two around them. The same
+    tokenizers built in memory hold less (the JSON parse is the difference), and that figure is
+    linear in the vocabulary: the line through 32k and 128k gives 250,880 within 3%."""
+    m = hp.measured()
+    read, built = m["tokenizer_file_rss_delta"], m["tokenizer_rss_delta"]
+    assert set(read) == set(built) == {"32000", "128000", "250880"}
+    for v, b in read.items():
+        assert _tokenizer(int(v)) == b
+        assert 2 * built[v] < b < 3 * built[v], v
+    line = built["32000"] + (built["128000"] - built["32000"]) * (250_880 - 32_000) / (128_000 - 32_000)
+    assert abs(line / built["250880"] - 1) < 0.03
+    assert read["128000"] < _tokenizer(200_000) < read["250880"]
+    seed = _host(make_plan(build_scenario(read_scenario_file(SEED))), "load")["host.tokenizer"]
+    assert seed == _tokenizer(64_512) and read["32000"] < seed < read["128000"]  # kogpt: 64,512 tokens

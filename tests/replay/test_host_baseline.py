@@ -18,6 +18,9 @@ between runs. Worst observed +0.163% of 228,978,688 B over 15 runs; 2x that."""
 TOL_WORKER_PRIVATE_REL = 0.018
 """A DataLoader worker's private pages depend on which of the parent's pages its iteration touched
 first. Worst observed -0.885% (of 32,862,208 B) over 18 workers in 9 runs; 2x that."""
+TOL_TOKENIZER_FILE_REL = 0.002
+"""RSS a tokenizer.json of 32,000 tokens leaves once read (``Tokenizer.from_file``): 21,479,424 B in
+three runs, 21,483,520 B in three more (0.019%); 10x that."""
 
 
 @pytest.mark.slow
@@ -58,3 +61,14 @@ def test_from_pretrained_residue_matches_the_fixture(tmp_path):
     shipped = hp.measured()["from_pretrained_kept"]["safetensors"]
     kept_now, kept_shipped = now["after_free"] - now["before"], shipped["after_free"] - shipped["before"]
     assert abs(kept_now - kept_shipped) <= TOL_FROM_PRETRAINED_KEPT_BYTES, (kept_now, kept_shipped)
+
+
+@pytest.mark.slow
+def test_tokenizer_json_read_matches_the_fixture(tmp_path):
+    from memfit.replay.host_baseline import TOKENIZER_FILE, TOKENIZER_SAVE, _run
+
+    path = str(tmp_path / "tokenizer.json")
+    _run(TOKENIZER_SAVE.format(vocab=32_000, path=path))
+    now = _run(TOKENIZER_FILE.format(path=path))["delta"]
+    shipped = hp.measured()["tokenizer_file_rss_delta"]["32000"]
+    assert abs(now - shipped) / shipped <= TOL_TOKENIZER_FILE_REL, (now, shipped)

@@ -13,7 +13,10 @@ Measured (CPU parts; the CUDA-only parts are documented estimates in host_proces
   deepspeed``; ``cpu_adam``: + loading DeepSpeed's cpu_adam op (its JIT-built .so), as
   DeepSpeedCPUAdam does when the optimizer is offloaded;
 - ``tokenizer``: a byte-pair-encoding tokenizer (``tokenizers``, what transformers' fast tokenizers
-  are) of 32,000 and 128,000 tokens with as many merges: the bytes per vocabulary entry;
+  are) of 32,000, 128,000 and 250,880 tokens with as many merges, built in memory;
+  ``tokenizer_file``: the same tokenizers saved as tokenizer.json and read back by
+  ``Tokenizer.from_file`` in a fresh process (how ``from_pretrained`` loads a fast tokenizer): the
+  JSON parse leaves about 2.2-2.9 times the built tokenizer's RSS;
 - ``dataloader_worker``: a ``torch.utils.data.DataLoader`` worker (fork) iterating an in-memory
   tokenized dataset (Python lists, as ``datasets.map`` outputs without a format) of two sizes: what
   each worker owns besides the pages it shares with the trainer;
@@ -126,8 +129,39 @@ print(json.dumps({{'delta': rss() - before}}))
 """
 
 
+TOKENIZER_SIZES = (32_000, 128_000, 250_880)
+"""Llama-2's and Llama-3's vocabularies (about), and BLOOM's (250,880)."""
+TOKENIZER_SAVE = TOKENIZER.replace("print(json.dumps({{'delta': rss() - before}}))",
+                                   "d = rss() - before\ntok.save({path!r})\nprint(json.dumps({{'delta': d}}))")
+TOKENIZER_FILE = """
+import torch
+from tokenizers import Tokenizer
+before = rss()
+tok = Tokenizer.from_file({path!r})
+import gc; gc.collect()
+print(json.dumps({{'delta': rss() - before}}))
+"""
+
+
 def measure_tokenizer() -> dict[str, int]:
-    return {str(v): _run(TOKENIZER.format(vocab=v))["delta"] for v in (32_000, 128_000)}
+    """The tokenizer built in memory from its vocabulary and merges (``models.BPE``)."""
+    return {str(v): _run(TOKENIZER.format(vocab=v))["delta"] for v in TOKENIZER_SIZES}
+
+
+def measure_tokenizer_file() -> dict[str, int]:
+    """The same tokenizer saved as tokenizer.json and read back in a fresh process by
+    ``Tokenizer.from_file``: what a fast tokenizer's ``from_pretrained`` does (transformers 4.x
+    ``PreTrainedTokenizerFast.__init__``; 5.x for Unigram models and classes without their own
+    ``__init__``). Median of three processes."""
+    import tempfile
+
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="memfit-tok-") as d:
+        for v in TOKENIZER_SIZES:
+            path = os.path.join(d, f"tokenizer_{v}.json")
+            _run(TOKENIZER_SAVE.format(vocab=v, path=path))
+            out[str(v)] = sorted(_run(TOKENIZER_FILE.format(path=path))["delta"] for _ in range(3))[1]
+    return out
 
 
 WORKERS = """
@@ -319,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m memfit.replay.host_baseline", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.path.join("src", "memfit", "core", "ledger", "host_process_measured.json"))
     parser.add_argument("--only", nargs="*", default=None,
-                        help="re-measure only these parts (imports, tokenizer, workers, heap, from_pretrained, "
+                        help="re-measure only these parts (imports, tokenizer, tokenizer_file, workers, heap, from_pretrained, "
                              "datasets) into the existing --out")
     parser.add_argument("--datasets-python", default=None,
                         help="a Python with the `datasets` package (it is not one of memfit's dependencies), for the "
@@ -335,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
             versions[pkg] = "missing"
     t0 = time.time()
     parts = {"imports": ("imports_rss", measure_imports), "tokenizer": ("tokenizer_rss_delta", measure_tokenizer),
+             "tokenizer_file": ("tokenizer_file_rss_delta", measure_tokenizer_file),
              "workers": ("dataloader_workers", measure_workers), "heap": ("heap_after_free", measure_heap),
              "from_pretrained": ("from_pretrained_kept", measure_from_pretrained)}
     if args.datasets_python:

@@ -14,8 +14,15 @@ measurements, cited below.
   dependencies has no scipy);
 - ``host.deepspeed``: ``import deepspeed``, measured; ``host.cpu_adam``: DeepSpeed's cpu_adam op
   (a JIT-built .so) loaded by DeepSpeedCPUAdam when the optimizer is offloaded, measured;
-- ``host.tokenizer``: a fast (``tokenizers``) BPE tokenizer of the model's vocabulary, measured at
-  32,000 and 128,000 entries, linear in between;
+- ``host.tokenizer``: a fast (``tokenizers``) BPE tokenizer of the model's vocabulary as
+  ``from_pretrained`` loads it: tokenizer.json read by ``Tokenizer.from_file`` (transformers 4.x
+  ``PreTrainedTokenizerFast.__init__``; 5.x for Unigram models and tokenizer classes without their
+  own ``__init__``), measured at 32,000, 128,000 and 250,880 (BLOOM's) entries, linear between
+  them. The JSON parse leaves 2.2-2.9 times what the same tokenizer built in memory holds
+  (``tokenizer_rss_delta``: 9.9, 34.6 and 65.4 MB, where the line through the first two gives
+  66.3 MB at 250,880: the vocabulary is linear, the loading path is the difference). Not measured:
+  Unigram (T5/mT5's SentencePiece) models, and transformers 5.x's classes with their own
+  ``__init__`` (the JSON read by Python, the model rebuilt from its vocabulary and merges);
 - ``host.dataset``: a ``datasets`` dataset of ``dataset_tokens`` tokens (``datasets`` 5.2: Arrow, what
   ``map`` writes and ``load_from_disk`` memory-maps), read row by row as a DataLoader does: its file
   pages are resident once touched, measured at two sizes (linear fit), plus ``import datasets``
@@ -40,7 +47,18 @@ measurements, cited below.
   books as ``host.python_torch``. Before lazy loading (CUDA < 11.7, torch < 1.13;
   pytorch/pytorch#12873, torch 1.0) the context alone added 1,122 MiB and the first cuDNN convolution
   594 MiB; pytorch#106511 saw +1,203.5 MiB at the first CUDA use: the same order. One figure for
-  eager and lazy loading, an estimate;
+  eager and lazy loading, an estimate. Where lazy loading starts: CUDA 11.7 introduced it, off by
+  default, 12.2 made it the default on Linux (NVIDIA CUDA Programming Guide, "Lazy Loading", change
+  history); torch 1.13 turns it on itself (pytorch/pytorch#86509, "[1.13] Sets CUDA_MODULE_LOADING
+  to LAZY when not set by the user": ``aten/src/ATen/cuda/detail/CUDAHooks.cpp`` ``initCUDA`` calls
+  ``maybe_set_cuda_module_loading("LAZY")``; its device-memory figures 287,047,680 B lazy vs
+  666,632,192 B eager for one CUDA tensor), effective with a CUDA >= 11.7 build (1.13's default
+  cu117 wheel). So torch >= 1.13 runs are lazy like #113326; torch < 1.13 (or a cu116 build) loads
+  every module eagerly, for which no published host figure of those releases' libraries was found
+  (#12873's is torch 1.0's, smaller libraries; pytorch#87539, torch 1.12+cu102, says only "~2GB" at
+  the first ``.to("cuda")``): not a separate figure. Not in the figure either, for want of a
+  published host measurement: what a training step loads beyond one tensor (cuBLAS/cuBLASLt
+  handles and the GEMM kernels, the caching allocator's host side, autocast);
 - ``host.heap_kept`` (after a checkpoint read shard by shard into memory: ``low_cpu_mem_usage=False``
   or zero.Init): glibc maps large allocations and unmaps them on free, but its mmap threshold rises
   to each freed mapped block's size (at most 32 MiB), so a later shard's tensors below that come
@@ -109,12 +127,19 @@ def _line(x0: float, y0: float, x1: float, y1: float, x: float) -> int:
     return round(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
 
 
+def _segment(points: dict[str, int], x: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The two measured points (size, bytes) whose line gives ``x``: the pair around it, else the
+    nearest end pair (a straight extrapolation)."""
+    pts = sorted((int(k), v) for k, v in points.items())
+    i = next((i for i in range(1, len(pts) - 1) if x <= pts[i][0]), len(pts) - 1)
+    return pts[i - 1], pts[i]
+
+
 def load_parts(vocab_size: int, dataset_tokens: int = 0) -> list[HostPart]:
     """What the process holds before it builds the model: imports, tokenizer, dataset."""
     m = measured()
     rss = m["imports_rss"]
-    tok = m["tokenizer_rss_delta"]
-    (v0, b0), (v1, b1) = sorted((int(k), v) for k, v in tok.items())
+    (v0, b0), (v1, b1) = _segment(m["tokenizer_file_rss_delta"], vocab_size)
     where = _where()
     parts = [
         HostPart("host.python_torch", "the Python interpreter and torch (CPU build)", rss["torch"],
@@ -123,9 +148,11 @@ def load_parts(vocab_size: int, dataset_tokens: int = 0) -> list[HostPart]:
                  rss["libraries"] - rss["torch"], f"RSS {rss['libraries']:,} - {rss['torch']:,} B", where),
         HostPart("host.deepspeed", "import deepspeed", rss["deepspeed"] - rss["libraries"],
                  f"RSS {rss['deepspeed']:,} - {rss['libraries']:,} B", where),
-        HostPart("host.tokenizer", f"fast BPE tokenizer of {vocab_size:,} tokens",
+        HostPart("host.tokenizer", f"fast BPE tokenizer of {vocab_size:,} tokens (tokenizer.json read)",
                  max(_line(v0, b0, v1, b1, vocab_size), 0),
-                 f"linear in the vocabulary between {v0:,} tokens ({b0:,} B) and {v1:,} ({b1:,} B)", where),
+                 f"RSS after Tokenizer.from_file, linear in the vocabulary between {v0:,} tokens ({b0:,} B) and "
+                 f"{v1:,} ({b1:,} B) (an estimate)", where + "; transformers tokenization_utils_fast.py "
+                 "(TokenizerFast.from_file)"),
     ]
     if dataset_tokens:
         base, per, imp = _dataset_fit()
