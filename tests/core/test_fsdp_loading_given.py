@@ -19,7 +19,7 @@ BASE = dict(model="meta-llama/Meta-Llama-3-8B", peft_method="lora", framework="f
             quantization={"method": "4bit", "quant_type": "nf4", "double_quant": True, "compute_dtype": "bf16",
                           "quant_storage": "bf16"},
             fsdp={"sharding_strategy": "FULL_SHARD", "use_orig_params": False, "cpu_offload": False,
-                  "cpu_ram_efficient_loading": True})
+                  "cpu_ram_efficient_loading": True, "wrap_policy": "peft"})  # a PEFT model's flat params, as torch allows
 
 
 def plan(tmp_path, **kw):

@@ -110,6 +110,7 @@ def test_tokenizer_is_tokenizer_json_read_and_linear_in_the_vocabulary():
         assert _tokenizer(int(v)) == b
         assert 2 * built[v] < b < 3 * built[v], v
     line = built["32000"] + (built["128000"] - built["32000"]) * (250_880 - 32_000) / (128_000 - 32_000)
+    # the line gives 66.3 MB against 65.4 MB measured at 250,880 (observed +1.4%); 2x that
     assert abs(line / built["250880"] - 1) < 0.03
     assert read["128000"] < _tokenizer(200_000) < read["250880"]
     seed = _host(make_plan(build_scenario(read_scenario_file(SEED))), "load")["host.tokenizer"]

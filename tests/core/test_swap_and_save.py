@@ -99,3 +99,16 @@ def test_save_false_drops_the_save_phase_and_says_so(plan):
     assert "save" not in names and names == [p.name for p in plan.phases if p.name != "save"]
     assert any("No save phase" in n for n in p2.notes)
     assert not any("No save phase" in n for n in plan.notes)
+
+
+def test_a_published_run_case_given_as_a_scenario_names_compare():
+    """A user who runs `memfit plan` on a published-run case (tests/fixtures/public_runs/*.yaml) gets one line
+    naming the command that reads it, not a list of unknown keys."""
+    from pathlib import Path
+
+    from memfit.core.scenario.read import read_scenario_file
+
+    case = next(Path(__file__).parents[1].joinpath("fixtures", "public_runs").glob("peft-docs-*.yaml"))
+    with pytest.raises(MemfitError, match=r"published-run case, not a memfit scenario: `memfit compare ") as err:
+        read_scenario_file(case)
+    assert "\n" not in str(err.value)

@@ -62,6 +62,9 @@ def read_scenario_mapping(raw: Any, p: Path) -> ScenarioInputs:
     if unknown and {"distributed_type", "compute_environment"} & unknown:
         raise MemfitError(f"{p} is an accelerate config, not a memfit scenario: pass it as --accelerate-config "
                           "(or the scenario key accelerate_config) with a scenario or --model")
+    if unknown and {"scenario", "outcome", "measurements"} <= unknown:
+        raise MemfitError(f"{p} is a published-run case, not a memfit scenario: `memfit compare {p}` plans its "
+                          "scenario: and compares the plan with its measurements")
     if unknown and {"per_device_train_batch_size", "output_dir"} & unknown:
         raise MemfitError(f"{p} looks like TrainingArguments, not a memfit scenario: pass it as --training-args "
                           "(or the scenario key training_args) with a scenario or --model")

@@ -24,6 +24,7 @@ from memfit.core.lean_dataclass import dataclass
 from memfit.core.ledger.pytorch.params import TorchModel, TParam
 from memfit.core.quant import STORAGE_BYTES, storage_elements
 from memfit.core.scenario.types import Scenario
+from memfit.errors import MemfitError
 
 
 @dataclass
@@ -142,6 +143,8 @@ def build_units(sc: Scenario, m: TorchModel) -> list[Unit]:
             for p in ps:
                 pieces_by_dtype.setdefault(sharded_dims(p, sc)[2], []).append(p)
             for e, group in pieces_by_dtype.items():
+                if not f.use_orig_params:
+                    _uniform_requires_grad(u, group)
                 total = 0
                 align = 16 // e if f.use_orig_params else 0
                 for p in group:
@@ -152,6 +155,22 @@ def build_units(sc: Scenario, m: TorchModel) -> list[Unit]:
                     total += S - total % S
                 u.pieces.append(Piece(group, total, e, total // S, any(p.trainable for p in group)))
     return [u for u in units if u.pieces]
+
+
+def _uniform_requires_grad(u: Unit, group: list[TParam]) -> None:
+    """FSDP1 without ``use_orig_params`` flattens a unit's params into one FlatParameter, which must be
+    all trained or all frozen: torch raises otherwise (``_flat_param.py:_validate_tensors_to_flatten``),
+    so such a plan is refused, not planned."""
+    trained = [q.name for q in group if q.trainable]
+    if trained and len(trained) < len(group):
+        frozen = next(q.name for q in group if not q.trainable)
+        raise MemfitError(
+            f"FSDP1 with use_orig_params false cannot wrap unit '{u.name}': it mixes {len(trained)} trained and "
+            f"{len(group) - len(trained)} frozen params (e.g. {trained[0]} and {frozen}), and torch refuses to "
+            "flatten them ('Must flatten tensors with uniform requires_grad when use_orig_params=False', "
+            "distributed/fsdp/_flat_param.py); give fsdp.wrap_policy peft (peft's fsdp_auto_wrap_policy: each "
+            "trained Linear a unit, what the Trainer sets for a PEFT model from transformers 4.39) or "
+            "use_orig_params true")
 
 
 def optimizer_params(sc: Scenario, units: list[Unit], S: int) -> list[TParam]:
