@@ -18,9 +18,10 @@ between runs. Worst observed +0.163% of 228,978,688 B over 15 runs; 2x that."""
 TOL_WORKER_PRIVATE_REL = 0.018
 """A DataLoader worker's private pages depend on which of the parent's pages its iteration touched
 first. Worst observed -0.885% (of 32,862,208 B) over 18 workers in 9 runs; 2x that."""
-TOL_TOKENIZER_FILE_REL = 0.0004
+TOL_TOKENIZER_FILE_REL = 0.012
 """RSS a tokenizer.json of 32,000 tokens leaves once read (``Tokenizer.from_file``): 21,479,424 B in
-three runs, 21,483,520 B in three more: worst observed 0.019%; 2x that."""
+three runs here, 21,483,520 B in three more (0.019% apart), and 21,610,496 B in CI's fresh
+virtualenv (+0.591%, 31 pages more: another install maps other pages, 2026-12-04): 2x the worst."""
 
 
 @pytest.mark.slow
