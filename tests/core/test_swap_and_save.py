@@ -10,6 +10,7 @@ The RAM sizes below come from each plan's own figures, not fixed numbers.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -101,14 +102,26 @@ def test_save_false_drops_the_save_phase_and_says_so(plan):
     assert not any("No save phase" in n for n in plan.notes)
 
 
-def test_a_published_run_case_given_as_a_scenario_names_compare():
-    """A user who runs `memfit plan` on a published-run case (tests/fixtures/public_runs/*.yaml) gets one line
-    naming the command that reads it, not a list of unknown keys."""
-    from pathlib import Path
+CASES = sorted(c for c in (Path(__file__).parents[1] / "fixtures" / "public_runs").glob("*.yaml")
+               if not c.name.endswith(".accelerate.yaml"))  # the cases' accelerate configs are inputs
 
+
+@pytest.mark.parametrize("case", CASES, ids=[c.stem for c in CASES])
+def test_a_published_run_case_given_as_a_scenario_names_compare(case):
+    """A user who runs `memfit plan` on a published-run case (tests/fixtures/public_runs/*.yaml) gets one line
+    naming the command that reads it, not a list of unknown keys, nor the first bare date of its
+    ``source:`` (YAML reads ``date: 2023-02-13`` as a date, which a scenario file refuses)."""
     from memfit.core.scenario.read import read_scenario_file
 
-    case = next(Path(__file__).parents[1].joinpath("fixtures", "public_runs").glob("peft-docs-*.yaml"))
     with pytest.raises(MemfitError, match=r"published-run case, not a memfit scenario: `memfit compare ") as err:
         read_scenario_file(case)
     assert "\n" not in str(err.value)
+
+
+def test_a_bare_date_in_a_scenario_is_still_refused(tmp_path):
+    from memfit.core.scenario.read import read_scenario_file
+
+    f = tmp_path / "s.yaml"
+    f.write_text("model: gpt2\nname: 2023-02-13\n")
+    with pytest.raises(MemfitError, match=r"name is a date"):
+        read_scenario_file(f)
