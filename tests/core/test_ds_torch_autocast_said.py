@@ -19,7 +19,7 @@ def _plan(tmp_path, autocast: dict | None) -> subprocess.CompletedProcess:
     path = tmp_path / "ds.json"
     path.write_text(json.dumps(cfg), encoding="utf-8")
     return subprocess.run([sys.executable, "-m", "memfit.cli", "plan", "--model", str(CATALOG / "EleutherAI--pythia-1b.json"),
-                           "--deepspeed", str(path), "--json"], capture_output=True, text=True, check=True)
+                           "--deepspeed", str(path), "--load-dtype", "fp32", "--json"], capture_output=True, text=True, check=True)
 
 
 def test_enabled_torch_autocast_is_said(tmp_path):

@@ -18,7 +18,7 @@ from memfit.core.scenario.read import read_scenario_file
 Z3 = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
 CASES = {
     "seed-kogpt-prefix-2gpus": lambda: read_scenario_file(SEED),
-    "opt-prefix-3gpus": lambda: ScenarioInputs(model="facebook/opt-1.3b", peft_method="prefix", gpus="3xrtx3090",
+    "opt-prefix-3gpus": lambda: ScenarioInputs(model="facebook/opt-1.3b", peft_method="prefix", gpus="3xrtx3090", load_dtype="fp32",
                                                seq_len=256, deepspeed_inline=Z3),
     "gpt2-lora-8gpus": lambda: ScenarioInputs(model="gpt2", peft_method="lora", gpus="8xa100-80gb", seq_len=256,
                                               deepspeed_inline=Z3),

@@ -135,3 +135,28 @@ def test_from_pretrained_dtype_default_matches_the_release(wheels, version):
     auto = bool(re.search(r'if dtype is None:\s+dtype = "auto"', wheels[version][FILES[0]]))
     assert auto is version.startswith("5."), version
 
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_load_dtype_default_matches_the_release(request, tmp_path_factory, wheels, version):
+    """``load_dtype_default`` against the wheel: 5.x loads config.json's dtype ('auto'), 4.x fp32, and a
+    bitsandbytes model without dtype is forced to float16 where the release says so (in modeling_utils.py
+    up to 4.37, in quantizers/quantizer_bnb_4bit.py from 4.38; 4.15/4.20 had no 4-bit loading)."""
+    from conftest import sdist_cache
+    from sdist_source import wheel_files
+
+    from memfit.core.stack.transformers import load_dtype_default
+
+    mu = wheels[version][FILES[0]]
+    line = ".".join(version.split(".")[:2])
+    auto = bool(re.search(r'if dtype is None:\s+dtype = "auto"', mu))
+    assert (load_dtype_default(line, config_dtype="bf16", quantized=False)[0] == "bf16") is auto
+    if auto or version in ("4.15.0", "4.20.0"):
+        return
+    text = mu
+    if "quantizers/" in mu or "from .quantizers" in mu:
+        text = wheel_files("transformers", version, ("transformers/quantizers/quantizer_bnb_4bit.py",),
+                           sdist_cache(request, tmp_path_factory))["transformers/quantizers/quantizer_bnb_4bit.py"]
+    forced = bool(re.search(r"if torch_dtype is None:.*?torch_dtype = torch\.float16", text, re.S))
+    assert forced, version
+    assert load_dtype_default(line, config_dtype="bf16", quantized=True)[0] == "fp16"

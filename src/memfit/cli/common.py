@@ -55,7 +55,7 @@ def _scenario_flags(
     nodes: Optional[int] = typer.Option(None, help="Number of nodes."),
     cpu_ram: Optional[str] = typer.Option(None, help="Host RAM per node with its unit, e.g. 64GB or 256GiB (default 256GB, said as an assumption; a number alone is refused)."),
     nvme: Optional[str] = typer.Option(None, help="Free NVMe space per node for offload, with its unit, e.g. 2TB."),
-    load_dtype: Optional[str] = typer.Option(None, help="from_pretrained torch_dtype: fp32 (its default), fp16 or bf16."),
+    load_dtype: Optional[str] = typer.Option(None, help="from_pretrained torch_dtype: fp32, fp16 or bf16 (left out: the stack's default, 5.x config.json's dtype, 4.x fp32)."),
     zero_init: Optional[bool] = typer.Option(None, "--zero-init/--no-zero-init", help="Model built under deepspeed.zero.Init (or HfDeepSpeedConfig created before from_pretrained)."),
     low_cpu_mem_usage: Optional[bool] = typer.Option(None, "--low-cpu-mem-usage/--no-low-cpu-mem-usage", help="from_pretrained without a second host copy (default on)."),
     checkpoint_index: Optional[Path] = typer.Option(None, "--checkpoint-index", help="The checkpoint's model.safetensors.index.json: its shards are loaded one at a time."),

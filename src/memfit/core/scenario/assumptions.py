@@ -84,18 +84,7 @@ def assumptions(inputs: ScenarioInputs, sc: Scenario, *, precision_why: str = ""
 
 
 def _load_dtype_why(sc) -> str:  # noqa: ANN001 (Scenario)
-    """Why the load dtype, when no input gave it: from_pretrained's default up to transformers 4.57 (fp32:
-    ``dtype = torch.get_default_dtype()`` when None); from 5.0 ``from_pretrained`` reads a missing dtype as
-    ``"auto"`` (5.0.0 modeling_utils.py: ``if dtype is None: dtype = "auto"``), the checkpoint's own dtype
-    (config.json's ``dtype``/``torch_dtype``), which memfit does not take as the default: said, with the
-    dtype that release loads."""
-    from memfit.core.inputs.common import DTYPE_NAMES
-    from memfit.core.stack.lines import at_least
-
-    saved = DTYPE_NAMES.get(sc.load.checkpoint.saved_dtype) if sc.load.checkpoint is not None else None
-    line = sc.stack.transformers if sc.stack is not None else None
-    if at_least(line, "5.0") and saved and saved != sc.load.dtype:
-        return (f"memfit's default, not transformers {line}'s: from_pretrained without dtype loads the "
-                f"checkpoint's {saved} (dtype='auto' since 5.0); give --load-dtype as the script loads it")
-    return "from_pretrained's default; --load-dtype"
+    """Why the load dtype, when no input gave it: the stack's rule (``stack.transformers.load_dtype_default``,
+    carried as ``LoadSettings.dtype_why``)."""
+    return f"{sc.load.dtype_why or 'from_pretrained' + chr(39) + 's default'}; --load-dtype"
 

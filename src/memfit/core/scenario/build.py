@@ -133,7 +133,15 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
         if inputs.fsdp_loading in FSDP_LOADINGS:
             stack_notes += (f"FSDP loading {inputs.fsdp_loading} ({_said(inputs, 'fsdp_loading')}, the script's own "
                             f"loader; not the stack's from_pretrained path): {FSDP_LOADINGS[inputs.fsdp_loading]}",)
-    load = LoadSettings(dtype=inputs.load_dtype or "fp32", zero_init=bool(inputs.zero_init), low_cpu_mem_usage=low_cpu,
+    load_dtype, dtype_why = inputs.load_dtype, ""
+    if load_dtype is None:
+        from memfit.core.inputs.common import DTYPE_NAMES
+        from memfit.core.stack.transformers import load_dtype_default
+
+        given = source.config.get("torch_dtype", source.config.get("dtype"))
+        load_dtype, dtype_why = load_dtype_default(stack.transformers, quantized=fw.quant.enabled,
+                                                   config_dtype=DTYPE_NAMES.get(str(given or "").lower()))
+    load = LoadSettings(dtype=load_dtype, dtype_why=dtype_why, zero_init=bool(inputs.zero_init), low_cpu_mem_usage=low_cpu,
                         fsdp_loading=inputs.fsdp_loading,
                         checkpoint=_checkpoint_layout(inputs, source, model))
     if spec.method == "delora" and fw.framework == "deepspeed" and ds.zero.stage == 3 and load.zero_init:
@@ -172,7 +180,6 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
     ev = eval_settings(inputs, train, model)
     epoch = epoch_settings(inputs, train)
     from memfit.core.stack.deepspeed import allocation_line
-    from memfit.core.stack.resolve import LABELS
 
     sc = Scenario(name=inputs.name or f"{source.name} ({spec.method})", model_ref=source.name, model=model,
                   peft=spec, deepspeed=ds, deepspeed_json=ds_json, hardware=hw, load=load, train=train,

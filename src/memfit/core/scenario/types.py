@@ -43,7 +43,10 @@ class LoadSettings:
     """How the user's script builds the model before ``deepspeed.initialize``."""
 
     dtype: str = "fp32"
-    """``torch_dtype`` of ``from_pretrained`` (fp32 is its default)."""
+    """``torch_dtype`` of ``from_pretrained`` (the stack's default when the script gives none:
+    ``stack.transformers.load_dtype_default``)."""
+    dtype_why: str = ""
+    """Where ``dtype`` came from when no input gave it (the stack's rule, said as an assumption)."""
     zero_init: bool = False
     """Built under ``deepspeed.zero.Init`` (or with transformers' ``HfDeepSpeedConfig`` alive
     before ``from_pretrained``): params are partitioned as they are created."""
@@ -287,8 +290,9 @@ class Scenario:
             raise MemfitError("--pin-memory-backend native (DS_PIN_MEMORY_BACKEND) exists in DeepSpeed 0.19 only")
         if self.framework == "deepspeed" and self.load.dtype != "fp32" and self.deepspeed.precision == "fp32":
             # engine.py _configure_distributed_model casts only when fp16 or bf16 is enabled
+            why = f" ({self.load.dtype_why})" if self.load.dtype_why else ""
             raise MemfitError(
-                f"the model is loaded in {self.load.dtype} but the DeepSpeed config enables neither fp16 nor bf16: "
+                f"the model is loaded in {self.load.dtype}{why} but the DeepSpeed config enables neither fp16 nor bf16: "
                 f"DeepSpeed then trains the {self.load.dtype} parameters as they are, which memfit's ledger does not "
                 f"model; load in fp32 (--load-dtype fp32) or enable {self.load.dtype} in the config")
 

@@ -14,6 +14,7 @@ Read from the released wheels' ``modeling_utils.py`` and ``training_args.py`` (4
   weights of a randomly initialized model and the state dict of the shard being loaded are alive
   together (4.15.0 lines 1364-1462: ``torch.load`` of the checkpoint, then ``cls(config)``, then
   ``_load_state_dict_into_model``); ``core/ledger/*/load`` books that.
+- ``from_pretrained``'s dtype when none is given: ``load_dtype_default``.
 - the Trainer's ``optim``: ``"adamw_hf"`` (transformers' own ``AdamW``) up to 4.31;
   ``"adamw_torch"`` from 4.32 (``default_optim = "adamw_torch"``); from 4.54 ``"adamw_torch_fused"``
   when torch >= 2.8 (4.54.0 ``training_args.py``: ``if is_torch_greater_or_equal_than_2_8:
@@ -54,6 +55,32 @@ def low_cpu_mem_usage_default(line: str | None, *, device_map: bool, quantized: 
                       "low_cpu_mem_usage=True")
     return False, (f"transformers {line}: low_cpu_mem_usage=None reads as False without a device_map "
                    "(4.20-4.50)")
+
+
+def load_dtype_default(line: str | None, *, config_dtype: str | None, quantized: bool) -> tuple[str, str]:
+    """The dtype ``from_pretrained`` loads in when the script passes none (memfit's name, why):
+
+    - 5.0 on: ``if dtype is None: dtype = "auto"`` (5.24 modeling_utils.py ``from_pretrained``), which
+      ``_get_dtype`` reads as config.json's ``dtype`` (``torch_dtype``), else the checkpoint's first
+      floating-point weight (memfit reads no weights: fp32, said); a bitsandbytes quantizer keeps it
+      (5.24 ``HfQuantizer.update_dtype`` returns it);
+    - up to 4.57: ``torch.get_default_dtype()``, fp32 (4.26.0, 4.31.0, 4.40.0, 4.57.0 read), except a
+      bitsandbytes load, forced to float16 (4.26.0 line 2053 for 8-bit; 4.31.0 line 2291 'Overriding
+      torch_dtype=None with torch_dtype=torch.float16 due to requirements of bitsandbytes'; 4.40.0 and
+      4.57.0 ``quantizer_bnb_4bit.py``/``quantizer_bnb_8bit.py`` ``update_torch_dtype``/``update_dtype``).
+    ``config_dtype``: memfit's name of config.json's dtype (None when the config gives none)."""
+    if line is not None and at_least(line, "5.0"):
+        if config_dtype:
+            return config_dtype, (f"transformers {line}: from_pretrained without dtype loads dtype='auto' "
+                                  f"(since 5.0), config.json's {config_dtype}")
+        return "fp32", (f"transformers {line}: dtype='auto' (since 5.0) and config.json gives no dtype, so the "
+                        "checkpoint's first floating-point weight decides, which memfit does not read: fp32 assumed")
+    if line is not None and quantized:
+        return "fp16", (f"transformers {line}: a bitsandbytes load without torch_dtype is cast to float16 "
+                        "('Overriding torch_dtype=None with torch_dtype=torch.float16', up to 4.57)")
+    if line is None:
+        return "fp32", "no transformers: torch's default dtype (fp32)"
+    return "fp32", f"transformers {line}: from_pretrained's torch.get_default_dtype() (fp32, up to 4.57)"
 
 
 def honours_low_cpu_mem_usage_false(line: str | None) -> bool:
