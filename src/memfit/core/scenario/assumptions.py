@@ -86,5 +86,5 @@ def assumptions(inputs: ScenarioInputs, sc: Scenario, *, precision_why: str = ""
 def _load_dtype_why(sc) -> str:  # noqa: ANN001 (Scenario)
     """Why the load dtype, when no input gave it: the stack's rule (``stack.transformers.load_dtype_default``,
     carried as ``LoadSettings.dtype_why``)."""
-    return f"{sc.load.dtype_why or 'from_pretrained' + chr(39) + 's default'}; --load-dtype"
+    return f"{sc.load.dtype_why}; --load-dtype"
 

@@ -135,12 +135,13 @@ def build_scenario(inputs: ScenarioInputs) -> Scenario:
                             f"loader; not the stack's from_pretrained path): {FSDP_LOADINGS[inputs.fsdp_loading]}",)
     load_dtype, dtype_why = inputs.load_dtype, ""
     if load_dtype is None:
+        from memfit.core.checkpoint import saved_dtype
         from memfit.core.inputs.common import DTYPE_NAMES
         from memfit.core.stack.transformers import load_dtype_default
 
-        given = source.config.get("torch_dtype", source.config.get("dtype"))
+        given = source.config.get("torch_dtype", source.config.get("dtype"))  # as saved_dtype reads it
         load_dtype, dtype_why = load_dtype_default(stack.transformers, quantized=fw.quant.enabled,
-                                                   config_dtype=DTYPE_NAMES.get(str(given or "").lower()))
+                                                   config_dtype=DTYPE_NAMES[saved_dtype(source.config)] if given else None)
     load = LoadSettings(dtype=load_dtype, dtype_why=dtype_why, zero_init=bool(inputs.zero_init), low_cpu_mem_usage=low_cpu,
                         fsdp_loading=inputs.fsdp_loading,
                         checkpoint=_checkpoint_layout(inputs, source, model))
